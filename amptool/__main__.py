@@ -1,0 +1,3 @@
+from amptool.cli.main import main
+
+main()

@@ -1,0 +1,298 @@
+"""Every version-sensitive Apache TVM call lives here (measured on apache-tvm 0.27.0.post1).
+
+TVM's Python API moved a lot between 0.19 and 0.27 (Relay removed, ``struct_info`` became
+``ty``, ``tir`` became ``tirx``, targets must be dicts). Keeping the calls in one module means
+an upgrade touches one file. TVM is imported lazily so ``amptool --help`` stays instant.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    import tvm
+
+LOW_PRECISION_DTYPES = ("float16", "bfloat16")
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+def tvm_module() -> Any:
+    """Import TVM lazily (it takes ~1 s and 250 MB)."""
+    import tvm  # noqa: PLC0415
+    from tvm import relax  # noqa: F401,PLC0415
+
+    return tvm
+
+
+@contextlib.contextmanager
+def quiet_native_stderr() -> Iterator[None]:
+    """Silence C++ LOG(WARNING) lines that TVM writes straight to fd 2.
+
+    Exporting and loading a VM executable prints one 'Scope Saving/Loaded' line per
+    function; they carry no information for users. Python exceptions are unaffected.
+    """
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(fd)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, fd)
+        os.close(saved)
+        os.close(devnull)
+
+
+# --------------------------------------------------------------------------- types
+
+
+def tensor_dtype(expr: Any) -> str | None:
+    """The dtype of a tensor-typed Relax expression, or None for anything else."""
+    from tvm import relax  # noqa: PLC0415
+
+    ty = getattr(expr, "ty", None)
+    if isinstance(ty, relax.TensorType):
+        dtype = str(ty.dtype)
+        return dtype or None
+    return None
+
+
+def is_tuple_type(ty: Any) -> bool:
+    from tvm import relax  # noqa: PLC0415
+
+    return isinstance(ty, relax.TupleType)
+
+
+def is_constant(expr: Any) -> bool:
+    import tvm  # noqa: PLC0415
+
+    return isinstance(expr, tvm.ir.GenericConst)
+
+
+def constant_numpy(expr: Any) -> np.ndarray:
+    """The value of a Relax tensor constant as a numpy array (bf16 via ml_dtypes)."""
+    import ml_dtypes  # noqa: F401,PLC0415
+
+    return np.asarray(expr.value.numpy())
+
+
+def var_name(var: Any) -> str:
+    return str(var.name)
+
+
+def op_name(call: Any) -> str | None:
+    """'relax.nn.conv2d' for a call to a registered op; None for calls to functions."""
+    import tvm  # noqa: PLC0415
+
+    op = getattr(call, "op", None)
+    if isinstance(op, tvm.ir.Op):
+        return str(op.name)
+    return None
+
+
+def registered_relax_ops() -> list[str]:
+    import tvm  # noqa: PLC0415
+
+    return sorted(n for n in tvm.ir.Op.list_op_names() if n.startswith("relax."))
+
+
+def relax_functions(mod: Any) -> list[tuple[Any, Any]]:
+    """(GlobalVar, relax.Function) pairs of a module; PrimFuncs are skipped."""
+    from tvm import relax  # noqa: PLC0415
+
+    return [(gv, f) for gv, f in mod.functions_items() if isinstance(f, relax.Function)]
+
+
+# --------------------------------------------------------------------------- passes
+
+
+def fold_constant(mod: Any) -> Any:
+    """Fold constant subexpressions (weight casts become low-precision constants)."""
+    from tvm import relax  # noqa: PLC0415
+
+    with quiet_native_stderr():
+        return relax.transform.FoldConstant()(mod)
+
+
+def normalize(mod: Any) -> Any:
+    from tvm import relax  # noqa: PLC0415
+
+    return relax.transform.Normalize()(mod)
+
+
+def dead_code_elimination(mod: Any) -> Any:
+    from tvm import relax  # noqa: PLC0415
+
+    return relax.transform.DeadCodeElimination()(mod)
+
+
+def assert_well_formed(mod: Any, after: str) -> None:
+    """Postcondition of every pass: raise (a bug, not a user error) if ``mod`` is ill-formed."""
+    from tvm import relax  # noqa: PLC0415
+
+    try:
+        relax.analysis.well_formed(mod)
+    except Exception as err:
+        raise RuntimeError(f"module is ill-formed after {after}: {err}") from err
+
+
+def module_script(mod: Any) -> str:
+    """The module as TVMScript text without ANSI colour."""
+    return str(mod.script(show_meta=False))
+
+
+# --------------------------------------------------------------------------- build & run
+
+
+def host_cpu() -> str:
+    """LLVM's name for this CPU ('znver4'); 'native' is silently ignored by LLVM 22."""
+    import tvm  # noqa: PLC0415
+
+    return str(tvm.target.codegen.llvm_get_system_cpu())
+
+
+def make_target(spec: dict[str, Any]) -> Any:
+    """A Target from a dict spec; 0.27 rejects the old 'llvm -mcpu=…' strings."""
+    import tvm  # noqa: PLC0415
+
+    return tvm.target.Target(spec)
+
+
+def has_global_func(name: str) -> bool:
+    import tvm  # noqa: PLC0415
+
+    return tvm.get_global_func(name, allow_missing=True) is not None
+
+
+def compile_module(mod: Any, target_spec: dict[str, Any]) -> Any:
+    import tvm  # noqa: PLC0415
+
+    with quiet_native_stderr():
+        return tvm.compile(mod, target=make_target(target_spec))
+
+
+def export_library(executable: Any, path: str) -> None:
+    with quiet_native_stderr():
+        executable.export_library(path)
+
+
+def load_vm(path: str, device: str = "cpu") -> Any:
+    """A Relax VirtualMachine over an exported library."""
+    import tvm  # noqa: PLC0415
+    from tvm import relax  # noqa: PLC0415
+
+    with quiet_native_stderr():
+        lib = tvm.runtime.load_module(path)
+        return relax.VirtualMachine(lib, _device(device))
+
+
+def vm_from_executable(executable: Any, device: str = "cpu") -> Any:
+    import tvm  # noqa: F401,PLC0415
+    from tvm import relax  # noqa: PLC0415
+
+    return relax.VirtualMachine(executable, _device(device))
+
+
+def _device(device: str) -> Any:
+    import tvm  # noqa: PLC0415
+
+    kind, _, index = device.partition(":")
+    return tvm.device(kind, int(index or 0))
+
+
+def run_vm(vm: Any, arrays: list[np.ndarray], device: str = "cpu") -> list[np.ndarray]:
+    """Run 'main' on numpy inputs; returns the flattened outputs as numpy arrays."""
+    import tvm  # noqa: PLC0415
+
+    dev = _device(device)
+    args = [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in arrays]
+    result = vm["main"](*args)
+    return _flatten_outputs(result)
+
+
+def _flatten_outputs(value: Any) -> list[np.ndarray]:
+    if hasattr(value, "numpy"):
+        return [np.asarray(value.numpy())]
+    if isinstance(value, (list, tuple)) or hasattr(value, "__len__"):
+        out: list[np.ndarray] = []
+        for item in value:
+            out.extend(_flatten_outputs(item))
+        return out
+    return [np.asarray(value)]
+
+
+def versions() -> dict[str, str]:
+    import tvm  # noqa: PLC0415
+
+    found = {"apache-tvm": str(tvm.__version__)}
+    try:
+        import tvm_ffi  # noqa: PLC0415
+
+        found["apache-tvm-ffi"] = str(getattr(tvm_ffi, "__version__", "unknown"))
+    except ImportError:  # pragma: no cover
+        pass
+    return found
+
+
+# --------------------------------------------------------------------------- op rebuilding
+
+#: Ops whose accumulation dtype is their ``out_dtype`` attribute.
+OUT_DTYPE_OPS = (
+    "relax.nn.conv1d",
+    "relax.nn.conv2d",
+    "relax.nn.conv3d",
+    "relax.nn.conv1d_transpose",
+    "relax.nn.conv2d_transpose",
+    "relax.nn.conv3d_transpose",
+    "relax.matmul",
+)
+
+_ATTR_METHODS = frozenset({"id_", "is_", "same_as", "get_int", "get_int_tuple", "get_str"})
+
+
+def attrs_dict(call: Any) -> dict[str, Any]:
+    """An op call's attributes as keyword arguments of its Python constructor."""
+    attrs = call.attrs
+    if attrs is None:
+        return {}
+    return {
+        k: getattr(attrs, k)
+        for k in dir(attrs)
+        if not k.startswith("_") and k not in _ATTR_METHODS
+    }
+
+
+def call_with_out_dtype(call: Any, args: list[Any], out_dtype: str) -> Any:
+    """Rebuild a conv/matmul call on new args with a new ``out_dtype`` (its accumulation).
+
+    Uses the op's Python constructor: building ``relax.Call`` with a dict of attrs
+    segfaults in 0.27.
+    """
+    from tvm import relax  # noqa: PLC0415
+
+    name = op_name(call)
+    assert name in OUT_DTYPE_OPS, name
+    ctor: Any = relax.op
+    for part in name.split(".")[1:]:
+        ctor = getattr(ctor, part)
+    kwargs = attrs_dict(call)
+    kwargs["out_dtype"] = out_dtype
+    return ctor(*args, **kwargs)
+
+
+def call_with_args(call: Any, args: list[Any]) -> Any:
+    from tvm import relax  # noqa: PLC0415
+
+    return relax.Call(call.op, args, call.attrs, call.ty_args, call.span)

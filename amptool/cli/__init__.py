@@ -1,0 +1,1 @@
+"""Command-line shell: one thin module per command; the only place that prints."""

@@ -1,0 +1,284 @@
+"""Load and validate colour-list YAML (schema ``version: 1``).
+
+Every error names the file, the key and the bad value, and offers close matches, because
+a misspelt op silently falling through to "unknown" is exactly the bug users cannot see.
+
+Schema::
+
+    version: 1
+    extends: builtin:default          # optional: a preset to start from
+    always: [Conv, relax.matmul]      # a list replaces the preset's list …
+    follow: {add: [...], remove: [...]}   # … add/remove edits it
+    never: [...]
+    accumulation: {Conv: float32}     # per-op accumulation dtype for ALWAYS ops
+    nodes: [{match: "/encoder/*", color: never}]   # glob, or /regex/, on ONNX node names
+    unknown_ops: warn | error | silent
+
+List entries are op names, or ``{op: NAME, why: TEXT}`` (the presets document every entry).
+An op named in two colours of one file is an error; an op added to one colour is taken out
+of the others it had in the preset.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import os
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from amptool.colors.policy import Color, ColorPolicy, NodeRule
+from amptool.errors import UserError
+
+SCHEMA_VERSION = 1
+BUILTIN_PREFIX = "builtin:"
+TOP_KEYS = ("version", "extends", "always", "follow", "never", "accumulation", "nodes", "unknown_ops")
+UNKNOWN_POLICIES = ("warn", "error", "silent")
+ACCUMULATION_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def builtin_presets() -> list[str]:
+    folder = resources.files("amptool.colors") / "presets"
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def load_policy(path_or_preset: str | None = None) -> ColorPolicy:
+    """A policy from a YAML file, or from ``builtin:<name>``; the default preset if None."""
+    source = path_or_preset or f"{BUILTIN_PREFIX}default"
+    raw, label = _read(source)
+    return _resolve(raw, label, chain=(label,))
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _read(source: str) -> tuple[dict[str, Any], str]:
+    if source.startswith(BUILTIN_PREFIX):
+        name = source[len(BUILTIN_PREFIX):]
+        presets = builtin_presets()
+        if name not in presets:
+            raise UserError(
+                f"Unknown colour preset '{source}'{_did_you_mean(name, presets)}",
+                f"Built-in presets: {', '.join(BUILTIN_PREFIX + p for p in presets)}.",
+            )
+        text = (resources.files("amptool.colors") / "presets" / f"{name}.yaml").read_text()
+        return _parse(text, source), source
+    if not os.path.isfile(source):
+        raise UserError(f"Colour list file not found: {source}", "Check the --colors path.")
+    with open(source, encoding="utf-8") as handle:
+        return _parse(handle.read(), source), source
+
+
+def _parse(text: str, label: str) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise UserError(f"{label}:{where} is not valid YAML ({problem})") from err
+    if not isinstance(data, dict):
+        raise UserError(f"{label}: expected a mapping with 'version: 1' at the top")
+    return data
+
+
+# --------------------------------------------------------------------------- resolving
+
+
+def _resolve(raw: dict[str, Any], label: str, chain: tuple[str, ...]) -> ColorPolicy:
+    for key in raw:
+        if key not in TOP_KEYS:
+            raise UserError(f"{label}: unknown key '{key}'{_did_you_mean(str(key), TOP_KEYS)}")
+    if raw.get("version") != SCHEMA_VERSION:
+        raise UserError(
+            f"{label}: 'version' must be {SCHEMA_VERSION}, got {raw.get('version')!r}",
+            "Add 'version: 1' at the top of the file.",
+        )
+    base: ColorPolicy | None = None
+    if "extends" in raw:
+        parent = raw["extends"]
+        if not isinstance(parent, str) or not parent.startswith(BUILTIN_PREFIX):
+            raise UserError(
+                f"{label}: 'extends' must be 'builtin:<preset>', got {parent!r}",
+                f"Built-in presets: {', '.join(BUILTIN_PREFIX + p for p in builtin_presets())}.",
+            )
+        if parent in chain:
+            raise UserError(f"{label}: 'extends' forms a cycle ({' → '.join(chain + (parent,))})")
+        parent_raw, parent_label = _read(parent)
+        base = _resolve(parent_raw, parent_label, chain + (parent_label,))
+
+    colors: dict[str, Color] = {}
+    reasons: dict[str, str] = dict(base.reasons) if base else {}
+    if base:
+        colors.update(base.relax_colors)
+        colors.update(base.onnx_colors)
+    own: dict[str, Color] = {}
+    for color in Color:
+        if color.value not in raw:
+            continue
+        replace, add, remove = _list_edit(raw[color.value], label, color.value)
+        if replace is not None:
+            for op in [op for op, c in colors.items() if c is color]:
+                del colors[op]
+            add = replace
+        for op in remove:
+            if colors.get(op) is color:
+                del colors[op]
+        for op, why in add:
+            if op in own and own[op] is not color:
+                raise UserError(
+                    f"{label}: op '{op}' is in both '{own[op].value}' and '{color.value}'",
+                    "Give each op one colour.",
+                )
+            own[op] = color
+            colors[op] = color
+            if why:
+                reasons[op] = why
+
+    relax_names = _relax_op_names()
+    relax_colors = {op: c for op, c in colors.items() if op in relax_names}
+    onnx_colors = {op: c for op, c in colors.items() if op not in relax_names}
+
+    accumulation = dict(base.accumulation) if base else {}
+    acc_raw = raw.get("accumulation", {}) or {}
+    if not isinstance(acc_raw, dict):
+        raise UserError(f"{label}: 'accumulation' must map op names to dtypes")
+    for op, dtype in acc_raw.items():
+        name = _canonical_op(str(op), label, "accumulation")
+        if dtype not in ACCUMULATION_DTYPES:
+            raise UserError(
+                f"{label}: accumulation of '{op}' is {dtype!r}{_did_you_mean(str(dtype), ACCUMULATION_DTYPES)}",
+                f"Use one of: {', '.join(ACCUMULATION_DTYPES)}.",
+            )
+        accumulation[name] = str(dtype)
+
+    rules = list(base.node_rules) if base else []
+    rules = _node_rules(raw.get("nodes", []), label) + rules  # the file's own rules win
+
+    unknown = raw.get("unknown_ops", base.unknown_ops if base else "warn")
+    if unknown not in UNKNOWN_POLICIES:
+        raise UserError(
+            f"{label}: 'unknown_ops' is {unknown!r}{_did_you_mean(str(unknown), UNKNOWN_POLICIES)}",
+            f"Use one of: {', '.join(UNKNOWN_POLICIES)}.",
+        )
+    sources = (base.sources if base else ()) + (label,)
+    return ColorPolicy(
+        relax_colors=relax_colors,
+        onnx_colors=onnx_colors,
+        accumulation=accumulation,
+        node_rules=tuple(rules),
+        unknown_ops=str(unknown),
+        sources=sources,
+        reasons=reasons,
+    )
+
+
+def _list_edit(
+    value: Any, label: str, key: str
+) -> tuple[list[tuple[str, str]] | None, list[tuple[str, str]], list[str]]:
+    """(replacement or None, additions, removals) for one colour key."""
+    if value is None:
+        return [], [], []
+    if isinstance(value, list):
+        return _entries(value, label, key), [], []
+    if isinstance(value, dict):
+        for sub in value:
+            if sub not in ("add", "remove"):
+                raise UserError(
+                    f"{label}: '{key}.{sub}' is not allowed{_did_you_mean(str(sub), ('add', 'remove'))}",
+                    f"'{key}' takes a list, or a mapping with 'add' and/or 'remove'.",
+                )
+        add = _entries(value.get("add") or [], label, f"{key}.add")
+        remove = [op for op, _ in _entries(value.get("remove") or [], label, f"{key}.remove")]
+        return None, add, remove
+    raise UserError(f"{label}: '{key}' must be a list of op names or {{add: [...], remove: [...]}}")
+
+
+def _entries(items: Any, label: str, key: str) -> list[tuple[str, str]]:
+    if not isinstance(items, list):
+        raise UserError(f"{label}: '{key}' must be a list of op names")
+    out: list[tuple[str, str]] = []
+    for item in items:
+        if isinstance(item, dict) and "op" in item:
+            out.append((_canonical_op(str(item["op"]), label, key), str(item.get("why", ""))))
+        elif isinstance(item, str):
+            out.append((_canonical_op(item, label, key), ""))
+        else:
+            raise UserError(f"{label}: '{key}' has an entry {item!r} that is not an op name")
+    return out
+
+
+def _node_rules(items: Any, label: str) -> list[NodeRule]:
+    if not isinstance(items, list):
+        raise UserError(f"{label}: 'nodes' must be a list of {{match: PATTERN, color: COLOUR}}")
+    rules = []
+    colours = [c.value for c in Color]
+    for i, item in enumerate(items):
+        if not isinstance(item, dict) or set(item) - {"match", "color"} or "match" not in item:
+            raise UserError(f"{label}: nodes[{i}] must be {{match: PATTERN, color: COLOUR}}, got {item!r}")
+        color = item.get("color")
+        if color not in colours:
+            raise UserError(
+                f"{label}: nodes[{i}].color is {color!r}{_did_you_mean(str(color), colours)}",
+                f"Use one of: {', '.join(colours)}.",
+            )
+        pattern = str(item["match"])
+        if len(pattern) >= 2 and pattern.startswith("/") and pattern.endswith("/"):
+            import re  # noqa: PLC0415
+
+            try:
+                re.compile(pattern[1:-1])
+            except re.error as err:
+                raise UserError(f"{label}: nodes[{i}].match {pattern!r} is not a valid regex ({err})") from err
+        rules.append(NodeRule(pattern, Color(color)))
+    return rules
+
+
+# --------------------------------------------------------------------------- op names
+
+
+@functools.lru_cache(maxsize=1)
+def _relax_op_names() -> frozenset[str]:
+    from amptool._tvm import registered_relax_ops  # noqa: PLC0415
+
+    return frozenset(registered_relax_ops())
+
+
+@functools.lru_cache(maxsize=1)
+def onnx_op_types() -> frozenset[str]:
+    """ONNX op types amptool recognises: the standard schemas plus the frontend's converters."""
+    import onnx  # noqa: PLC0415
+
+    names = {s.name for s in onnx.defs.get_all_schemas_with_history()}
+    try:
+        from amptool.frontend.importer import supported_op_types  # noqa: PLC0415
+
+        names |= set(supported_op_types())
+    except ImportError:  # pragma: no cover
+        pass
+    return frozenset(names)
+
+
+def _canonical_op(name: str, label: str, key: str) -> str:
+    """Validate an op name; accept Relax names with or without the 'relax.' prefix."""
+    relax_names = _relax_op_names()
+    if name in relax_names or name in onnx_op_types():
+        return name
+    if f"relax.{name}" in relax_names:
+        return f"relax.{name}"
+    candidates = sorted(relax_names | onnx_op_types())
+    raise UserError(
+        f"{label}: '{key}' names unknown op '{name}'{_did_you_mean(name, candidates)}",
+        "Use an ONNX op type (Softmax) or a Relax op name (relax.nn.softmax).",
+    )
+
+
+def _did_you_mean(word: str, choices: Any) -> str:
+    choices = list(choices)
+    close = difflib.get_close_matches(word, choices, n=3, cutoff=0.6)
+    if not close:
+        lowered = {c.lower(): c for c in choices}
+        close = [lowered[c] for c in difflib.get_close_matches(word.lower(), list(lowered), n=3, cutoff=0.6)]
+    return f" — did you mean {' or '.join(repr(c) for c in close)}?" if close else ""

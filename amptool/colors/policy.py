@@ -1,0 +1,75 @@
+"""The resolved colour policy the mixed-precision pass consults: one place for each decision.
+
+Precedence for a binding (first that applies wins):
+  1. a ``nodes:`` rule matching the ONNX node the binding came from;
+  2. the colour of that node's ONNX op type (``Conv``, ``Softmax``);
+  3. the colour of the Relax op (``relax.nn.conv2d``);
+  4. unknown → NEVER (and reported, per ``unknown_ops``).
+Range guards (in the pass) override all of these unless disabled.
+"""
+
+from __future__ import annotations
+
+import enum
+import fnmatch
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Color(str, enum.Enum):
+    ALWAYS = "always"
+    FOLLOW = "follow"
+    NEVER = "never"
+
+
+@dataclass(frozen=True)
+class NodeRule:
+    """A per-node override: a glob, or a regex written as ``/…/``, on ONNX node names."""
+
+    match: str
+    color: Color
+
+    def matches(self, node_name: str) -> bool:
+        if len(self.match) >= 2 and self.match.startswith("/") and self.match.endswith("/"):
+            return re.search(self.match[1:-1], node_name) is not None
+        return fnmatch.fnmatchcase(node_name, self.match)
+
+
+@dataclass(frozen=True)
+class ColorPolicy:
+    relax_colors: dict[str, Color]
+    onnx_colors: dict[str, Color]
+    accumulation: dict[str, str]
+    node_rules: tuple[NodeRule, ...] = ()
+    unknown_ops: str = "warn"
+    sources: tuple[str, ...] = ()
+    reasons: dict[str, str] = field(default_factory=dict)
+
+    def color_of(self, relax_op: str, onnx_node: str | None, onnx_op: str | None) -> Color | None:
+        """The colour by the lists alone; None when the op is unknown."""
+        if onnx_node is not None:
+            for rule in self.node_rules:
+                if rule.matches(onnx_node):
+                    return rule.color
+        if onnx_op is not None and onnx_op in self.onnx_colors:
+            return self.onnx_colors[onnx_op]
+        return self.relax_colors.get(relax_op)
+
+    def accumulation_of(self, relax_op: str, onnx_op: str | None) -> str | None:
+        if onnx_op is not None and onnx_op in self.accumulation:
+            return self.accumulation[onnx_op]
+        return self.accumulation.get(relax_op)
+
+    def as_json(self) -> dict[str, Any]:
+        def by_color(table: dict[str, Color]) -> dict[str, list[str]]:
+            return {c.value: sorted(k for k, v in table.items() if v is c) for c in Color}
+
+        return {
+            "sources": list(self.sources),
+            "relax_ops": by_color(self.relax_colors),
+            "onnx_ops": by_color(self.onnx_colors),
+            "accumulation": dict(sorted(self.accumulation.items())),
+            "nodes": [{"match": r.match, "color": r.color.value} for r in self.node_rules],
+            "unknown_ops": self.unknown_ops,
+        }

@@ -1,0 +1,1 @@
+"""Pure-numpy comparison: statistics and verdicts. Knows nothing of runtimes."""

@@ -1,0 +1,205 @@
+"""``convert``: ONNX → mixed-precision Relax → compiled library + manifest (library API).
+
+    load → prepare → import → prefold → mixed_precision → fold → compile → export
+
+Each stage is timed on its own and reported in ``manifest.json``'s ``timings_s``. The CLI
+(`amptool convert`) is a thin shell over ``build_model`` / ``convert_model``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from amptool import __version__, _tvm
+from amptool.artifact import LIBRARY_NAME, write_artifact, write_manifest
+from amptool.colors import ColorPolicy, load_policy
+from amptool.errors import UserError
+from amptool.frontend.importer import import_model
+from amptool.frontend.load import LoadedModel, load_model
+from amptool.frontend.prepare import prepare_model
+from amptool.frontend.signature import (
+    TensorSpec,
+    graph_inputs,
+    graph_outputs,
+    parse_input_shapes,
+    pin_input_specs,
+)
+from amptool.passes import stats
+from amptool.passes.pipeline import PassResult, run_passes
+from amptool.runtime.tvm_runner import CompiledModel
+from amptool.targets import get_target
+
+DTYPES = ("float16", "bfloat16", "float32")
+StageCallback = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ConvertConfig:
+    """Everything that decides what gets built. Frozen: one object, passed down."""
+
+    model: str
+    dtype: str = "float16"
+    colors: str | None = None
+    target: str = "llvm"
+    input_shapes: tuple[str, ...] = ()
+    range_guards: bool = True
+    prepare: bool = True
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise UserError(f"Unknown dtype '{self.dtype}'. Choose one of: {', '.join(DTYPES)}.")
+
+
+@dataclass
+class BuildResult:
+    """An in-memory build: the executable plus everything the manifest reports."""
+
+    config: ConvertConfig
+    loaded: LoadedModel
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    policy: ColorPolicy
+    passes: PassResult
+    target_spec: dict[str, Any]
+    device: str
+    executable: Any
+    prepare_steps: list[str]
+    prepare_notes: list[str]
+    timings_s: dict[str, float] = field(default_factory=dict)
+
+    def compiled(self) -> CompiledModel:
+        return CompiledModel(
+            vm=_tvm.vm_from_executable(self.executable, self.device),
+            input_names=[s.name for s in self.inputs],
+            output_names=[s.name for s in self.outputs],
+            device=self.device,
+        )
+
+    def manifest(self) -> dict[str, Any]:
+        report = self.passes.report
+        mod = self.passes.mod
+        return {
+            "amptool_version": __version__,
+            "model": {"path": self.loaded.path, "sha256": _sha256(self.loaded.path)},
+            "dtype": self.config.dtype,
+            "target": self.config.target,
+            "target_spec": self.target_spec,
+            "device": self.device,
+            "library": LIBRARY_NAME,
+            "inputs": [s.as_json() for s in self.inputs],
+            "outputs": [s.as_json() for s in self.outputs],
+            "prepare": self.prepare_steps,
+            "prepare_notes": self.prepare_notes,
+            "colors": self.policy.as_json(),
+            "range_guards": self.config.range_guards,
+            "ops_by_dtype": stats.ops_by_dtype(mod),
+            "casts_inserted": stats.activation_casts(mod),
+            "ops_converted": report.converted,
+            "ops_considered": len(report.decisions),
+            "unknown_ops": dict(report.unknown_ops),
+            "guarded": [g.as_json() for g in report.guarded],
+            "weight_bytes": dict(self.passes.weight_bytes),
+            "timings_s": {k: round(v, 4) for k, v in self.timings_s.items()},
+            "versions": {"amptool": __version__, **_tvm.versions(), **_other_versions()},
+        }
+
+
+def build_model(
+    config: ConvertConfig,
+    arrays: Mapping[str, np.ndarray] | None = None,
+    on_stage: StageCallback | None = None,
+) -> BuildResult:
+    """Load, prepare, import, rewrite and compile — in memory. ``arrays`` may pin shapes."""
+    timings: dict[str, float] = {}
+    notify = on_stage or (lambda _name: None)
+    target = get_target(config.target)  # fail fast: before any expensive work
+    policy = load_policy(config.colors)
+
+    def timed(name: str, fn: Callable[[], Any]) -> Any:
+        notify(name)
+        start = time.perf_counter()
+        value = fn()
+        timings[name] = time.perf_counter() - start
+        return value
+
+    loaded: LoadedModel = timed("load", lambda: load_model(config.model))
+    declared = graph_inputs(loaded.model)
+    shapes = parse_input_shapes(config.input_shapes, [s.name for s in declared])
+    inputs = pin_input_specs(declared, shapes, arrays)
+    prepared = timed("prepare", lambda: prepare_model(loaded.model, inputs, optimize=config.prepare))
+    imported = timed("import", lambda: import_model(prepared.model, inputs))
+    passes = run_passes(
+        imported.mod,
+        policy,
+        config.dtype,
+        imported.provenance,
+        range_guards=config.range_guards,
+        on_stage=notify,
+    )
+    timings.update(passes.timings_s)
+    target_spec = target.build_spec()
+    executable = timed("compile", lambda: _compile(passes.mod, target_spec))
+    return BuildResult(
+        config=config,
+        loaded=loaded,
+        inputs=inputs,
+        outputs=graph_outputs(loaded.model),
+        policy=policy,
+        passes=passes,
+        target_spec=target_spec,
+        device=target.device,
+        executable=executable,
+        prepare_steps=prepared.steps,
+        prepare_notes=prepared.notes,
+        timings_s=timings,
+    )
+
+
+def convert_model(
+    config: ConvertConfig, output_dir: str, on_stage: StageCallback | None = None
+) -> tuple[BuildResult, dict[str, Any]]:
+    """Build and export to ``output_dir`` atomically; returns the build and its manifest."""
+    result = build_model(config, on_stage=on_stage)
+    if on_stage:
+        on_stage("export")
+    start = time.perf_counter()
+    manifest: dict[str, Any] = {}
+
+    def write(tmp: str) -> None:
+        import os  # noqa: PLC0415
+
+        _tvm.export_library(result.executable, os.path.join(tmp, LIBRARY_NAME))
+        result.timings_s["export"] = time.perf_counter() - start
+        manifest.update(result.manifest())
+        write_manifest(tmp, manifest)
+
+    write_artifact(output_dir, write)
+    return result, manifest
+
+
+def _compile(mod: Any, target_spec: dict[str, Any]) -> Any:
+    try:
+        return _tvm.compile_module(mod, target_spec)
+    except Exception as err:
+        raise RuntimeError(f"TVM failed to compile the converted module: {err}") from err
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _other_versions() -> dict[str, str]:
+    import onnx  # noqa: PLC0415
+    import onnxruntime  # noqa: PLC0415
+
+    return {"onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__, "numpy": np.__version__}

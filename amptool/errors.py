@@ -1,0 +1,39 @@
+"""User errors vs bugs.
+
+A ``UserError`` is something the user can fix (bad file, bad flag, unsupported model): the CLI
+prints one line and a hint, and exits with the error's documented code — never a traceback.
+Anything else is a bug and shows a traceback.
+
+Exit codes (an interface: CI scripts depend on them):
+  0  success / accuracy check passed
+  1  accuracy check failed
+  2  user error (bad input, bad flag, unsupported model)
+  3  target unavailable on this machine (missing codegen, toolchain or device)
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_ACCURACY_FAILED = 1
+EXIT_USER_ERROR = 2
+EXIT_TARGET_UNAVAILABLE = 3
+
+
+class UserError(Exception):
+    """A problem with the user's input; rendered as one line plus a hint."""
+
+    exit_code = EXIT_USER_ERROR
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class TargetUnavailableError(UserError):
+    """The requested target cannot be built or run on this machine."""
+
+    exit_code = EXIT_TARGET_UNAVAILABLE

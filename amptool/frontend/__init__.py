@@ -1,0 +1,1 @@
+"""ONNX loading, preparation and import into Relax."""

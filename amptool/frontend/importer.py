@@ -1,0 +1,194 @@
+"""Import an ONNX graph into a Relax IRModule, each binding named after its ONNX node.
+
+TVM's ONNX frontend names every binding ``lv…``, so nothing downstream can say which ONNX
+node a value came from — yet per-node colour overrides and layer-wise error reports need
+exactly that. The one isolated place that fixes it is ``_ProvenanceImporter``: it wraps
+the frontend's converter dispatch, binds each node's result to a variable named after the
+node (sanitised to an identifier), and records ``var name → (ONNX node, op type)``.
+Helper bindings a converter emits on the way (Gemm's transpose, a bias reshape) belong to
+the node whose result follows them; ``attribute_bindings`` derives that after import.
+
+Unsupported ops are found up front — all of them, with counts and node names — rather than
+one at a time deep inside the frontend. Any converter failure is re-raised as a user
+error naming the node.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import io
+import re
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import onnx
+
+from amptool.errors import UserError
+from amptool.frontend.load import default_opset, iter_nodes
+from amptool.frontend.signature import TensorSpec
+
+#: Node types the frontend handles outside its converter map.
+_DIRECT_OPS = frozenset({"If", "Constant"})
+
+
+@dataclass(frozen=True)
+class NodeOrigin:
+    """Where a Relax binding came from."""
+
+    node: str
+    op_type: str
+
+
+@dataclass
+class ImportedModel:
+    mod: Any  # tvm.IRModule
+    provenance: dict[str, NodeOrigin]  # binding var name → ONNX node
+
+
+def supported_op_types() -> frozenset[str]:
+    from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map  # noqa: PLC0415
+
+    return frozenset(_get_convert_map()) | _DIRECT_OPS
+
+
+def check_supported(model: onnx.ModelProto) -> None:
+    """Raise one UserError listing every op without a converter, with counts and nodes."""
+    supported = supported_op_types()
+    missing: dict[str, list[str]] = collections.defaultdict(list)
+    for node in iter_nodes(model.graph):
+        if node.op_type not in supported:
+            label = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+            missing[label].append(node.name)
+    if missing:
+        parts = []
+        for op, nodes in sorted(missing.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+            shown = ", ".join(f"'{n}'" for n in nodes[:3]) + (", …" if len(nodes) > 3 else "")
+            parts.append(f"{op} ×{len(nodes)} ({shown})")
+        raise UserError(
+            f"No converter for {len(missing)} op type(s): " + "; ".join(parts),
+            "These ops cannot be imported into TVM Relax yet; replace them in the exporter "
+            "or export with a different opset.",
+        )
+
+
+def identifier(name: str) -> str:
+    """A Relax-friendly identifier for an ONNX name ('/layer1/0/Conv' → 'layer1_0_Conv')."""
+    text = re.sub(r"\W+", "_", name).strip("_") or "node"
+    return text if (text[0].isalpha() or text[0] == "_") else f"n_{text}"
+
+
+def import_model(model: onnx.ModelProto, inputs: Sequence[TensorSpec]) -> ImportedModel:
+    """ONNX → Relax with static input shapes and named bindings."""
+    check_supported(model)
+    importer = _make_importer(
+        shape_dict={s.name: list(s.shape or ()) for s in inputs},
+        dtype_dict={s.name: s.dtype for s in inputs},
+    )
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        try:
+            mod = importer.from_onnx(model.graph, default_opset(model))
+        except UserError:
+            raise
+        except Exception as err:
+            raise UserError(
+                f"Import into TVM Relax failed: {_first_line(err)}",
+                "Pin input shapes with --input-shape; if it persists, the model uses a "
+                "pattern the ONNX frontend does not handle.",
+            ) from err
+    provenance = attribute_bindings(mod, importer.named)
+    return ImportedModel(mod=mod, provenance=provenance)
+
+
+def _make_importer(shape_dict: dict[str, list[int]], dtype_dict: dict[str, str]) -> Any:
+    from tvm import relax  # noqa: PLC0415
+    from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter  # noqa: PLC0415
+
+    class _ProvenanceImporter(ONNXGraphImporter):  # type: ignore[misc,valid-type]
+        def __init__(self) -> None:
+            super().__init__(shape_dict, dtype_dict, keep_params_in_input=False, sanitize=True)
+            self.named: dict[str, NodeOrigin] = {}
+            self._taken: set[str] = set()
+
+        def _unique(self, base: str) -> str:
+            name, k = base, 1
+            while name in self._taken:
+                k += 1
+                name = f"{base}_{k}"
+            self._taken.add(name)
+            return name
+
+        def _convert_operator(self, op_name: str, inputs: Any, attrs: dict, opset: int) -> Any:
+            node_name = str(attrs.get("tvm_custom", {}).get("name", "") or op_name)
+            try:
+                result = super()._convert_operator(op_name, inputs, attrs, opset)
+            except UserError:
+                raise
+            except Exception as err:
+                raise UserError(
+                    f"Cannot import node '{node_name}' (op {op_name}): {_first_line(err)}",
+                    "Pin input shapes with --input-shape; dynamic shape chains are the usual cause.",
+                ) from err
+            return self._bind(result, node_name, op_name)
+
+        def _bind(self, result: Any, node_name: str, op_type: str) -> Any:
+            origin = NodeOrigin(node_name, op_type)
+            if isinstance(result, relax.Call):
+                var = self.bb.emit(result, name_hint=self._unique(identifier(node_name)))
+                self.named[str(var.name)] = origin
+                return var
+            if isinstance(result, relax.Tuple):
+                fields = []
+                for i, item in enumerate(result.fields):
+                    if isinstance(item, relax.Call):
+                        item = self.bb.emit(item, name_hint=self._unique(f"{identifier(node_name)}_{i}"))
+                        self.named[str(item.name)] = origin
+                    fields.append(item)
+                return relax.Tuple(fields)
+            if isinstance(result, relax.Var) and str(result.name) not in self.named:
+                # The converter emitted its result itself: claim it if it is still anonymous.
+                self.named.setdefault(str(result.name), origin)
+            return result
+
+    return _ProvenanceImporter()
+
+
+def attribute_bindings(mod: Any, named: dict[str, NodeOrigin]) -> dict[str, NodeOrigin]:
+    """Give every anonymous binding the origin of the next named binding in its block."""
+    from tvm import relax  # noqa: PLC0415
+
+    provenance = dict(named)
+    for _gv, func in mod.functions_items():
+        if not isinstance(func, relax.Function):
+            continue
+        for block in _blocks(func.body):
+            pending: list[str] = []
+            for binding in block.bindings:
+                name = str(binding.var.name)
+                if name in provenance:
+                    for anon in pending:
+                        provenance[anon] = provenance[name]
+                    pending = []
+                else:
+                    pending.append(name)
+    return provenance
+
+
+def _blocks(expr: Any) -> Iterable[Any]:
+    from tvm import relax  # noqa: PLC0415
+
+    if isinstance(expr, relax.SeqExpr):
+        for block in expr.blocks:
+            yield block
+            for binding in block.bindings:
+                if isinstance(binding.value, relax.If):
+                    yield from _blocks(binding.value.true_branch)
+                    yield from _blocks(binding.value.false_branch)
+
+
+def _first_line(err: BaseException) -> str:
+    lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else type(err).__name__

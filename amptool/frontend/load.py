@@ -1,0 +1,147 @@
+"""Load and validate an ONNX model before anything expensive happens.
+
+Why a stage of its own: every later stage (onnxruntime reference, Relax import, per-node
+colour overrides) needs the same, checked model with every node named. Models exported
+without node names get deterministic ``<OpType>_<index>`` names here, once, so provenance,
+colour overrides and reports all speak the same names.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+from dataclasses import dataclass
+
+import onnx
+
+from amptool.errors import UserError
+
+#: Ops that mean the model is already quantized: amptool converts float models.
+QUANTIZED_OPS = frozenset(
+    {
+        "QuantizeLinear",
+        "DequantizeLinear",
+        "DynamicQuantizeLinear",
+        "ConvInteger",
+        "MatMulInteger",
+        "QLinearConv",
+        "QLinearMatMul",
+        "QLinearAdd",
+        "QLinearMul",
+        "QLinearSigmoid",
+        "QLinearLeakyRelu",
+        "QLinearAveragePool",
+        "QLinearGlobalAveragePool",
+        "QLinearConcat",
+        "QLinearSoftmax",
+        "QAttention",
+        "QGemm",
+        "DynamicQuantizeMatMul",
+        "MatMulIntegerToFloat",
+        "MatMulNBits",
+    }
+)
+
+STANDARD_DOMAINS = ("", "ai.onnx")
+TRAINING_DOMAIN = "ai.onnx.preview.training"
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A checked model plus where it came from."""
+
+    model: onnx.ModelProto
+    path: str
+    opset: int
+
+
+def load_model(path: str) -> LoadedModel:
+    """Read, check and name an ONNX model; raise UserError with a hint on anything wrong."""
+    if not os.path.exists(path):
+        raise UserError(f"Model file not found: {path}", "Check the path.")
+    if os.path.isdir(path):
+        raise UserError(f"Model path is a directory, not an ONNX file: {path}")
+    try:
+        model = onnx.load(path, load_external_data=True)
+    except Exception as err:  # protobuf raises DecodeError, external data raises OSError
+        raise UserError(
+            f"{path} is not a readable ONNX model ({type(err).__name__}: {_first_line(err)})",
+            "Pass a .onnx file exported by torch.onnx, tf2onnx or similar; "
+            "keep external data files next to it.",
+        ) from err
+    if not model.graph.node and not model.graph.output:
+        raise UserError(f"{path} is not an ONNX model (empty graph)", "Check the file.")
+    try:
+        onnx.checker.check_model(model)
+    except Exception as err:
+        raise UserError(
+            f"{path} is not a valid ONNX model: {_first_line(err)}",
+            "Run onnx.checker.check_model on it and fix the exporter's output.",
+        ) from err
+    _refuse_quantized(model, path)
+    _refuse_strings(model, path)
+    name_nodes(model.graph)
+    return LoadedModel(model=model, path=path, opset=default_opset(model))
+
+
+def default_opset(model: onnx.ModelProto) -> int:
+    for imp in model.opset_import:
+        if imp.domain in STANDARD_DOMAINS:
+            return int(imp.version)
+    return 1
+
+
+def name_nodes(graph: onnx.GraphProto, prefix: str = "") -> None:
+    """Give every unnamed node (subgraphs included) a unique deterministic name."""
+    taken = {n.name for n in graph.node if n.name}
+    for index, node in enumerate(graph.node):
+        if not node.name:
+            candidate = f"{prefix}{node.op_type}_{index}"
+            while candidate in taken:
+                candidate += "_"
+            node.name = candidate
+            taken.add(candidate)
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                name_nodes(attr.g, prefix=f"{node.name}/{attr.name}/")
+            for sub in attr.graphs:
+                name_nodes(sub, prefix=f"{node.name}/{attr.name}/")
+
+
+def iter_nodes(graph: onnx.GraphProto):  # type: ignore[no-untyped-def]
+    """All nodes, including those inside If/Loop/Scan subgraphs."""
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from iter_nodes(attr.g)
+            for sub in attr.graphs:
+                yield from iter_nodes(sub)
+
+
+def _refuse_quantized(model: onnx.ModelProto, path: str) -> None:
+    found = collections.Counter(
+        n.op_type for n in iter_nodes(model.graph) if n.op_type in QUANTIZED_OPS
+    )
+    if found:
+        ops = ", ".join(f"{op} ×{count}" for op, count in sorted(found.items()))
+        raise UserError(
+            f"{path} is already quantized ({ops}); amptool converts float32 models to "
+            "float16/bfloat16",
+            "Convert the float32 export of this model instead.",
+        )
+
+
+def _refuse_strings(model: onnx.ModelProto, path: str) -> None:
+    tensors = list(model.graph.input) + list(model.graph.output)
+    for value in tensors:
+        if value.type.tensor_type.elem_type == onnx.TensorProto.STRING:
+            raise UserError(
+                f"{path}: tensor '{value.name}' holds strings; string tensors are not supported",
+                "Move string pre/post-processing out of the model.",
+            )
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[0][:300] if text else type(err).__name__

@@ -1,0 +1,115 @@
+"""Prepare an ONNX model for import: pin shapes, fold constants and BatchNorm in fp32.
+
+Why always, not only when import fails: measured on real exports, TVM's ONNX frontend
+fails on shape-computation chains (``Reshape requires the input new shape to be Shape``)
+that onnxruntime's basic graph optimisation folds away once input shapes are pinned, and
+the same pass folds BatchNorm into the preceding Conv *in fp32* — which defuses the
+classic fp16 trap of a running variance of ~1e8. Basic-level rewrites are exact up to fp32
+rounding and stay within the standard ONNX domain (extended levels add contrib ops).
+
+Each step is recorded by name in ``PreparedModel.steps`` (and then in manifest.json).
+A step that fails is skipped and recorded as ``<step>-skipped`` with the reason, because
+the un-prepared model may still import.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import onnx
+
+from amptool.frontend.load import default_opset, name_nodes
+from amptool.frontend.signature import TensorSpec
+
+log = logging.getLogger(__name__)
+
+#: onnxruntime refuses most models below opset 7; converting to 13 makes most runnable.
+MIN_RUNNABLE_OPSET = 7
+UPGRADE_OPSET = 13
+
+
+@dataclass
+class PreparedModel:
+    model: onnx.ModelProto
+    steps: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def pin_shapes(model: onnx.ModelProto, inputs: Sequence[TensorSpec]) -> onnx.ModelProto:
+    """Return a copy whose graph inputs carry the pinned static shapes."""
+    pinned = onnx.ModelProto()
+    pinned.CopyFrom(model)
+    # Graph inputs backed by an initializer are weights (old exporters list them as
+    # inputs). Left as inputs, onnxruntime treats them as overridable and folds nothing
+    # through them, and the importer would make them parameters.
+    weights = {init.name for init in pinned.graph.initializer}
+    real_inputs = [v for v in pinned.graph.input if v.name not in weights]
+    del pinned.graph.input[:]
+    pinned.graph.input.extend(real_inputs)
+    by_name = {spec.name: spec for spec in inputs}
+    for value in pinned.graph.input:
+        spec = by_name.get(value.name)
+        if spec is None or spec.shape is None:
+            continue
+        shape = value.type.tensor_type.shape
+        del shape.dim[:]
+        for d in spec.shape:
+            shape.dim.add().dim_value = int(d)
+    # Declared output/value_info shapes of dynamic models are often stale once inputs are
+    # pinned (and sometimes simply wrong); let inference recompute them.
+    for value in pinned.graph.output:
+        if value.type.HasField("tensor_type"):
+            value.type.tensor_type.ClearField("shape")
+    del pinned.graph.value_info[:]
+    return pinned
+
+
+def prepare_model(
+    model: onnx.ModelProto, inputs: Sequence[TensorSpec], *, optimize: bool = True
+) -> PreparedModel:
+    """Pin shapes, upgrade ancient opsets, then fp32-fold with onnxruntime (basic level)."""
+    prepared = PreparedModel(model=pin_shapes(model, inputs), steps=["pin-shapes"])
+    if default_opset(prepared.model) < MIN_RUNNABLE_OPSET:
+        _try(prepared, "upgrade-opset", lambda m: onnx.version_converter.convert_version(m, UPGRADE_OPSET))
+    if optimize:
+        _try(prepared, "onnxruntime-fold", _onnxruntime_basic_optimize)
+    _try(prepared, "shape-inference", lambda m: onnx.shape_inference.infer_shapes(m, data_prop=True))
+    name_nodes(prepared.model.graph)
+    return prepared
+
+
+def _try(prepared: PreparedModel, step: str, fn) -> None:  # type: ignore[no-untyped-def]
+    try:
+        prepared.model = fn(prepared.model)
+        prepared.steps.append(step)
+    except Exception as err:  # any failure: keep the model as it was, say why
+        reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+        log.info("prepare step %s skipped: %s", step, reason)
+        prepared.steps.append(f"{step}-skipped")
+        prepared.notes.append(f"{step}: {reason}")
+
+
+def _onnxruntime_basic_optimize(model: onnx.ModelProto) -> onnx.ModelProto:
+    import onnxruntime as ort  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory(prefix="amptool-prepare-") as tmp:
+        out_path = os.path.join(tmp, "prepared.onnx")
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        options.optimized_model_filepath = out_path
+        options.log_severity_level = 3
+        if model.ByteSize() > 1_500_000_000:
+            options.add_session_config_entry(
+                "session.optimized_model_external_initializers_file_name", "prepared.data"
+            )
+        ort.InferenceSession(
+            model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
+        optimized = onnx.load(out_path, load_external_data=True)
+    if default_opset(optimized) != default_opset(model):
+        log.debug("onnxruntime changed the opset import; keeping its output")
+    return optimized

@@ -1,0 +1,151 @@
+"""Model inputs/outputs: names, dtypes and shapes, with every dynamic dim pinned.
+
+TVM compiles static shapes best, and onnxruntime's constant folding of shape chains needs
+them, so amptool pins every input dim before import: from ``--input-shape``, from the
+arrays given with ``--inputs``, or from the model's declared static dims. A dim that is
+still unknown stops the run with a line naming the input and how to pin it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from amptool.errors import UserError
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One model input or output. ``shape`` entries are ints, or str for symbolic dims."""
+
+    name: str
+    dtype: str
+    shape: tuple[int | str, ...] | None
+
+    @property
+    def is_static(self) -> bool:
+        return self.shape is not None and all(isinstance(d, int) and d > 0 for d in self.shape)
+
+    def as_json(self) -> dict[str, object]:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape or [])}
+
+
+def _dtype_name(elem_type: int) -> str:
+    if elem_type == onnx.TensorProto.UNDEFINED:
+        return "undefined"
+    return str(np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)))
+
+
+def _spec(value: onnx.ValueInfoProto) -> TensorSpec:
+    ttype = value.type.tensor_type
+    shape: tuple[int | str, ...] | None = None
+    if ttype.HasField("shape"):
+        dims: list[int | str] = []
+        for dim in ttype.shape.dim:
+            if dim.HasField("dim_value") and dim.dim_value > 0:
+                dims.append(int(dim.dim_value))
+            else:
+                dims.append(dim.dim_param or "?")
+        shape = tuple(dims)
+    return TensorSpec(value.name, _dtype_name(ttype.elem_type), shape)
+
+
+def graph_inputs(model: onnx.ModelProto) -> list[TensorSpec]:
+    """Real inputs: graph inputs that are not backed by an initializer (those are weights)."""
+    weights = {init.name for init in model.graph.initializer}
+    return [_spec(v) for v in model.graph.input if v.name not in weights]
+
+
+def graph_outputs(model: onnx.ModelProto) -> list[TensorSpec]:
+    return [_spec(v) for v in model.graph.output]
+
+
+_SHAPE_RE = re.compile(r"^\s*(\d+(?:\s*[x,×]\s*\d+)*)?\s*$")
+
+
+def parse_input_shapes(values: Sequence[str], input_names: Sequence[str]) -> dict[str, tuple[int, ...]]:
+    """Parse ``NAME:1x3x224x224`` (or a bare ``1x3x224x224`` when the model has one input)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for raw in values:
+        name, sep, dims_text = raw.rpartition(":")
+        if not sep:
+            if len(input_names) != 1:
+                raise UserError(
+                    f"--input-shape '{raw}' names no input and the model has "
+                    f"{len(input_names)} inputs",
+                    f"Write NAME:DIMS, e.g. {input_names[0] if input_names else 'input'}:1x3x224x224.",
+                )
+            name = input_names[0]
+        if not _SHAPE_RE.match(dims_text):
+            raise UserError(
+                f"--input-shape '{raw}': '{dims_text}' is not a shape",
+                "Write dims as positive integers separated by 'x', e.g. 1x3x224x224 ('' for a scalar).",
+            )
+        if name not in input_names:
+            raise UserError(
+                f"--input-shape names unknown input '{name}'",
+                f"Model inputs: {', '.join(input_names) or '(none)'}.",
+            )
+        dims = tuple(int(d) for d in re.split(r"\s*[x,×]\s*", dims_text.strip()) if d)
+        if any(d <= 0 for d in dims):
+            raise UserError(f"--input-shape '{raw}': dims must be positive")
+        shapes[name] = dims
+    return shapes
+
+
+def pin_input_specs(
+    inputs: Sequence[TensorSpec],
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+    arrays: Mapping[str, np.ndarray] | None = None,
+) -> list[TensorSpec]:
+    """Resolve every input to a static shape, or raise a UserError naming what to pin."""
+    shapes = dict(shapes or {})
+    arrays = dict(arrays or {})
+    pinned: list[TensorSpec] = []
+    for spec in inputs:
+        if spec.name in shapes:
+            shape: tuple[int | str, ...] | None = shapes[spec.name]
+        elif spec.name in arrays:
+            shape = tuple(int(d) for d in np.shape(arrays[spec.name]))
+        else:
+            shape = spec.shape
+        if spec.shape is not None and shape is not None and len(shape) != len(spec.shape):
+            raise UserError(
+                f"Input '{spec.name}' has rank {len(spec.shape)} in the model but the given "
+                f"shape {list(shape)} has rank {len(shape)}",
+                f"Give {len(spec.shape)} dims for '{spec.name}'.",
+            )
+        if spec.shape is not None and shape is not None:
+            for declared, given in zip(spec.shape, shape):
+                if isinstance(declared, int) and declared != given:
+                    raise UserError(
+                        f"Input '{spec.name}' is declared {_fmt(spec.shape)} but was given "
+                        f"{_fmt(shape)}",
+                        "Static dims of the model cannot be changed; pin only the dynamic ones.",
+                    )
+        candidate = TensorSpec(spec.name, spec.dtype, shape)
+        if not candidate.is_static:
+            raise UserError(
+                f"Input '{spec.name}' has unknown dims {_fmt(spec.shape)}",
+                f"Pin them with --input-shape {spec.name}:{_example(spec.shape)} "
+                "or pass --inputs with arrays.",
+            )
+        pinned.append(candidate)
+    return pinned
+
+
+def _fmt(shape: tuple[int | str, ...] | None) -> str:
+    if shape is None:
+        return "(unknown rank)"
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def _example(shape: tuple[int | str, ...] | None) -> str:
+    if shape is None:
+        return "1x3x224x224"
+    return "x".join(str(d) if isinstance(d, int) else "1" for d in shape) or "''"

@@ -1,0 +1,1 @@
+"""Relax passes and the one place their order lives (``pipeline``)."""

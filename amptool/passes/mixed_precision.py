@@ -1,0 +1,381 @@
+"""MixedPrecision: rewrite a Relax module to float16/bfloat16 under ALWAYS/FOLLOW/NEVER lists.
+
+What it rewrites. Every binding whose value calls a Relax op gets a colour from the
+``ColorPolicy`` (node override > ONNX op type > Relax op > unknown = NEVER):
+  * ALWAYS: float32 inputs are cast to the low dtype; conv/matmul get ``out_dtype`` set
+    to the op's accumulation dtype (float32 by default) and their result is cast down.
+  * FOLLOW: low precision if every non-constant floating input already is (constants
+    count as castable), otherwise float32 with low inputs cast back up.
+  * NEVER: inputs restored to their original dtypes; the output is as before.
+Inputs that were not float32 in the original program (int, bool, float64) are never
+touched. Each cast of a value is emitted once per scope and reused; the float32 result of
+an fp32-accumulating op is remembered, so a NEVER consumer reads it instead of casting
+the rounded value back up. Function results and ``If`` branch results are cast back to
+their original types, so model inputs/outputs keep their dtypes and branches agree.
+
+Range guards (``range_guards=True``) win over the lists: a constant whose values overflow
+the low dtype, or whose non-zeros mostly underflow to zero, is never cast — the op
+consuming it computes in float32 and the decision is reported.
+
+Why our own pass: TVM's ``ToMixedPrecision`` is fp16-only, keeps policies as global C++
+attributes, crashes on Clip/HardSigmoid and silently skips non-dataflow blocks (any model
+with ``If``). This pass visits each binding once and infers only the binding at hand, so
+its cost is linear in the number of ops.
+
+When it does not fire: ``dtype == "float32"`` returns the module unchanged; calls to
+functions (not ops) and ops with explicit type arguments (call_tir, call_dps_packed) are
+treated as NEVER. If type inference rejects a rewritten call, that call falls back to NEVER.
+
+Preserves: function signatures, output types, binding names (so ONNX provenance survives),
+well-formedness (checked by the pipeline).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from amptool import _tvm
+from amptool.colors.policy import Color, ColorPolicy
+from amptool.frontend.importer import NodeOrigin
+
+log = logging.getLogger(__name__)
+
+#: Largest finite value of each low dtype.
+DTYPE_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38}
+#: Smallest positive subnormal: non-zeros below half of it flush to zero.
+DTYPE_TINY = {"float16": 5.960464477539063e-08, "bfloat16": 9.183549615799121e-41}
+#: A constant is refused when more than this fraction of its non-zeros would flush to zero.
+UNDERFLOW_LIMIT = 0.5
+SHORT = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64"}
+
+
+@dataclass(frozen=True)
+class Guarded:
+    """An op the range guard kept in float32, and why."""
+
+    node: str
+    op: str
+    reason: str
+
+    def as_json(self) -> dict[str, str]:
+        return {"node": self.node, "op": self.op, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The colour and compute dtype chosen for one binding (for inspect and reports)."""
+
+    var: str
+    node: str | None
+    onnx_op: str | None
+    relax_op: str
+    color: Color
+    dtype: str
+
+
+@dataclass
+class MixedPrecisionReport:
+    dtype: str
+    casts_inserted: int = 0
+    weight_casts: int = 0
+    unknown_ops: dict[str, int] = field(default_factory=collections.Counter)
+    guarded: list[Guarded] = field(default_factory=list)
+    decisions: list[Decision] = field(default_factory=list)
+
+    @property
+    def converted(self) -> int:
+        return sum(1 for d in self.decisions if d.dtype == self.dtype)
+
+
+def castable(value: np.ndarray, dtype: str) -> str | None:
+    """None if ``value`` survives a cast to ``dtype``; otherwise the reason it does not."""
+    data = np.asarray(value)
+    if data.dtype.kind != "f" or data.size == 0:
+        return None
+    finite = data[np.isfinite(data)]
+    if finite.size == 0:
+        return None
+    peak = float(np.max(np.abs(finite)))
+    if peak > DTYPE_MAX[dtype]:
+        return f"constant max |x| = {peak:.3g} exceeds {dtype} max {DTYPE_MAX[dtype]:.6g}"
+    nonzero = np.abs(finite[finite != 0])
+    if nonzero.size:
+        flushed = np.count_nonzero(nonzero < DTYPE_TINY[dtype] / 2)
+        if flushed / nonzero.size > UNDERFLOW_LIMIT:
+            return f"{flushed}/{nonzero.size} non-zero constant values underflow in {dtype}"
+    return None
+
+
+def to_mixed_precision(
+    mod: Any,
+    policy: ColorPolicy,
+    dtype: str,
+    provenance: dict[str, NodeOrigin] | None = None,
+    *,
+    range_guards: bool = True,
+) -> tuple[Any, MixedPrecisionReport]:
+    """Rewrite ``mod`` to ``dtype`` under ``policy``; returns the new module and a report."""
+    report = MixedPrecisionReport(dtype=dtype)
+    if dtype == "float32":
+        return mod, report
+    if dtype not in DTYPE_MAX:
+        raise ValueError(f"unsupported low-precision dtype {dtype!r}")
+    mutator = _make_mutator(mod, policy, dtype, provenance or {}, range_guards, report)
+    return mutator.run(), report
+
+
+def _make_mutator(
+    mod: Any,
+    policy: ColorPolicy,
+    low: str,
+    provenance: dict[str, NodeOrigin],
+    range_guards: bool,
+    report: MixedPrecisionReport,
+) -> Any:
+    from tvm import relax  # noqa: PLC0415
+    from tvm.relax.expr_functor import PyExprMutator, mutator  # noqa: PLC0415
+
+    @mutator
+    class _MixedPrecision(PyExprMutator):  # type: ignore[misc,valid-type]
+        def __init__(self, module: Any) -> None:
+            super().__init__(module)
+            self.module = module
+            self.scopes: list[dict[tuple[int, str], Any]] = []
+            self.const_verdict: dict[int, str | None] = {}
+
+        # ------------------------------------------------------------ driver
+
+        def run(self) -> Any:
+            for gv, func in _tvm.relax_functions(self.module):
+                new_func = self.visit_expr(func)
+                self.builder_.update_func(gv, new_func)
+            return self.builder_.get()
+
+        # ------------------------------------------------------------ scopes & casts
+
+        def visit_binding_block_(self, block: Any) -> Any:
+            self.scopes.append({})
+            try:
+                return super().visit_binding_block_(block)
+            finally:
+                self.scopes.pop()
+
+        def visit_dataflow_block_(self, block: Any) -> Any:
+            self.scopes.append({})
+            try:
+                return super().visit_dataflow_block_(block)
+            finally:
+                self.scopes.pop()
+
+        def _cached(self, expr: Any, dtype: str) -> Any | None:
+            key = (hash(expr), dtype)
+            for scope in reversed(self.scopes):
+                if key in scope:
+                    return scope[key]
+            return None
+
+        def _remember(self, expr: Any, dtype: str, value: Any) -> None:
+            if self.scopes:
+                self.scopes[-1][(hash(expr), dtype)] = value
+
+        def _cast(self, expr: Any, dtype: str) -> Any:
+            """``expr`` as ``dtype``: itself, a cached cast, or a new cast emitted once."""
+            if _tvm.tensor_dtype(expr) == dtype:
+                return expr
+            hit = self._cached(expr, dtype)
+            if hit is not None:
+                return hit
+            is_const = _tvm.is_constant(expr)
+            if is_const:
+                report.weight_casts += 1
+                return relax.op.astype(expr, dtype)  # folded into a low-precision constant
+            name = f"{_tvm.var_name(expr)}_{SHORT.get(dtype, dtype)}" if isinstance(expr, relax.Var) else ""
+            casted = self.builder_.emit(relax.op.astype(expr, dtype), name_hint=name)
+            report.casts_inserted += 1
+            self._remember(expr, dtype, casted)
+            self._remember(casted, _tvm.tensor_dtype(expr) or dtype, expr)
+            return casted
+
+        def _cast_like(self, expr: Any, ty: Any) -> Any:
+            """Cast a (possibly tuple-typed) expression back to the dtypes of ``ty``."""
+            if isinstance(ty, relax.TensorType):
+                want = str(ty.dtype)
+                have = _tvm.tensor_dtype(expr)
+                if have and want and have != want and have in _tvm.FLOAT_DTYPES and want in _tvm.FLOAT_DTYPES:
+                    return self._cast(expr, want)
+                return expr
+            if isinstance(ty, relax.TupleType) and _tvm.is_tuple_type(getattr(expr, "ty", None)):
+                if _same_dtypes(expr.ty, ty):
+                    return expr
+                fields = []
+                for i, field_ty in enumerate(ty.fields):
+                    item = expr.fields[i] if isinstance(expr, relax.Tuple) else self.builder_.emit(
+                        relax.TupleGetItem(expr, i)
+                    )
+                    fields.append(self._cast_like(item, field_ty))
+                return relax.Tuple(fields)
+            return expr
+
+        # ------------------------------------------------------------ restore at scope ends
+
+        def visit_seq_expr_(self, seq: Any) -> Any:
+            """Visit blocks, then cast the result back to the original type if it changed."""
+            blocks = [self.visit_binding_block(block) for block in seq.blocks]
+            body = self.visit_expr(seq.body)
+            if not _same_dtypes(getattr(body, "ty", None), seq.body.ty):
+                self.builder_._begin_binding_block()
+                self.scopes.append({})
+                body = self._cast_like(body, seq.body.ty)
+                if isinstance(body, relax.Tuple):
+                    body = self.builder_.emit(body)
+                self.scopes.pop()
+                tail = self.builder_._end_block()
+                if len(tail.bindings):
+                    blocks.append(tail)
+            blocks = [b for b in blocks if len(b.bindings)]
+            return relax.SeqExpr(blocks, body)
+
+        # ------------------------------------------------------------ bindings
+
+        def visit_var_binding_(self, binding: Any) -> None:
+            value = binding.value
+            relax_op = _tvm.op_name(value) if isinstance(value, relax.Call) else None
+            if relax_op is None or relax_op == "relax.astype":
+                super().visit_var_binding_(binding)
+                return
+            new_value, accumulated = self._rewrite(binding, value, relax_op)
+            new_var = self._emit_like(binding.var, new_value)
+            if accumulated:
+                # fp32-accumulated conv/matmul: consumers get the low cast; the fp32
+                # value stays cached for NEVER consumers (see _cast).
+                new_var = self._cast(new_var, low)
+            self.set_var_remap(binding.var, new_var)
+
+        def _emit_like(self, old_var: Any, value: Any) -> Any:
+            """Emit ``value`` bound to a var of the same kind and name as ``old_var``."""
+            value = self.builder_.normalize(value)
+            cls = relax.DataflowVar if isinstance(old_var, relax.DataflowVar) else relax.Var
+            new_var = cls(_tvm.var_name(old_var), value.ty)
+            self.builder_.emit_normalized(relax.VarBinding(new_var, value))
+            return new_var
+
+        def _rewrite(self, binding: Any, call: Any, relax_op: str) -> tuple[Any, bool]:
+            origin = provenance.get(_tvm.var_name(binding.var))
+            args = [self.visit_expr(arg) for arg in call.args]
+            leaves = _float32_leaves(call.args, args)
+            color = self._color(call, relax_op, origin, leaves)
+            if not leaves:
+                return self._restore(call, args), False
+            guard_reason = None
+            target = "float32"
+            if color is Color.ALWAYS:
+                target = low
+            elif color is Color.FOLLOW:
+                moving = [new for (_, new) in leaves if not _tvm.is_constant(new)]
+                if moving and all(_tvm.tensor_dtype(new) == low for new in moving):
+                    target = low
+            if target == low and range_guards:
+                guard_reason = self._constant_guard(leaves)
+                if guard_reason is not None:
+                    target = "float32"
+                    report.guarded.append(
+                        Guarded(origin.node if origin else _tvm.var_name(binding.var), relax_op, guard_reason)
+                    )
+            built = self._build(call, relax_op, args, call.args, target, origin)
+            if built is None:  # type inference refused the low-precision call
+                target = "float32"
+                built = (self._restore(call, args), False)
+            final_color = Color.NEVER if guard_reason else color
+            report.decisions.append(
+                Decision(
+                    _tvm.var_name(binding.var),
+                    origin.node if origin else None,
+                    origin.op_type if origin else None,
+                    relax_op,
+                    final_color,
+                    target,
+                )
+            )
+            return built
+
+        def _color(self, call: Any, relax_op: str, origin: NodeOrigin | None, leaves: list) -> Color:
+            if len(call.ty_args):
+                return Color.NEVER
+            color = policy.color_of(relax_op, origin.node if origin else None, origin.op_type if origin else None)
+            if color is None:
+                if leaves:
+                    label = relax_op + (f" (ONNX {origin.op_type})" if origin else "")
+                    report.unknown_ops[label] += 1
+                return Color.NEVER
+            return color
+
+        def _constant_guard(self, leaves: list) -> str | None:
+            for _, new in leaves:
+                if not _tvm.is_constant(new):
+                    continue
+                key = hash(new)
+                if key not in self.const_verdict:
+                    self.const_verdict[key] = castable(_tvm.constant_numpy(new), low)
+                if self.const_verdict[key] is not None:
+                    return self.const_verdict[key]
+            return None
+
+        def _build(
+            self, call: Any, relax_op: str, args: list, orig_args: Any, target: str, origin: Any
+        ) -> tuple[Any, bool] | None:
+            """(call with float32 leaves cast to ``target``, accumulated-in-wider-dtype);
+            None if type inference refuses it."""
+            new_args = [self._retype_arg(new, old, target) for new, old in zip(args, orig_args)]
+            try:
+                if target == low and relax_op in _tvm.OUT_DTYPE_OPS:
+                    acc = policy.accumulation_of(relax_op, origin.op_type if origin else None) or low
+                    rebuilt = _tvm.call_with_out_dtype(call, new_args, acc)
+                    return self.builder_.normalize(rebuilt), acc != low
+                return self.builder_.normalize(_tvm.call_with_args(call, new_args)), False
+            except Exception as err:  # TVMError from type inference
+                log.debug("%s refused %s inputs (%s); keeping float32", relax_op, target, err)
+                return None
+
+        def _retype_arg(self, new: Any, old: Any, target: str) -> Any:
+            if isinstance(new, relax.Tuple) and isinstance(old, relax.Tuple):
+                return relax.Tuple([self._retype_arg(n, o, target) for n, o in zip(new.fields, old.fields)])
+            old_dtype = _tvm.tensor_dtype(old)
+            if old_dtype is None:
+                return self._cast_like(new, old.ty) if hasattr(old, "ty") else new
+            if old_dtype == "float32":
+                return self._cast(new, target)
+            return self._cast(new, old_dtype) if _tvm.tensor_dtype(new) != old_dtype else new
+
+        def _restore(self, call: Any, args: list) -> Any:
+            new_args = [self._retype_arg(new, old, "float32") for new, old in zip(args, call.args)]
+            return _tvm.call_with_args(call, new_args)
+
+    return _MixedPrecision(mod)
+
+
+def _float32_leaves(orig_args: Any, new_args: list) -> list[tuple[Any, Any]]:
+    """(original, rewritten) pairs of the float32 tensor inputs, tuple fields flattened."""
+    from tvm import relax  # noqa: PLC0415
+
+    leaves = []
+    for old, new in zip(orig_args, new_args):
+        if isinstance(old, relax.Tuple) and isinstance(new, relax.Tuple):
+            leaves.extend(_float32_leaves(old.fields, list(new.fields)))
+        elif _tvm.tensor_dtype(old) == "float32":
+            leaves.append((old, new))
+    return leaves
+
+
+def _same_dtypes(a: Any, b: Any) -> bool:
+    from tvm import relax  # noqa: PLC0415
+
+    if isinstance(a, relax.TensorType) and isinstance(b, relax.TensorType):
+        return str(a.dtype) == str(b.dtype)
+    if isinstance(a, relax.TupleType) and isinstance(b, relax.TupleType):
+        return len(a.fields) == len(b.fields) and all(_same_dtypes(x, y) for x, y in zip(a.fields, b.fields))
+    return True

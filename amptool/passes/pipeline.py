@@ -1,0 +1,78 @@
+"""The one place where the order of Relax passes lives.
+
+    imported fp32 module
+      → FoldConstant (fp32)   weight reshapes/transposes become plain constants, so the
+                              mixed-precision pass sees them as castable constants and the
+                              range guard can read their values
+      → MixedPrecision        colour lists → casts, accumulation dtypes
+      → FoldConstant          weight casts become low-precision constants
+      → well-formedness check after each step (a failure is a bug, not a user error)
+
+``tests/test_pipeline.py`` pins this order.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from amptool import _tvm
+from amptool.colors.policy import ColorPolicy
+from amptool.frontend.importer import NodeOrigin
+from amptool.passes import stats
+from amptool.passes.mixed_precision import MixedPrecisionReport, to_mixed_precision
+
+PASS_ORDER = ("prefold", "mixed_precision", "fold")
+
+
+@dataclass
+class PassResult:
+    mod: Any
+    report: MixedPrecisionReport
+    timings_s: dict[str, float] = field(default_factory=dict)
+    weight_bytes: dict[str, int] = field(default_factory=dict)
+
+
+def run_passes(
+    mod: Any,
+    policy: ColorPolicy,
+    dtype: str,
+    provenance: dict[str, NodeOrigin],
+    *,
+    range_guards: bool = True,
+    on_stage: Callable[[str], None] | None = None,
+) -> PassResult:
+    """Run PASS_ORDER on ``mod``; time each pass on its own."""
+    timings: dict[str, float] = {}
+
+    def stage(name: str, fn: Callable[[Any], Any], current: Any) -> Any:
+        if on_stage:
+            on_stage(name)
+        start = time.perf_counter()
+        out = fn(current)
+        timings[name] = time.perf_counter() - start
+        _tvm.assert_well_formed(out, name)
+        return out
+
+    report_box: dict[str, MixedPrecisionReport] = {}
+
+    def mixed(current: Any) -> Any:
+        new, report = to_mixed_precision(
+            current, policy, dtype, provenance, range_guards=range_guards
+        )
+        report_box["report"] = report
+        return new
+
+    mod = stage("prefold", _tvm.fold_constant, mod)
+    before = stats.constant_bytes(mod)
+    mod = stage("mixed_precision", mixed, mod)
+    mod = stage("fold", _tvm.fold_constant, mod)
+    after = stats.constant_bytes(mod)
+    return PassResult(
+        mod=mod,
+        report=report_box["report"],
+        timings_s=timings,
+        weight_bytes={"before": before, "after": after},
+    )

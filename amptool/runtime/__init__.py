@@ -1,0 +1,1 @@
+"""Runners (onnxruntime, compiled TVM module) and input generation; no comparison here."""
