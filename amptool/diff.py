@@ -15,6 +15,7 @@ from amptool.artifact import load_artifact
 from amptool.compare.stats import Tolerance, compare_output, default_tolerance
 from amptool.convert import ConvertConfig, build_model
 from amptool.frontend.load import load_model
+from amptool.frontend.prepare import reference_model
 from amptool.frontend.signature import TensorSpec, graph_inputs
 from amptool.runtime.inputs import generate_inputs, load_inputs, save_arrays
 from amptool.runtime.onnxruntime_runner import run_onnxruntime
@@ -108,7 +109,7 @@ def diff_model(config: DiffConfig, on_stage: Callable[[str], None] | None = None
 
     notify("reference")
     start = time.perf_counter()
-    reference = run_onnxruntime(loaded.model, arrays)
+    reference = run_onnxruntime(reference_model(loaded.model), arrays)
     timings["reference"] = time.perf_counter() - start
 
     notify("run")

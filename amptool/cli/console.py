@@ -19,7 +19,7 @@ def _console(stderr: bool) -> Console:
     # Pipes and CI logs get a fixed width of 120 so tables are not squeezed to 80 columns.
     probe = Console(stderr=stderr)
     width = None if probe.is_terminal else 120
-    return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)
+    return Console(stderr=stderr, highlight=False, soft_wrap=stderr, width=width)
 
 
 out = _console(stderr=False)

@@ -47,20 +47,21 @@ def builtin_presets() -> list[str]:
 def load_policy(path_or_preset: str | None = None) -> ColorPolicy:
     """A policy from a YAML file, or from ``builtin:<name>``; the default preset if None."""
     source = path_or_preset or f"{BUILTIN_PREFIX}default"
-    raw, label = _read(source)
+    raw, label = _read(source, context="--colors")
     return _resolve(raw, label, chain=(label,))
 
 
 # --------------------------------------------------------------------------- reading
 
 
-def _read(source: str) -> tuple[dict[str, Any], str]:
+def _read(source: str, context: str) -> tuple[dict[str, Any], str]:
+    """(parsed YAML, label); ``context`` says where ``source`` was named, for errors."""
     if source.startswith(BUILTIN_PREFIX):
         name = source[len(BUILTIN_PREFIX):]
         presets = builtin_presets()
         if name not in presets:
             raise UserError(
-                f"Unknown colour preset '{source}'{_did_you_mean(name, presets)}",
+                f"{context}: unknown colour preset '{source}'{_did_you_mean(name, presets)}",
                 f"Built-in presets: {', '.join(BUILTIN_PREFIX + p for p in presets)}.",
             )
         text = (resources.files("amptool.colors") / "presets" / f"{name}.yaml").read_text()
@@ -91,9 +92,10 @@ def _resolve(raw: dict[str, Any], label: str, chain: tuple[str, ...]) -> ColorPo
     for key in raw:
         if key not in TOP_KEYS:
             raise UserError(f"{label}: unknown key '{key}'{_did_you_mean(str(key), TOP_KEYS)}")
-    if raw.get("version") != SCHEMA_VERSION:
+    version = raw.get("version")
+    if type(version) is not int or version != SCHEMA_VERSION:
         raise UserError(
-            f"{label}: 'version' must be {SCHEMA_VERSION}, got {raw.get('version')!r}",
+            f"{label}: 'version' must be {SCHEMA_VERSION}, got {version!r}",
             "Add 'version: 1' at the top of the file.",
         )
     base: ColorPolicy | None = None
@@ -106,7 +108,7 @@ def _resolve(raw: dict[str, Any], label: str, chain: tuple[str, ...]) -> ColorPo
             )
         if parent in chain:
             raise UserError(f"{label}: 'extends' forms a cycle ({' → '.join(chain + (parent,))})")
-        parent_raw, parent_label = _read(parent)
+        parent_raw, parent_label = _read(parent, context=f"{label}: 'extends'")
         base = _resolve(parent_raw, parent_label, chain + (parent_label,))
 
     colors: dict[str, Color] = {}

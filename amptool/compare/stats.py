@@ -31,6 +31,10 @@ class Tolerance:
     min_cosine: float
     check_stat: str = "max"
 
+    def __post_init__(self) -> None:
+        if self.check_stat not in CHECK_STATS:
+            raise ValueError(f"check_stat must be one of {CHECK_STATS}, got {self.check_stat!r}")
+
 
 #: Defaults per dtype, and why. fp16 has an 11-bit significand (rel. rounding 4.9e-4 per
 #: op) that compounds over depth; bf16 has 8 bits (3.9e-3). Cosine catches broken outputs
@@ -64,6 +68,7 @@ def compare_output(name: str, reference: np.ndarray, converted: np.ndarray, tol:
         result.update(passed=False, failure=f"shape {list(out.shape)} != reference {list(ref.shape)}")
         return result
     numeric = ref.dtype.kind in "fiub" and out.dtype.kind in "fiub"
+    exact = ref.dtype.kind in "iub" and out.dtype.kind in "iub"  # indices, counts, masks
     if not numeric:
         same = bool(np.array_equal(ref, out))
         result.update(passed=same, failure=None if same else "values differ")
@@ -72,7 +77,10 @@ def compare_output(name: str, reference: np.ndarray, converted: np.ndarray, tol:
     o = out.astype(np.float64)
     result["nan"], result["inf"] = int(np.isnan(o).sum()), int(np.isinf(o).sum())
     result["nan_reference"], result["inf_reference"] = int(np.isnan(r).sum()), int(np.isinf(r).sum())
-    bad_new = (~np.isfinite(o)) & np.isfinite(r)
+    # Non-finite values must match exactly: NaN where NaN, +Inf where +Inf, -Inf where -Inf.
+    bad_new = (np.isnan(o) != np.isnan(r)) | (np.isinf(o) != np.isinf(r)) | (
+        np.isinf(o) & np.isinf(r) & (np.sign(o) != np.sign(r))
+    )
     finite = np.isfinite(o) & np.isfinite(r)
     if r.size == 0:
         result.update(passed=True, failure=None)
@@ -87,7 +95,13 @@ def compare_output(name: str, reference: np.ndarray, converted: np.ndarray, tol:
     result["min_tolerance"] = _min_tolerance(diff, ref_abs, scale, tol)
     failure = None
     if bad_new.any():
-        failure = f"{int(np.isnan(o[bad_new]).sum())} NaN / {int(np.isinf(o[bad_new]).sum())} Inf where the reference is finite"
+        nan, inf = int(np.isnan(o[bad_new]).sum()), int(np.isinf(o[bad_new]).sum())
+        if np.isfinite(r[bad_new]).all():
+            failure = f"{nan} NaN / {inf} Inf where the reference is finite"
+        else:
+            failure = f"{int(bad_new.sum())} non-finite values differ from the reference ({nan} NaN, {inf} Inf)"
+    elif exact and not np.array_equal(ref, out):
+        failure = f"{int(np.sum(ref != out))} integer/bool elements differ (must match exactly)"
     elif result["cosine"] is not None and result["cosine"] < tol.min_cosine:
         failure = f"cosine {result['cosine']:.6f} < {tol.min_cosine}"
     elif diff.size and not _within(diff, ref_abs, scale, tol):
@@ -98,7 +112,8 @@ def compare_output(name: str, reference: np.ndarray, converted: np.ndarray, tol:
 
 def _error_stats(diff: np.ndarray, ref_abs: np.ndarray, finite: np.ndarray) -> dict[str, Any]:
     """Distribution of |converted − reference| over the elements finite on both sides."""
-    rel = diff / np.maximum(ref_abs, np.finfo(np.float64).tiny)
+    with np.errstate(over="ignore", divide="ignore"):
+        rel = diff / np.maximum(ref_abs, np.finfo(np.float64).tiny)
     positions = np.argwhere(finite)  # diff/rel are in this order
     return {
         "max_abs": float(diff.max()),
@@ -132,7 +147,9 @@ def _snr_db(r: np.ndarray, o: np.ndarray) -> float | None:
 
 
 def _stat(diff: np.ndarray, stat: str) -> float:
-    return float({"max": np.max, "mean": np.mean, "median": np.median}.get(stat, lambda d: np.percentile(d, 99))(diff))
+    if stat == "p99":
+        return float(np.percentile(diff, 99))
+    return float({"max": np.max, "mean": np.mean, "median": np.median}[stat](diff))
 
 
 def _within(diff: np.ndarray, ref_abs: np.ndarray, scale: float, tol: Tolerance) -> bool:

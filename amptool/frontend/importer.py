@@ -27,6 +27,7 @@ from typing import Any
 import onnx
 
 from amptool.errors import UserError
+from amptool.frontend.converters import CONVERTERS
 from amptool.frontend.load import default_opset, iter_nodes
 from amptool.frontend.signature import TensorSpec
 
@@ -51,7 +52,7 @@ class ImportedModel:
 def supported_op_types() -> frozenset[str]:
     from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map  # noqa: PLC0415
 
-    return frozenset(_get_convert_map()) | _DIRECT_OPS
+    return frozenset(_get_convert_map()) | _DIRECT_OPS | frozenset(CONVERTERS)
 
 
 def check_supported(model: onnx.ModelProto) -> None:
@@ -124,7 +125,10 @@ def _make_importer(shape_dict: dict[str, list[int]], dtype_dict: dict[str, str])
         def _convert_operator(self, op_name: str, inputs: Any, attrs: dict, opset: int) -> Any:
             node_name = str(attrs.get("tvm_custom", {}).get("name", "") or op_name)
             try:
-                result = super()._convert_operator(op_name, inputs, attrs, opset)
+                if op_name in CONVERTERS:
+                    result = self.bb.normalize(CONVERTERS[op_name](self.bb, list(inputs), attrs))
+                else:
+                    result = super()._convert_operator(op_name, inputs, attrs, opset)
             except UserError:
                 raise
             except Exception as err:

@@ -39,17 +39,25 @@ class PreparedModel:
     notes: list[str] = field(default_factory=list)
 
 
+def drop_weight_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Remove graph inputs that are backed by an initializer, in place.
+
+    They are weights (old exporters and onnx's version converter list them as inputs).
+    Left as inputs, onnxruntime treats them as overridable and folds nothing through them,
+    and the importer would make them parameters.
+    """
+    weights = {init.name for init in model.graph.initializer}
+    real_inputs = [v for v in model.graph.input if v.name not in weights]
+    del model.graph.input[:]
+    model.graph.input.extend(real_inputs)
+    return model
+
+
 def pin_shapes(model: onnx.ModelProto, inputs: Sequence[TensorSpec]) -> onnx.ModelProto:
     """Return a copy whose graph inputs carry the pinned static shapes."""
     pinned = onnx.ModelProto()
     pinned.CopyFrom(model)
-    # Graph inputs backed by an initializer are weights (old exporters list them as
-    # inputs). Left as inputs, onnxruntime treats them as overridable and folds nothing
-    # through them, and the importer would make them parameters.
-    weights = {init.name for init in pinned.graph.initializer}
-    real_inputs = [v for v in pinned.graph.input if v.name not in weights]
-    del pinned.graph.input[:]
-    pinned.graph.input.extend(real_inputs)
+    drop_weight_inputs(pinned)
     by_name = {spec.name: spec for spec in inputs}
     for value in pinned.graph.input:
         spec = by_name.get(value.name)
@@ -74,12 +82,27 @@ def prepare_model(
     """Pin shapes, upgrade ancient opsets, then fp32-fold with onnxruntime (basic level)."""
     prepared = PreparedModel(model=pin_shapes(model, inputs), steps=["pin-shapes"])
     if default_opset(prepared.model) < MIN_RUNNABLE_OPSET:
-        _try(prepared, "upgrade-opset", lambda m: onnx.version_converter.convert_version(m, UPGRADE_OPSET))
+        _try(
+            prepared,
+            "upgrade-opset",
+            lambda m: drop_weight_inputs(onnx.version_converter.convert_version(m, UPGRADE_OPSET)),
+        )
     if optimize:
         _try(prepared, "onnxruntime-fold", _onnxruntime_basic_optimize)
     _try(prepared, "shape-inference", lambda m: onnx.shape_inference.infer_shapes(m, data_prop=True))
     name_nodes(prepared.model.graph)
     return prepared
+
+
+def reference_model(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model onnxruntime should run as the fp32 reference: ancient opsets upgraded."""
+    if default_opset(model) >= MIN_RUNNABLE_OPSET:
+        return model
+    try:
+        return onnx.version_converter.convert_version(model, UPGRADE_OPSET)
+    except Exception as err:  # the original may still run
+        log.info("opset upgrade for the reference failed: %s", err)
+        return model
 
 
 def _try(prepared: PreparedModel, step: str, fn) -> None:  # type: ignore[no-untyped-def]
@@ -109,7 +132,8 @@ def _onnxruntime_basic_optimize(model: onnx.ModelProto) -> onnx.ModelProto:
         ort.InferenceSession(
             model.SerializeToString(), options, providers=["CPUExecutionProvider"]
         )
-        optimized = onnx.load(out_path, load_external_data=True)
+        # IR < 4 requires initializers to be listed as inputs, so onnxruntime lists them.
+        optimized = drop_weight_inputs(onnx.load(out_path, load_external_data=True))
     if default_opset(optimized) != default_opset(model):
         log.debug("onnxruntime changed the opset import; keeping its output")
     return optimized

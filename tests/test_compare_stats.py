@@ -1,0 +1,362 @@
+"""Tests for amptool.compare.stats: error statistics and the pass/fail verdict (pure numpy)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from amptool.compare.stats import (
+    CHECK_STATS,
+    DEFAULT_TOLERANCES,
+    Tolerance,
+    compare_output,
+    default_tolerance,
+)
+
+# Every key compare_output promises, whatever the case (None where it does not apply).
+RESULT_KEYS = (
+    "max_abs", "mean_abs", "median_abs", "p90_abs", "p99_abs", "std_abs", "max_rel",
+    "max_rel_index", "max_abs_index", "mean_rel", "cosine", "snr_db", "min_tolerance",
+    "nan", "inf", "nan_reference", "inf_reference", "passed", "failure", "name", "shape",
+)
+
+FP16 = default_tolerance("float16")
+
+
+def _rng(seed: int = 0) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+def _normal(shape, scale: float = 1.0, seed: int = 0) -> np.ndarray:
+    return _rng(seed).normal(0.0, scale, size=shape).astype(np.float32)
+
+
+# --------------------------------------------------------------------------- basics
+
+
+def test_identical_arrays_pass_with_zero_error():
+    ref = _normal((4, 8))
+    res = compare_output("y", ref, ref.copy(), FP16)
+    assert res["passed"] is True
+    assert res["failure"] is None
+    assert res["name"] == "y"
+    assert res["shape"] == [4, 8]
+    assert res["max_abs"] == 0.0
+    assert res["mean_abs"] == 0.0
+    np.testing.assert_allclose(res["cosine"], 1.0, rtol=0, atol=1e-12)
+    assert res["snr_db"] == math.inf
+    assert res["min_tolerance"] == 0.0
+    assert (res["nan"], res["inf"], res["nan_reference"], res["inf_reference"]) == (0, 0, 0, 0)
+
+
+def _all_cases() -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    ref = _normal((3, 5))
+    nan_out = ref.copy()
+    nan_out[1, 2] = np.nan
+    nan_both = ref.copy()
+    nan_both[0, 0] = np.nan
+    return {
+        "identical": (ref, ref.copy()),
+        "noisy": (ref, ref + _normal((3, 5), 1e-3, seed=1)),
+        "shape_mismatch": (ref, ref.reshape(5, 3)),
+        "nan_in_output": (ref, nan_out),
+        "nan_in_both": (nan_both, nan_both.copy()),
+        "all_nan": (np.full(4, np.nan), np.full(4, np.nan)),
+        "zero_size": (np.zeros((0, 3), np.float32), np.zeros((0, 3), np.float32)),
+        "all_zero": (np.zeros(6, np.float32), np.zeros(6, np.float32)),
+        "int": (np.array([1, 2, 3]), np.array([1, 2, 4])),
+        "bool": (np.array([True, False]), np.array([True, False])),
+        "string": (np.array(["a", "b"]), np.array(["a", "c"])),
+    }
+
+
+@pytest.mark.parametrize("case", sorted(_all_cases()))
+def test_every_key_is_always_present(case):
+    ref, out = _all_cases()[case]
+    res = compare_output(case, ref, out, FP16)
+    missing = [k for k in RESULT_KEYS if k not in res]
+    assert missing == []
+    assert isinstance(res["passed"], bool)
+    assert (res["failure"] is None) == res["passed"]
+
+
+# --------------------------------------------------------------------------- verdicts
+
+
+def test_scaled_output_fails_on_max_statistic_not_cosine():
+    ref = _normal((1000,), scale=10.0, seed=3)
+    # max_abs = 0.02·max|ref| > atol + rtol·max|ref| = 1e-3 + 0.01·max|ref|.
+    # (A 1.01 scale would pass by design: the bound is rtol·max|ref| + atol, just above 0.01·max|ref|.)
+    res = compare_output("y", ref, ref * np.float32(1.02), FP16)
+    np.testing.assert_allclose(res["cosine"], 1.0, rtol=0, atol=1e-9)
+    assert res["passed"] is False
+    assert res["failure"].startswith("max_abs")
+    assert "cosine" not in res["failure"]
+
+
+def test_scale_within_rtol_passes():
+    ref = _normal((1000,), scale=10.0, seed=3)
+    res = compare_output("y", ref, ref * np.float32(1.005), FP16)
+    assert res["passed"] is True
+
+
+def test_wrong_everywhere_fails_on_cosine():
+    ref = _normal((1000,), seed=4)
+    out = _normal((1000,), seed=5)
+    loose = Tolerance(atol=100.0, rtol=0.0, min_cosine=0.999)
+    res = compare_output("y", ref, out, loose)
+    assert res["passed"] is False
+    assert "cosine" in res["failure"]
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_nonfinite_output_where_reference_finite_always_fails(bad):
+    ref = _normal((4, 4), seed=6)
+    out = ref.copy()
+    out[2, 1] = bad
+    out[0, 3] = bad
+    huge = Tolerance(atol=1e30, rtol=1e30, min_cosine=-1.0)
+    res = compare_output("y", ref, out, huge)
+    assert res["passed"] is False
+    assert "reference is finite" in res["failure"]
+    if np.isnan(bad):
+        assert (res["nan"], res["inf"]) == (2, 0)
+        assert "2 NaN" in res["failure"]
+    else:
+        assert (res["nan"], res["inf"]) == (0, 2)
+        assert "2 Inf" in res["failure"]
+    assert (res["nan_reference"], res["inf_reference"]) == (0, 0)
+
+
+def test_nan_in_both_at_same_places_does_not_fail():
+    ref = _normal((5, 5), seed=7)
+    ref[1, 1] = ref[3, 4] = np.nan
+    out = ref.copy()
+    res = compare_output("y", ref, out, FP16)
+    assert res["passed"] is True
+    assert (res["nan"], res["nan_reference"]) == (2, 2)
+    assert res["max_abs"] == 0.0
+
+
+def test_nan_in_both_but_output_also_nan_elsewhere_fails():
+    ref = _normal((5, 5), seed=7)
+    ref[1, 1] = np.nan
+    out = ref.copy()
+    out[2, 2] = np.nan
+    res = compare_output("y", ref, out, FP16)
+    assert res["passed"] is False
+    assert (res["nan"], res["nan_reference"]) == (2, 1)
+    assert "1 NaN" in res["failure"]
+
+
+def test_inf_of_opposite_sign_fails():
+    ref = np.array([np.inf, 1.0, 2.0, 3.0])
+    out = np.array([-np.inf, 1.0, 2.0, 3.0])
+    assert compare_output("y", ref, out, FP16)["passed"] is False
+
+
+def test_shape_mismatch_fails_and_mentions_shape():
+    ref = _normal((2, 6))
+    res = compare_output("y", ref, ref.reshape(3, 4), FP16)
+    assert res["passed"] is False
+    assert "shape" in res["failure"]
+    assert "[3, 4]" in res["failure"] and "[2, 6]" in res["failure"]
+    assert res["shape"] == [2, 6]
+
+
+def test_max_abs_index_points_at_largest_error():
+    ref = _normal((6, 7), seed=8)
+    out = ref + _normal((6, 7), 1e-4, seed=9)
+    out[4, 2] += 0.5
+    res = compare_output("y", ref, out, FP16)
+    assert res["max_abs_index"] == [4, 2]
+    np.testing.assert_allclose(res["max_abs"], abs(float(out[4, 2]) - float(ref[4, 2])), rtol=1e-12)
+
+
+def test_max_abs_index_skips_nonfinite_positions():
+    # diff is taken over finite elements only; the index must still be in the full array.
+    ref = _normal((3, 4), seed=10)
+    ref[0, 0] = np.nan
+    out = ref.copy()
+    out[2, 3] += 1.0
+    res = compare_output("y", ref, out, FP16)
+    assert res["max_abs_index"] == [2, 3]
+
+
+def test_max_rel_index_points_at_largest_relative_error():
+    ref = np.array([[100.0, 200.0], [0.5, 300.0]])
+    out = ref.copy()
+    out[0, 0] += 1.0  # rel 0.01, largest absolute
+    out[1, 0] += 0.1  # rel 0.2, largest relative
+    res = compare_output("y", ref, out, FP16)
+    assert res["max_abs_index"] == [0, 0]
+    assert res["max_rel_index"] == [1, 0]
+    np.testing.assert_allclose(res["max_rel"], 0.2, rtol=1e-9)
+
+
+def test_float16_is_cast_up_to_float64():
+    src = _normal((256,), seed=11)
+    half = src.astype(np.float16)
+    res = compare_output("y", src, half, FP16)
+    expected = np.abs(half.astype(np.float64) - src.astype(np.float64))
+    assert res["max_abs"] > 0.0
+    np.testing.assert_allclose(res["max_abs"], expected.max(), rtol=0, atol=0)
+    np.testing.assert_allclose(res["mean_abs"], expected.mean(), rtol=1e-12)
+
+
+# --------------------------------------------------------------------------- min_tolerance
+
+
+@pytest.mark.parametrize("stat", ["max", "elemwise", "mean", "median", "p99"])
+def test_min_tolerance_is_the_smallest_passing_atol(stat):
+    ref = _normal((500,), scale=2.0, seed=12)
+    out = ref + _normal((500,), 0.05, seed=13)
+    tol = Tolerance(atol=0.0, rtol=1e-3, min_cosine=0.9, check_stat=stat)
+    res = compare_output("y", ref, out, tol)
+    min_tol = res["min_tolerance"]
+    assert min_tol > 0.0
+    assert res["passed"] is False
+    assert compare_output("y", ref, out, dataclasses.replace(tol, atol=min_tol + 1e-12))["passed"] is True
+    assert compare_output("y", ref, out, dataclasses.replace(tol, atol=0.5 * min_tol))["passed"] is False
+
+
+def test_min_tolerance_is_zero_when_rtol_alone_suffices():
+    ref = _normal((100,), scale=5.0, seed=14)
+    out = ref * np.float32(1.001)
+    res = compare_output("y", ref, out, Tolerance(atol=0.0, rtol=1e-2, min_cosine=0.9))
+    assert res["min_tolerance"] == 0.0
+    assert res["passed"] is True
+
+
+# --------------------------------------------------------------------------- check_stat
+
+
+def _one_outlier() -> tuple[np.ndarray, np.ndarray]:
+    ref = _normal((1000,), seed=15)
+    out = ref + _normal((1000,), 1e-5, seed=16)
+    out[123] += 0.5
+    return ref, out
+
+
+@pytest.mark.parametrize("stat", ["mean", "median", "p99"])
+def test_robust_statistics_pass_where_max_fails(stat):
+    ref, out = _one_outlier()
+    base = Tolerance(atol=1e-3, rtol=0.0, min_cosine=0.9)
+    res_max = compare_output("y", ref, out, base)
+    assert res_max["passed"] is False
+    assert res_max["failure"].startswith("max_abs")
+    res = compare_output("y", ref, out, dataclasses.replace(base, check_stat=stat))
+    assert res["passed"] is True, res["failure"]
+
+
+@pytest.mark.parametrize("stat", ["mean", "median", "p99"])
+def test_robust_statistics_fail_when_error_is_widespread(stat):
+    ref = _normal((1000,), seed=17)
+    out = ref + 0.01
+    tol = Tolerance(atol=1e-3, rtol=0.0, min_cosine=0.9, check_stat=stat)
+    res = compare_output("y", ref, out, tol)
+    assert res["passed"] is False
+    assert res["failure"].startswith(f"{stat}_abs")
+
+
+def test_elemwise_uses_each_elements_own_reference():
+    ref = np.array([1000.0, 0.001])
+    out = np.array([1000.5, 0.011])  # 0.5 ≤ 1e-3·1000; 0.01 > 1e-3·0.001 + 1e-3
+    tol = Tolerance(atol=1e-3, rtol=1e-3, min_cosine=0.9)
+    assert compare_output("y", ref, out, tol)["passed"] is True  # max: 0.5 ≤ 1e-3 + 1e-3·1000
+    res = compare_output("y", ref, out, dataclasses.replace(tol, check_stat="elemwise"))
+    assert res["passed"] is False
+    assert res["failure"].startswith("1 elements exceed")
+
+
+def test_check_stats_constant():
+    assert set(CHECK_STATS) == {"max", "elemwise", "mean", "median", "p99"}
+
+
+# --------------------------------------------------------------------------- edge cases
+
+
+def test_zero_size_arrays_pass():
+    ref = np.zeros((0, 4), np.float32)
+    res = compare_output("y", ref, ref.astype(np.float16), FP16)
+    assert res["passed"] is True
+    assert res["shape"] == [0, 4]
+
+
+def test_all_zero_reference_and_output_have_cosine_one():
+    ref = np.zeros((3, 3), np.float32)
+    res = compare_output("y", ref, ref.copy(), FP16)
+    assert res["passed"] is True
+    assert res["cosine"] == 1.0
+    assert res["max_abs"] == 0.0
+
+
+def test_zero_reference_nonzero_output_fails():
+    ref = np.zeros(8, np.float32)
+    out = np.full(8, 0.5, np.float32)
+    res = compare_output("y", ref, out, FP16)
+    assert res["passed"] is False
+    assert res["cosine"] == 0.0
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint8])
+def test_equal_integer_outputs_pass(dtype):
+    ref = _rng(18).integers(0, 100, size=(4, 5)).astype(dtype)
+    res = compare_output("idx", ref, ref.copy(), FP16)
+    assert res["passed"] is True
+    assert res["max_abs"] == 0.0
+
+
+def test_different_small_integer_outputs_fail():
+    ref = np.array([1, 2, 3, 4], np.int64)
+    out = np.array([1, 2, 3, 5], np.int64)
+    assert compare_output("idx", ref, out, FP16)["passed"] is False
+
+
+def test_different_integer_outputs_fail_whatever_their_magnitude():
+    ref = np.array([500, 999], np.int64)  # e.g. argmax over 1000 classes
+    out = np.array([501, 999], np.int64)
+    assert compare_output("idx", ref, out, FP16)["passed"] is False
+
+
+def test_bool_outputs_equal_pass_different_fail():
+    ref = _rng(19).random(64) > 0.5
+    assert compare_output("mask", ref, ref.copy(), FP16)["passed"] is True
+    flipped = ref.copy()
+    flipped[10] = not flipped[10]
+    assert compare_output("mask", ref, flipped, FP16)["passed"] is False
+
+
+def test_non_numeric_outputs_compared_exactly():
+    ref = np.array(["a", "b"])
+    assert compare_output("s", ref, ref.copy(), FP16)["passed"] is True
+    res = compare_output("s", ref, np.array(["a", "c"]), FP16)
+    assert res["passed"] is False
+    assert res["failure"] == "values differ"
+
+
+# --------------------------------------------------------------------------- defaults
+
+
+def test_default_tolerances_exist():
+    for dtype in ("float16", "bfloat16", "float32"):
+        tol = default_tolerance(dtype)
+        assert isinstance(tol, Tolerance)
+        assert tol.check_stat == "max"
+        assert tol.atol > 0 and tol.rtol > 0 and 0 < tol.min_cosine < 1
+    assert set(DEFAULT_TOLERANCES) == {"float16", "bfloat16", "float32"}
+
+
+def test_bfloat16_is_looser_than_float16_is_looser_than_float32():
+    f32, f16, bf16 = (default_tolerance(d) for d in ("float32", "float16", "bfloat16"))
+    assert bf16.atol > f16.atol > f32.atol
+    assert bf16.rtol > f16.rtol > f32.rtol
+    assert bf16.min_cosine < f16.min_cosine < f32.min_cosine
+
+
+def test_unknown_dtype_has_no_default():
+    with pytest.raises(KeyError):
+        default_tolerance("int8")
