@@ -85,7 +85,7 @@ def prepare_model(
         _try(
             prepared,
             "upgrade-opset",
-            lambda m: drop_weight_inputs(onnx.version_converter.convert_version(m, UPGRADE_OPSET)),
+            lambda m: drop_weight_inputs(upgrade_opset(m)),
         )
     if optimize:
         _try(prepared, "onnxruntime-fold", _onnxruntime_basic_optimize)
@@ -94,12 +94,24 @@ def prepare_model(
     return prepared
 
 
+def upgrade_opset(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Convert to UPGRADE_OPSET and raise ir_version to match.
+
+    The version converter keeps an old ir_version (3), which makes onnxruntime list
+    initializers as graph inputs and then lose some of them when it deduplicates constants.
+    """
+    upgraded = onnx.version_converter.convert_version(model, UPGRADE_OPSET)
+    needed = onnx.helper.find_min_ir_version_for(list(upgraded.opset_import), ignore_unknown=True)
+    upgraded.ir_version = max(upgraded.ir_version, needed)
+    return upgraded
+
+
 def reference_model(model: onnx.ModelProto) -> onnx.ModelProto:
     """The model onnxruntime should run as the fp32 reference: ancient opsets upgraded."""
     if default_opset(model) >= MIN_RUNNABLE_OPSET:
         return model
     try:
-        return onnx.version_converter.convert_version(model, UPGRADE_OPSET)
+        return upgrade_opset(model)
     except Exception as err:  # the original may still run
         log.info("opset upgrade for the reference failed: %s", err)
         return model

@@ -1,0 +1,49 @@
+"""Shared fixtures: models from the zoo saved to disk, and an in-process CLI runner."""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import onnx
+import pytest
+from click.testing import CliRunner, Result
+
+from amptool.testing import model_zoo
+
+warnings.filterwarnings("ignore", category=UserWarning)
+
+ONNX_DATA = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data"
+
+
+@pytest.fixture
+def zoo_model(tmp_path: Path) -> Callable[[str], str]:
+    """Save a model_zoo builder's model to tmp_path and return its path."""
+
+    def save(name: str, **kwargs: Any) -> str:
+        path = tmp_path / f"{name}.onnx"
+        onnx.save(model_zoo.ALL_BUILDERS[name](**kwargs), path)
+        return str(path)
+
+    return save
+
+
+@pytest.fixture
+def run_cli() -> Callable[..., Result]:
+    """Run amptool in-process; returns click's Result (exit_code, output)."""
+    from amptool.cli.main import cli
+
+    def run(*args: str) -> Result:
+        return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+    return run
+
+
+def read_json(path: str | Path) -> dict[str, Any]:
+    with open(path, encoding="utf-8") as handle:
+        data: dict[str, Any] = json.load(handle)
+    return data
