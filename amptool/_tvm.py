@@ -217,7 +217,8 @@ def run_vm(vm: Any, arrays: list[np.ndarray], device: str = "cpu") -> list[np.nd
     import tvm  # noqa: PLC0415
 
     dev = _device(device)
-    args = [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in arrays]
+    # np.ascontiguousarray would turn a 0-d array into 1-d; np.require keeps the rank.
+    args = [tvm.runtime.tensor(np.require(a, requirements="C"), dev) for a in arrays]
     result = vm["main"](*args)
     return _flatten_outputs(result)
 

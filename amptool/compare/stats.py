@@ -130,15 +130,20 @@ def _error_stats(diff: np.ndarray, ref_abs: np.ndarray, finite: np.ndarray) -> d
 
 
 def _cosine(r: np.ndarray, o: np.ndarray) -> float:
+    # Scale first: float64 inputs near 1e300 would overflow the dot product.
+    r = r / max(float(np.max(np.abs(r))), np.finfo(np.float64).tiny)
+    o = o / max(float(np.max(np.abs(o))), np.finfo(np.float64).tiny)
     nr, no = float(np.linalg.norm(r)), float(np.linalg.norm(o))
     if nr == 0.0 and no == 0.0:
         return 1.0
     if nr == 0.0 or no == 0.0:
         return 0.0
-    return float(np.dot(r.ravel(), o.ravel()) / (nr * no))
+    return float(np.clip(np.dot(r.ravel(), o.ravel()) / (nr * no), -1.0, 1.0))
 
 
 def _snr_db(r: np.ndarray, o: np.ndarray) -> float | None:
+    scale = max(float(np.max(np.abs(r))), np.finfo(np.float64).tiny)
+    r, o = r / scale, o / scale  # the ratio is scale-free; this keeps it finite
     noise = float(np.sum((o - r) ** 2))
     signal = float(np.sum(r**2))
     if noise == 0.0:

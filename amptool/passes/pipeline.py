@@ -20,11 +20,14 @@ from typing import Any
 
 from amptool import _tvm
 from amptool.colors.policy import ColorPolicy
+from amptool.errors import UserError
 from amptool.frontend.importer import NodeOrigin
 from amptool.passes import stats
 from amptool.passes.mixed_precision import MixedPrecisionReport, to_mixed_precision
 
 PASS_ORDER = ("prefold", "mixed_precision", "fold")
+#: Passes that are TVM's own: their failures on a model are reported as user errors.
+TVM_PASSES = frozenset({"prefold", "fold"})
 
 
 @dataclass
@@ -51,7 +54,17 @@ def run_passes(
         if on_stage:
             on_stage(name)
         start = time.perf_counter()
-        out = fn(current)
+        try:
+            out = fn(current)
+        except UserError:
+            raise
+        except Exception as err:
+            if name not in TVM_PASSES:
+                raise  # our own pass failing is a bug: keep the traceback
+            raise UserError(
+                f"TVM's {name} pass failed on this model: {_last_line(err)}",
+                "Pin input shapes with --input-shape; dynamic shape chains are the usual cause.",
+            ) from err
         timings[name] = time.perf_counter() - start
         _tvm.assert_well_formed(out, name)
         return out
@@ -65,10 +78,15 @@ def run_passes(
         report_box["report"] = report
         return new
 
-    mod = stage("prefold", _tvm.fold_constant, mod)
+    def fold_checked(current: Any) -> Any:
+        folded = _tvm.fold_constant(current)
+        _tvm.assert_well_formed(folded, "FoldConstant")
+        return folded
+
+    mod = stage("prefold", fold_checked, mod)
     before = stats.constant_bytes(mod)
     mod = stage("mixed_precision", mixed, mod)
-    mod = stage("fold", _tvm.fold_constant, mod)
+    mod = stage("fold", fold_checked, mod)
     after = stats.constant_bytes(mod)
     return PassResult(
         mod=mod,
@@ -76,3 +94,8 @@ def run_passes(
         timings_s=timings,
         weight_bytes={"before": before, "after": after},
     )
+
+
+def _last_line(err: BaseException) -> str:
+    lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else type(err).__name__
