@@ -66,10 +66,20 @@ def _write_json(path: str, payload: dict) -> None:
     os.makedirs(directory, exist_ok=True)
     tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp")
     with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(payload, handle, indent=2, allow_nan=False, default=_finite)
+        json.dump(_finite_only(payload), handle, indent=2, allow_nan=False)
         handle.write("\n")
     os.replace(tmp, path)
 
 
-def _finite(value: object) -> object:
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+def _finite_only(value: object) -> object:
+    """JSON has no Inf/NaN: non-finite statistics (an SNR of identical outputs, an error
+    against an Inf) are written as null; the ``nan``/``inf`` counts say what happened."""
+    import math  # noqa: PLC0415
+
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite_only(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_only(v) for v in value]
+    return value
