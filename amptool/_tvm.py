@@ -11,12 +11,9 @@ import contextlib
 import os
 import sys
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-
-if TYPE_CHECKING:  # pragma: no cover
-    import tvm
 
 LOW_PRECISION_DTYPES = ("float16", "bfloat16")
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
@@ -124,18 +121,6 @@ def fold_constant(mod: Any) -> Any:
 
     with quiet_native_stderr():
         return relax.transform.FoldConstant()(mod)
-
-
-def normalize(mod: Any) -> Any:
-    from tvm import relax  # noqa: PLC0415
-
-    return relax.transform.Normalize()(mod)
-
-
-def dead_code_elimination(mod: Any) -> Any:
-    from tvm import relax  # noqa: PLC0415
-
-    return relax.transform.DeadCodeElimination()(mod)
 
 
 def assert_well_formed(mod: Any, after: str) -> None:

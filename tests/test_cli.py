@@ -24,8 +24,8 @@ def test_convert_writes_library_and_manifest(zoo_model, run_cli, tmp_path):
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "model.so"]
     manifest = read_json(out / "manifest.json")
-    assert MANIFEST_KEYS <= set(manifest)
-    assert STAGES <= set(manifest["timings_s"])
+    assert set(manifest) >= MANIFEST_KEYS
+    assert set(manifest["timings_s"]) >= STAGES
     assert manifest["dtype"] == "float16" and manifest["target"] == "llvm"
     assert manifest["inputs"] == [{"name": "input", "dtype": "float32", "shape": [1, 3, 32, 32]}]
     assert manifest["ops_by_dtype"]["relax.nn.conv2d"] == {"float16": 10}
@@ -53,7 +53,7 @@ def test_diff_json_contract_and_verdict_line(zoo_model, run_cli, tmp_path):
     assert report["passed"] is True and report["dtype"] == "float16" and report["target"] == "llvm"
     assert [o["name"] for o in report["outputs"]] == ["last_hidden_state", "pooled"]
     for output in report["outputs"]:
-        assert DIFF_OUTPUT_KEYS <= set(output)
+        assert set(output) >= DIFF_OUTPUT_KEYS
         assert output["cosine"] >= 0.999 and output["nan"] == 0 and output["inf"] == 0
 
 
@@ -128,7 +128,10 @@ def _custom_op_model(path: Path) -> str:
 
 def _quantized_model(path: Path) -> str:
     nodes = [helper.make_node("QuantizeLinear", ["x", "s", "zp"], ["q"], name="quant")]
-    inits = [helper.make_tensor("s", TensorProto.FLOAT, [], [0.1]), helper.make_tensor("zp", TensorProto.UINT8, [], [0])]
+    inits = [
+        helper.make_tensor("s", TensorProto.FLOAT, [], [0.1]),
+        helper.make_tensor("zp", TensorProto.UINT8, [], [0]),
+    ]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
                               [helper.make_tensor_value_info("q", TensorProto.UINT8, [4])], inits)
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)

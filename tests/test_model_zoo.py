@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import onnx
@@ -129,7 +129,8 @@ def test_dynamic_batch_cnn_symbolic_dims() -> None:
     x = np.random.default_rng(7).standard_normal((2, 3, 32, 32)).astype(np.float32)
     batched = _run(model, {"input": x})["probs"]
     for i in range(2):
-        np.testing.assert_allclose(batched[i : i + 1], _run(static, {"input": x[i : i + 1]})["probs"], rtol=1e-5, atol=1e-6)
+        single = _run(static, {"input": x[i : i + 1]})["probs"]
+        np.testing.assert_allclose(batched[i : i + 1], single, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize(("width", "blocks", "image"), [(8, 1, 16), (16, 3, 32)])
@@ -151,7 +152,9 @@ def test_transformer_mask_hides_padding() -> None:
     ids_b = feeds["input_ids"].copy()
     ids_b[:, -4:] = (ids_b[:, -4:] + 1) % 100  # change only padded tokens
     out_b = _run(model, {**feeds, "input_ids": ids_b})
-    np.testing.assert_allclose(out_a["last_hidden_state"][:, :-4], out_b["last_hidden_state"][:, :-4], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        out_a["last_hidden_state"][:, :-4], out_b["last_hidden_state"][:, :-4], rtol=1e-5, atol=1e-6
+    )
     np.testing.assert_allclose(out_a["pooled"], out_b["pooled"], rtol=1e-5, atol=1e-6)
     assert np.abs(out_a["pooled"]).max() <= 1.0
 

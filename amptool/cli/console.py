@@ -9,7 +9,6 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, TypeVar
 
-import click
 from rich.console import Console
 
 from amptool.errors import EXIT_USER_ERROR, UserError
@@ -65,7 +64,3 @@ def stages(enabled: bool = True) -> Iterator[Callable[[str], None]]:
 def setup_logging(verbose: int) -> None:
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-
-
-def echo_json_written(path: str) -> None:
-    err.print(f"[dim]wrote {click.format_filename(path)}[/]")

@@ -154,7 +154,11 @@ def _snr_db(r: np.ndarray, o: np.ndarray) -> float | None:
 def _stat(diff: np.ndarray, stat: str) -> float:
     if stat == "p99":
         return float(np.percentile(diff, 99))
-    return float({"max": np.max, "mean": np.mean, "median": np.median}[stat](diff))
+    if stat == "mean":
+        return float(np.mean(diff))
+    if stat == "median":
+        return float(np.median(diff))
+    return float(np.max(diff))
 
 
 def _within(diff: np.ndarray, ref_abs: np.ndarray, scale: float, tol: Tolerance) -> bool:
@@ -172,7 +176,9 @@ def _min_tolerance(diff: np.ndarray, ref_abs: np.ndarray, scale: float, tol: Tol
     return float(max(0.0, _stat(diff, tol.check_stat) - tol.rtol * scale))
 
 
-def _tolerance_failure(result: dict[str, Any], diff: np.ndarray, ref_abs: np.ndarray, scale: float, tol: Tolerance) -> str:
+def _tolerance_failure(
+    result: dict[str, Any], diff: np.ndarray, ref_abs: np.ndarray, scale: float, tol: Tolerance
+) -> str:
     if tol.check_stat == "elemwise":
         count = int(np.sum(diff > tol.atol + tol.rtol * ref_abs))
         return f"{count} elements exceed atol {tol.atol:g} + rtol {tol.rtol:g}·|ref| (max_abs {result['max_abs']:.4g})"

@@ -85,7 +85,7 @@ def import_model(model: onnx.ModelProto, inputs: Sequence[TensorSpec]) -> Import
     """ONNX → Relax with static input shapes and named bindings."""
     check_supported(model)
     importer = _make_importer(
-        shape_dict={s.name: list(s.shape or ()) for s in inputs},
+        shape_dict={s.name: [int(d) for d in (s.shape or ())] for s in inputs},
         dtype_dict={s.name: s.dtype for s in inputs},
     )
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
@@ -108,7 +108,7 @@ def _make_importer(shape_dict: dict[str, list[int]], dtype_dict: dict[str, str])
     from tvm import relax  # noqa: PLC0415
     from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter  # noqa: PLC0415
 
-    class _ProvenanceImporter(ONNXGraphImporter):  # type: ignore[misc,valid-type]
+    class _ProvenanceImporter(ONNXGraphImporter):
         def __init__(self) -> None:
             super().__init__(shape_dict, dtype_dict, keep_params_in_input=False, sanitize=True)
             self.named: dict[str, NodeOrigin] = {}

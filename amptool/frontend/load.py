@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import onnx
@@ -108,7 +109,7 @@ def name_nodes(graph: onnx.GraphProto, prefix: str = "") -> None:
                 name_nodes(sub, prefix=f"{node.name}/{attr.name}/")
 
 
-def iter_nodes(graph: onnx.GraphProto):  # type: ignore[no-untyped-def]
+def iter_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
     """All nodes, including those inside If/Loop/Scan subgraphs."""
     for node in graph.node:
         yield node

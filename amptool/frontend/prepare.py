@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import onnx
@@ -117,7 +117,7 @@ def reference_model(model: onnx.ModelProto) -> onnx.ModelProto:
         return model
 
 
-def _try(prepared: PreparedModel, step: str, fn) -> None:  # type: ignore[no-untyped-def]
+def _try(prepared: PreparedModel, step: str, fn: Callable[[onnx.ModelProto], onnx.ModelProto]) -> None:
     try:
         prepared.model = fn(prepared.model)
         prepared.steps.append(step)

@@ -141,7 +141,7 @@ def _make_mutator(
     from tvm.relax.expr_functor import PyExprMutator, mutator  # noqa: PLC0415
 
     @mutator
-    class _MixedPrecision(PyExprMutator):  # type: ignore[misc,valid-type]
+    class _MixedPrecision(PyExprMutator):
         def __init__(self, module: Any) -> None:
             super().__init__(module)
             self.module = module

@@ -13,7 +13,7 @@ def _visit(mod: Any, on_binding: Any = None, on_constant: Any = None) -> None:
     from tvm.relax.expr_functor import PyExprVisitor, visitor  # noqa: PLC0415
 
     @visitor
-    class _Walker(PyExprVisitor):  # type: ignore[misc,valid-type]
+    class _Walker(PyExprVisitor):
         def visit_var_binding_(self, binding: Any) -> None:
             if on_binding is not None:
                 on_binding(binding)

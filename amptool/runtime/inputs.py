@@ -110,6 +110,6 @@ def save_arrays(path: str, arrays: dict[str, np.ndarray]) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp.npz")
-    np.savez(tmp, **arrays)
+    np.savez(tmp, **arrays)  # type: ignore[arg-type]
     os.replace(tmp, path)
 

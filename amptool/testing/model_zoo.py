@@ -20,7 +20,8 @@ the zoo needs no framework or download.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence, Union
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import onnx
@@ -45,7 +46,7 @@ IR_VERSION: int = 8
 
 _PRODUCER = "amptool.testing.model_zoo"
 
-Dim = Union[int, str]
+Dim = int | str
 
 
 # --------------------------------------------------------------------------- #
