@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 
-LOW_PRECISION_DTYPES = ("float16", "bfloat16")
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from amptool.artifact import load_artifact
 from amptool.compare.stats import Tolerance, compare_output, default_tolerance
 from amptool.convert import ConvertConfig, build_model
+from amptool.fileio import finite_only
 from amptool.frontend.load import load_model
 from amptool.frontend.prepare import reference_model
 from amptool.frontend.signature import TensorSpec, graph_inputs
@@ -65,7 +66,9 @@ class DiffReport:
         return min(scored, key=lambda o: o["cosine"]) if scored else None
 
     def as_json(self) -> dict[str, Any]:
-        return {
+        """The report as JSON-safe data: non-finite statistics (an SNR of identical outputs,
+        an error against an Inf) are null; the ``nan``/``inf`` counts say what happened."""
+        return finite_only({
             "passed": self.passed,
             "dtype": self.dtype,
             "target": self.target,
@@ -81,7 +84,7 @@ class DiffReport:
             "guarded": self.manifest.get("guarded", []),
             "unknown_ops": self.manifest.get("unknown_ops", {}),
             "timings_s": {k: round(v, 4) for k, v in self.timings_s.items()},
-        }
+        })
 
 
 def diff_model(config: DiffConfig, on_stage: Callable[[str], None] | None = None) -> DiffReport:

@@ -19,6 +19,18 @@ EXIT_USER_ERROR = 2
 EXIT_TARGET_UNAVAILABLE = 3
 
 
+def error_summary(err: BaseException, *, last: bool = False, limit: int = 300) -> str:
+    """One line of an exception's text for a user-facing message.
+
+    ``last=True`` for TVM errors, whose message ends with the meaningful line after a
+    C++ backtrace; the first line otherwise (protobuf, onnx checker, onnxruntime).
+    """
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(err).__name__
+    return (lines[-1] if last else lines[0])[:limit]
+
+
 class UserError(Exception):
     """A problem with the user's input; rendered as one line plus a hint."""
 

@@ -10,6 +10,7 @@ from amptool.cli.console import handles_user_errors, out, stages
 from amptool.cli.options import model_options
 from amptool.compare.stats import CHECK_STATS
 from amptool.errors import EXIT_ACCURACY_FAILED, EXIT_OK
+from amptool.fileio import write_json
 
 
 @click.command()
@@ -53,33 +54,7 @@ def diff(model: str, dtype: str, colors: str | None, target: str, input_shapes: 
         report = diff_model(config, on_stage=on_stage)
     out.print(render.diff_table(report))
     if json_path:
-        _write_json(json_path, report.as_json())
+        write_json(json_path, report.as_json())
     out.print(render.verdict_line(report), markup=False)
     sys.exit(EXIT_OK if report.passed else EXIT_ACCURACY_FAILED)
 
-
-def _write_json(path: str, payload: dict) -> None:
-    import json  # noqa: PLC0415
-    import os  # noqa: PLC0415
-
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(_finite_only(payload), handle, indent=2, allow_nan=False)
-        handle.write("\n")
-    os.replace(tmp, path)
-
-
-def _finite_only(value: object) -> object:
-    """JSON has no Inf/NaN: non-finite statistics (an SNR of identical outputs, an error
-    against an Inf) are written as null; the ``nan``/``inf`` counts say what happened."""
-    import math  # noqa: PLC0415
-
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite_only(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite_only(v) for v in value]
-    return value

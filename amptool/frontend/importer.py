@@ -26,7 +26,7 @@ from typing import Any
 
 import onnx
 
-from amptool.errors import UserError
+from amptool.errors import UserError, error_summary
 from amptool.frontend.converters import CONVERTERS
 from amptool.frontend.load import default_opset, iter_nodes
 from amptool.frontend.signature import TensorSpec
@@ -96,7 +96,7 @@ def import_model(model: onnx.ModelProto, inputs: Sequence[TensorSpec]) -> Import
             raise
         except Exception as err:
             raise UserError(
-                f"Import into TVM Relax failed: {_first_line(err)}",
+                f"Import into TVM Relax failed: {error_summary(err, last=True)}",
                 "Pin input shapes with --input-shape; if it persists, the model uses a "
                 "pattern the ONNX frontend does not handle.",
             ) from err
@@ -133,7 +133,7 @@ def _make_importer(shape_dict: dict[str, list[int]], dtype_dict: dict[str, str])
                 raise
             except Exception as err:
                 raise UserError(
-                    f"Cannot import node '{node_name}' (op {op_name}): {_first_line(err)}",
+                    f"Cannot import node '{node_name}' (op {op_name}): {error_summary(err, last=True)}",
                     "Pin input shapes with --input-shape; dynamic shape chains are the usual cause.",
                 ) from err
             return self._bind(result, node_name, op_name)
@@ -192,7 +192,3 @@ def _blocks(expr: Any) -> Iterable[Any]:
                     yield from _blocks(binding.value.true_branch)
                     yield from _blocks(binding.value.false_branch)
 
-
-def _first_line(err: BaseException) -> str:
-    lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
-    return lines[-1][:300] if lines else type(err).__name__

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import onnx
 
-from amptool.errors import UserError
+from amptool.errors import UserError, error_summary
 
 #: Ops that mean the model is already quantized: amptool converts float models.
 QUANTIZED_OPS = frozenset(
@@ -66,7 +66,7 @@ def load_model(path: str) -> LoadedModel:
         model = onnx.load(path, load_external_data=True)
     except Exception as err:  # protobuf raises DecodeError, external data raises OSError
         raise UserError(
-            f"{path} is not a readable ONNX model ({type(err).__name__}: {_first_line(err)})",
+            f"{path} is not a readable ONNX model ({type(err).__name__}: {error_summary(err)})",
             "Pass a .onnx file exported by torch.onnx, tf2onnx or similar; "
             "keep external data files next to it.",
         ) from err
@@ -76,7 +76,7 @@ def load_model(path: str) -> LoadedModel:
         onnx.checker.check_model(model)
     except Exception as err:
         raise UserError(
-            f"{path} is not a valid ONNX model: {_first_line(err)}",
+            f"{path} is not a valid ONNX model: {error_summary(err)}",
             "Run onnx.checker.check_model on it and fix the exporter's output.",
         ) from err
     _refuse_quantized(model, path)
@@ -142,7 +142,3 @@ def _refuse_strings(model: onnx.ModelProto, path: str) -> None:
                 "Move string pre/post-processing out of the model.",
             )
 
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return text[0][:300] if text else type(err).__name__

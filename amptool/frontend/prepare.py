@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import onnx
 
+from amptool.errors import error_summary
 from amptool.frontend.load import default_opset, name_nodes
 from amptool.frontend.signature import TensorSpec
 
@@ -122,7 +123,7 @@ def _try(prepared: PreparedModel, step: str, fn: Callable[[onnx.ModelProto], onn
         prepared.model = fn(prepared.model)
         prepared.steps.append(step)
     except Exception as err:  # any failure: keep the model as it was, say why
-        reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+        reason = error_summary(err, limit=200)
         log.info("prepare step %s skipped: %s", step, reason)
         prepared.steps.append(f"{step}-skipped")
         prepared.notes.append(f"{step}: {reason}")

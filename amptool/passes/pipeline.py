@@ -20,7 +20,7 @@ from typing import Any
 
 from amptool import _tvm
 from amptool.colors.policy import ColorPolicy
-from amptool.errors import UserError
+from amptool.errors import UserError, error_summary
 from amptool.frontend.importer import NodeOrigin
 from amptool.passes import stats
 from amptool.passes.mixed_precision import MixedPrecisionReport, to_mixed_precision
@@ -62,7 +62,7 @@ def run_passes(
             if name not in TVM_PASSES:
                 raise  # our own pass failing is a bug: keep the traceback
             raise UserError(
-                f"TVM's {name} pass failed on this model: {_last_line(err)}",
+                f"TVM's {name} pass failed on this model: {error_summary(err, last=True)}",
                 "Pin input shapes with --input-shape; dynamic shape chains are the usual cause.",
             ) from err
         timings[name] = time.perf_counter() - start
@@ -95,7 +95,3 @@ def run_passes(
         weight_bytes={"before": before, "after": after},
     )
 
-
-def _last_line(err: BaseException) -> str:
-    lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
-    return lines[-1][:300] if lines else type(err).__name__

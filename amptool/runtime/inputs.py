@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 
 from amptool.errors import UserError
+from amptool.fileio import atomic_path
 from amptool.frontend.signature import TensorSpec
 
 #: Ops an index may pass through on its way to Gather without changing its values.
@@ -107,9 +108,5 @@ def load_inputs(path: str, specs: Sequence[TensorSpec]) -> dict[str, np.ndarray]
 
 def save_arrays(path: str, arrays: dict[str, np.ndarray]) -> None:
     """Write an .npz atomically (temporary file, then rename)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp.npz")
-    np.savez(tmp, **arrays)  # type: ignore[arg-type]
-    os.replace(tmp, path)
-
+    with atomic_path(path, suffix=".npz") as tmp:
+        np.savez(tmp, **arrays)  # type: ignore[arg-type]
