@@ -26,8 +26,9 @@ from amptool.passes import stats
 from amptool.passes.mixed_precision import MixedPrecisionReport, to_mixed_precision
 
 PASS_ORDER = ("prefold", "mixed_precision", "fold")
-#: Passes that are TVM's own: their failures on a model are reported as user errors.
-TVM_PASSES = frozenset({"prefold", "fold"})
+#: Stages that run TVM's own passes (stage → TVM pass): their failures on a model are
+#: reported as user errors; a failure of amptool's own pass is a bug.
+TVM_PASSES = {"prefold": "FoldConstant", "fold": "FoldConstant"}
 
 
 @dataclass
@@ -51,22 +52,23 @@ def run_passes(
     timings: dict[str, float] = {}
 
     def stage(name: str, fn: Callable[[Any], Any], current: Any) -> Any:
+        """Run one pass, time it alone, then check well-formedness (its postcondition)."""
         if on_stage:
             on_stage(name)
         start = time.perf_counter()
         try:
             out = fn(current)
+            timings[name] = time.perf_counter() - start
+            _tvm.assert_well_formed(out, TVM_PASSES.get(name, name))
         except UserError:
             raise
         except Exception as err:
             if name not in TVM_PASSES:
                 raise  # our own pass failing is a bug: keep the traceback
             raise UserError(
-                f"TVM's {name} pass failed on this model: {error_summary(err, last=True)}",
+                f"TVM's {TVM_PASSES[name]} ({name}) failed on this model: {error_summary(err, last=True)}",
                 "Pin input shapes with --input-shape; dynamic shape chains are the usual cause.",
             ) from err
-        timings[name] = time.perf_counter() - start
-        _tvm.assert_well_formed(out, name)
         return out
 
     report_box: dict[str, MixedPrecisionReport] = {}
@@ -78,15 +80,10 @@ def run_passes(
         report_box["report"] = report
         return new
 
-    def fold_checked(current: Any) -> Any:
-        folded = _tvm.fold_constant(current)
-        _tvm.assert_well_formed(folded, "FoldConstant")
-        return folded
-
-    mod = stage("prefold", fold_checked, mod)
+    mod = stage("prefold", _tvm.fold_constant, mod)
     before = stats.constant_bytes(mod)
     mod = stage("mixed_precision", mixed, mod)
-    mod = stage("fold", fold_checked, mod)
+    mod = stage("fold", _tvm.fold_constant, mod)
     after = stats.constant_bytes(mod)
     return PassResult(
         mod=mod,
