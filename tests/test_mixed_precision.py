@@ -218,3 +218,21 @@ def test_bindings_are_named_after_onnx_nodes():
     nodes = {origin.node for origin in imported.provenance.values()}
     assert nodes == {"Conv_0", "Relu_1", "Softmax_2"}
     assert "Relu_1" in _tvm.module_script(imported.mod)
+
+
+def test_a_shared_weight_stays_one_constant():
+    """A weight used by two ops is cast once: the fp16 module holds one copy, half the bytes."""
+    model = _model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[1,64] x) => (float[1,64] y) {
+            a = MatMul (x, w)
+            b = MatMul (a, w)
+            y = Add (a, b)
+        }
+        """,
+        w=RNG.standard_normal((64, 64)).astype(np.float32),
+    )
+    imported = import_model(model, pin_input_specs(graph_inputs(model)))
+    result = run_passes(imported.mod, load_policy(), "float16", imported.provenance)
+    assert result.weight_bytes == {"before": 64 * 64 * 4, "after": 64 * 64 * 2}

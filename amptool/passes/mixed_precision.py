@@ -190,13 +190,15 @@ def _make_mutator(
             hit = self._cached(expr, dtype)
             if hit is not None:
                 return hit
-            is_const = _tvm.is_constant(expr)
-            if is_const:
+            # Constants are bound and cached like any value: FoldConstant turns the binding
+            # into one low-precision constant, so a weight shared by several ops stays shared.
+            if _tvm.is_constant(expr):
                 report.weight_casts += 1
-                return relax.op.astype(expr, dtype)  # folded into a low-precision constant
-            name = f"{_tvm.var_name(expr)}_{SHORT.get(dtype, dtype)}" if isinstance(expr, relax.Var) else ""
+                name = ""
+            else:
+                report.casts_inserted += 1
+                name = f"{_tvm.var_name(expr)}_{SHORT.get(dtype, dtype)}" if isinstance(expr, relax.Var) else ""
             casted = self.builder_.emit(relax.op.astype(expr, dtype), name_hint=name)
-            report.casts_inserted += 1
             self._remember(expr, dtype, casted)
             self._remember(casted, _tvm.tensor_dtype(expr) or dtype, expr)
             return casted
