@@ -114,6 +114,10 @@ def _make_importer(shape_dict: dict[str, list[int]], dtype_dict: dict[str, str])
             self.named: dict[str, NodeOrigin] = {}
             self._taken: set[str] = set()
 
+        def _check_for_unsupported_ops(self, graph: Any) -> None:
+            """Done already, and better, by ``check_supported`` — which also knows amptool's
+            own converters (the frontend's check would reject LSTM/GRU)."""
+
         def _unique(self, base: str) -> str:
             name, k = base, 1
             while name in self._taken:
