@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from amptool.compare.aggregate import mean_over, severity, worst_case
 from amptool.compare.stats import (
     CHECK_STATS,
     DEFAULT_TOLERANCES,
@@ -21,6 +22,7 @@ RESULT_KEYS = (
     "max_abs", "mean_abs", "median_abs", "p90_abs", "p99_abs", "std_abs", "max_rel",
     "max_rel_index", "max_abs_index", "mean_rel", "cosine", "snr_db", "min_tolerance",
     "nan", "inf", "nan_reference", "inf_reference", "passed", "failure", "name", "shape",
+    "psnr_db", "topk_agree", "tolerance_ratio", "failed_check", "tolerance", "converted_shape", "dtype",
 )
 
 FP16 = default_tolerance("float16")
@@ -86,21 +88,26 @@ def test_every_key_is_always_present(case):
 # --------------------------------------------------------------------------- verdicts
 
 
-def test_scaled_output_fails_on_max_statistic_not_cosine():
+def test_one_percent_scale_fails_on_max_statistic_not_cosine():
     ref = _normal((1000,), scale=10.0, seed=3)
-    # max_abs = 0.02·max|ref| > atol + rtol·max|ref| = 1e-3 + 0.01·max|ref|.
-    # (A 1.01 scale would pass by design: the bound is rtol·max|ref| + atol, just above 0.01·max|ref|.)
-    res = compare_output("y", ref, ref * np.float32(1.02), FP16)
+    # A systematic 1 % drift: max_abs = 0.01·max|ref| > atol + rtol·max|ref| = 1e-3 + 0.005·max|ref|.
+    # Cosine cannot see a scale; the default float16 rtol is chosen to catch it.
+    res = compare_output("y", ref, ref * np.float32(1.01), FP16)
     np.testing.assert_allclose(res["cosine"], 1.0, rtol=0, atol=1e-9)
     assert res["passed"] is False
+    assert res["failed_check"] == "tolerance"
     assert res["failure"].startswith("max_abs")
     assert "cosine" not in res["failure"]
+    bound = 1e-3 + 5e-3 * float(np.abs(ref).max())
+    np.testing.assert_allclose(res["tolerance_ratio"], res["max_abs"] / bound, rtol=1e-12)
+    assert res["tolerance_ratio"] > 1.0
 
 
 def test_scale_within_rtol_passes():
     ref = _normal((1000,), scale=10.0, seed=3)
-    res = compare_output("y", ref, ref * np.float32(1.005), FP16)
+    res = compare_output("y", ref, ref * np.float32(1.002), FP16)
     assert res["passed"] is True
+    assert 0.0 < res["tolerance_ratio"] < 1.0
 
 
 def test_wrong_everywhere_fails_on_cosine():
@@ -269,7 +276,8 @@ def test_elemwise_uses_each_elements_own_reference():
     assert compare_output("y", ref, out, tol)["passed"] is True  # max: 0.5 ≤ 1e-3 + 1e-3·1000
     res = compare_output("y", ref, out, dataclasses.replace(tol, check_stat="elemwise"))
     assert res["passed"] is False
-    assert res["failure"].startswith("1 elements exceed")
+    assert res["failure"].startswith("elemwise: 1 elements exceed")
+    assert res["failed_check"] == "tolerance"
 
 
 def test_check_stats_constant():
@@ -360,3 +368,157 @@ def test_bfloat16_is_looser_than_float16_is_looser_than_float32():
 def test_unknown_dtype_has_no_default():
     with pytest.raises(KeyError):
         default_tolerance("int8")
+
+
+# --------------------------------------------------------------------------- new statistics
+
+
+def test_psnr_uses_the_reference_peak():
+    ref = np.array([4.0, -2.0, 1.0, 0.0])
+    out = ref + np.array([0.1, -0.1, 0.0, 0.0])
+    res = compare_output("y", ref, out, FP16)
+    np.testing.assert_allclose(res["psnr_db"], 10 * math.log10(16.0 / (0.02 / 4)), rtol=1e-12)
+    assert compare_output("y", ref, ref.copy(), FP16)["psnr_db"] == math.inf
+    assert compare_output("y", np.zeros(3), np.ones(3), FP16)["psnr_db"] is None
+
+
+def test_snr_of_a_one_percent_scale_is_40_db():
+    ref = _normal((100,), seed=20).astype(np.float64)
+    res = compare_output("y", ref, ref * 1.01, FP16)
+    np.testing.assert_allclose(res["snr_db"], 40.0, rtol=1e-9)
+
+
+def test_topk_agreement_on_class_scores():
+    rng = _rng(21)
+    ref = rng.normal(size=(4, 10))
+    out = ref.copy()
+    # row 0: swap the two largest → top-1 disagrees, top-5 still holds the reference's label
+    order = np.argsort(ref[0])[::-1]
+    out[0, order[0]], out[0, order[1]] = ref[0, order[1]], ref[0, order[0]]
+    # row 1: push the reference's label to the bottom → both disagree
+    out[1, np.argmax(ref[1])] = -100.0
+    res = compare_output("logits", ref, out, Tolerance(atol=1e9, rtol=0.0, min_cosine=-1.0))
+    assert res["topk_agree"] == {"top1": 0.5, "top5": 0.75, "rows": 4}
+    assert res["passed"] is True, "top-k agreement is informational, not part of the verdict"
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "expected"),
+    [
+        ((1, 1000), np.float32, "top1+top5"),
+        ((2, 7, 50), np.float16, "top1+top5"),
+        ((1, 5), np.float32, "top1"),  # ≤ 5 classes: top-5 holds trivially, so it is None
+        ((8,), np.float32, "top1+top5"),
+        ((1, 3, 8, 8), np.float32, None),  # feature map (rank 4): not class scores
+        ((4, 1), np.float32, None),  # one entry on the last axis: nothing to rank
+        ((), np.float32, None),
+        ((2, 10), np.int64, None),  # integer outputs are compared exactly instead
+    ],
+)
+def test_topk_applies_to_class_score_shapes_only(shape, dtype, expected):
+    ref = _normal(shape, seed=22).astype(dtype)
+    agree = compare_output("y", ref, ref.copy(), FP16)["topk_agree"]
+    if expected is None:
+        assert agree is None
+    else:
+        assert agree["top1"] == 1.0
+        assert (agree["top5"] == 1.0) if "top5" in expected else (agree["top5"] is None)
+
+
+def test_topk_ignores_rows_with_nonfinite_values():
+    ref = _normal((3, 8), seed=23)
+    out = ref.copy()
+    out[2, 0] = np.nan
+    assert compare_output("y", ref, out, FP16)["topk_agree"]["rows"] == 2
+
+
+def test_nan_in_reference_only_fails_and_says_so():
+    ref = _normal((4, 4), seed=24)
+    ref[1, 1] = np.nan
+    out = np.nan_to_num(ref, nan=0.0)
+    res = compare_output("y", ref, out, Tolerance(atol=1e30, rtol=1e30, min_cosine=-1.0))
+    assert res["passed"] is False
+    assert res["failed_check"] == "nonfinite"
+    assert res["failure"] == "1 finite where the reference has 1 NaN / 0 Inf"
+    assert (res["nan"], res["nan_reference"]) == (0, 1)
+
+
+def test_nan_where_reference_has_inf_fails():
+    ref = np.array([np.inf, 1.0])
+    out = np.array([np.nan, 1.0])
+    res = compare_output("y", ref, out, FP16)
+    assert res["failed_check"] == "nonfinite"
+    assert "another kind or sign" in res["failure"]
+
+
+def test_failed_check_names_each_kind_of_failure():
+    ref = _normal((50,), seed=25)
+    cases = {
+        "shape": (ref, ref[:10]),
+        "cosine": (ref, _normal((50,), seed=26)),
+        "tolerance": (ref, ref * 1.05),
+        None: (ref, ref.copy()),
+    }
+    for check, (r, o) in cases.items():
+        res = compare_output("y", r, o, FP16)
+        assert res["failed_check"] == check, res["failure"]
+    assert compare_output("i", np.arange(3), np.arange(3) + 1, FP16)["failed_check"] == "exact"
+    assert compare_output("s", np.array(["a"]), np.array(["b"]), FP16)["failed_check"] == "values"
+
+
+def test_resolved_tolerance_is_reported_with_each_output():
+    tol = Tolerance(atol=0.5, rtol=0.25, min_cosine=0.9, check_stat="p99")
+    res = compare_output("y", _normal((4,)), _normal((4,)), tol)
+    assert res["tolerance"] == {"atol": 0.5, "rtol": 0.25, "min_cosine": 0.9, "check_error_stat": "p99"}
+
+
+def test_default_float16_tolerance_passes_measured_fp16_drift():
+    # Measured on the zoo and backend models: a correct fp16 conversion stays ≤ 1.5e-3·max|ref|.
+    ref = _normal((1000,), scale=3.0, seed=27)
+    noise = _normal((1000,), seed=28)
+    out = ref + 1.5e-3 * float(np.abs(ref).max()) * noise / float(np.abs(noise).max())
+    assert compare_output("y", ref, out, FP16)["passed"] is True
+
+
+# --------------------------------------------------------------------------- iterations
+
+
+def _run(values: list[float]) -> list[dict]:
+    """One iteration's results for a single output whose error is ``values``."""
+    ref = np.linspace(1.0, 2.0, len(values))
+    return [compare_output("y", ref, ref + np.array(values), FP16)]
+
+
+def test_worst_case_takes_each_statistic_from_its_worst_iteration():
+    runs = [_run([0.0, 1e-4, 0.0]), _run([5e-4, 0.0, 0.0]), _run([1e-4, 1e-4, 1e-4])]
+    worst = worst_case(runs)[0]
+    assert worst["max_abs"] == max(r[0]["max_abs"] for r in runs)
+    assert worst["mean_abs"] == max(r[0]["mean_abs"] for r in runs)
+    assert worst["cosine"] == min(r[0]["cosine"] for r in runs)
+    assert worst["snr_db"] == min(r[0]["snr_db"] for r in runs)
+    assert worst["max_abs_index"] == [0]  # from iteration 1, which holds the maximum
+    assert worst["worst_iteration"] == 1
+    assert worst["passed"] is True
+
+
+def test_worst_case_fails_when_any_iteration_fails():
+    runs = [_run([0.0, 0.0, 0.0]), _run([0.0, 0.5, 0.0]), _run([0.0, 0.0, 1e-4])]
+    worst = worst_case(runs)[0]
+    assert worst["passed"] is False
+    assert worst["worst_iteration"] == 1
+    assert worst["failure"] == runs[1][0]["failure"]
+
+
+def test_mean_over_iterations():
+    runs = [_run([1e-4, 0.0]), _run([3e-4, 0.0])]
+    mean = mean_over(runs)[0]
+    np.testing.assert_allclose(mean["max_abs"], 2e-4, rtol=1e-9)
+    assert mean["failed_iterations"] == 0
+    assert mean["name"] == "y"
+
+
+def test_severity_ranks_basic_failures_before_tolerance():
+    shape = compare_output("y", np.ones(3), np.ones(2), FP16)
+    tol = compare_output("y", np.ones(3), np.ones(3) * 2, Tolerance(atol=0.0, rtol=0.0, min_cosine=0.0))
+    fine = compare_output("y", np.ones(3), np.ones(3), FP16)
+    assert severity(shape) > severity(tol) > severity(fine)

@@ -3,55 +3,52 @@
 Both sides are cast up to float64 before anything is computed (fp16 differences computed
 in fp16 are themselves rounded). Every key is always present; None where it does not apply.
 
-The verdict (``passed``) requires:
-  * the same shape;
-  * no NaN/Inf in the converted output where the reference has none (always fails);
-  * cosine similarity ≥ ``min_cosine`` (catches outputs that are wrong everywhere);
-  * the chosen error statistic within tolerance. ``max`` (the default) checks
-    ``max_abs ≤ atol + rtol · max|reference|`` — tolerance scaled by the output's own
-    magnitude, because fp16 error is relative to the values being carried. ``elemwise``
-    is numpy's ``|a − b| ≤ atol + rtol·|b|`` for every element.
+The verdict (``passed``) requires, in this order (``failed_check`` names the first that failed):
+  * ``shape`` — the same shape;
+  * ``nonfinite`` — NaN/±Inf exactly where the reference has them. A non-finite value on
+    one side only always fails, whatever the tolerance;
+  * ``exact`` — integer/bool outputs (indices, counts, masks) identical; ``values`` for
+    non-numeric outputs;
+  * ``cosine`` — cosine similarity ≥ ``min_cosine`` (catches outputs wrong everywhere);
+  * ``tolerance`` — the chosen statistic within tolerance. ``max`` (the default) checks
+    ``max_abs ≤ atol + rtol · max|reference|`` — scaled by the output's own magnitude,
+    because fp16 error is relative to the values being carried; ``mean``/``median``/``p99``
+    check that statistic of |error| against the same bound; ``elemwise`` is numpy's
+    ``|a − b| ≤ atol + rtol·|b|`` for every element. ``tolerance_ratio`` is the checked
+    value over its bound (≤ 1 passes), so outputs can be ranked by how close they came.
+
+``topk_agree`` is informational, never part of the verdict. It is computed for float
+outputs of rank 1–3 whose last axis has ≥ 2 entries — the shapes of class scores
+([classes], [batch, classes], [batch, tokens, vocab]); shape alone cannot tell logits from
+a hidden state, so read it only where the last axis indexes classes. Per row of the last
+axis, ``top1`` is the fraction of rows where the converted output's largest entry is the
+reference's arg-max, ``top5`` the fraction where the reference's arg-max is among the
+converted output's five largest (None when the axis has ≤ 5 entries); ties count as agreement.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-CHECK_STATS = ("max", "elemwise", "mean", "median", "p99")
+from amptool.compare.tolerance import CHECK_STATS, DEFAULT_TOLERANCES, Tolerance, default_tolerance
 
+__all__ = ["CHECK_STATS", "DEFAULT_TOLERANCES", "STAT_KEYS", "Tolerance", "compare_output", "default_tolerance"]
 
-@dataclass(frozen=True)
-class Tolerance:
-    atol: float
-    rtol: float
-    min_cosine: float
-    check_stat: str = "max"
-
-    def __post_init__(self) -> None:
-        if self.check_stat not in CHECK_STATS:
-            raise ValueError(f"check_stat must be one of {CHECK_STATS}, got {self.check_stat!r}")
-
-
-#: Defaults per dtype, and why. fp16 has an 11-bit significand (rel. rounding 4.9e-4 per
-#: op) that compounds over depth; bf16 has 8 bits (3.9e-3). Cosine catches broken outputs
-#: (a healthy fp16 conversion scores ≥ 0.9999 on the models measured; a broken one < 0.99).
-DEFAULT_TOLERANCES = {
-    "float32": Tolerance(atol=1e-4, rtol=1e-4, min_cosine=0.99999),
-    "float16": Tolerance(atol=1e-3, rtol=1e-2, min_cosine=0.999),
-    "bfloat16": Tolerance(atol=1e-2, rtol=5e-2, min_cosine=0.99),
-}
-
-
-def default_tolerance(dtype: str) -> Tolerance:
-    return DEFAULT_TOLERANCES[dtype]
+#: The statistics of an output (all always present; None where they do not apply).
+STAT_KEYS = (
+    "max_abs", "mean_abs", "median_abs", "p90_abs", "p99_abs", "std_abs", "max_rel", "mean_rel",
+    "max_abs_index", "max_rel_index", "cosine", "snr_db", "psnr_db", "topk_agree", "min_tolerance",
+    "tolerance_ratio",
+)
+COUNT_KEYS = ("nan", "inf", "nan_reference", "inf_reference")
+_TINY = np.finfo(np.float64).tiny
 
 
 def compare_output(name: str, reference: np.ndarray, converted: np.ndarray, tol: Tolerance) -> dict[str, Any]:
-    """All statistics for one output plus ``passed`` and ``failure`` (why it failed)."""
+    """All statistics for one output plus ``passed``, ``failure`` (why) and ``failed_check``."""
     ref = np.asarray(reference)
     out = np.asarray(converted)
     result: dict[str, Any] = {
@@ -59,80 +56,101 @@ def compare_output(name: str, reference: np.ndarray, converted: np.ndarray, tol:
         "shape": list(ref.shape),
         "converted_shape": list(out.shape),
         "dtype": str(out.dtype),
+        "reference_dtype": str(ref.dtype),
+        "tolerance": tol.as_json(),
     }
-    keys = ("max_abs", "mean_abs", "median_abs", "p90_abs", "p99_abs", "std_abs", "max_rel",
-            "max_rel_index", "max_abs_index", "mean_rel", "cosine", "snr_db", "min_tolerance")
-    result.update(dict.fromkeys(keys))
-    result.update({"nan": 0, "inf": 0, "nan_reference": 0, "inf_reference": 0})
+    result.update(dict.fromkeys(STAT_KEYS))
+    result.update(dict.fromkeys(COUNT_KEYS, 0))
     if ref.shape != out.shape:
-        result.update(passed=False, failure=f"shape {list(out.shape)} != reference {list(ref.shape)}")
-        return result
+        return _verdict(result, "shape", f"shape {list(out.shape)} != reference {list(ref.shape)}")
     numeric = ref.dtype.kind in "fiub" and out.dtype.kind in "fiub"
     exact = ref.dtype.kind in "iub" and out.dtype.kind in "iub"  # indices, counts, masks
     if not numeric:
         same = bool(np.array_equal(ref, out))
-        result.update(passed=same, failure=None if same else "values differ")
-        return result
+        return _verdict(result, None if same else "values", None if same else "values differ")
     r = ref.astype(np.float64)
     o = out.astype(np.float64)
     result["nan"], result["inf"] = int(np.isnan(o).sum()), int(np.isinf(o).sum())
     result["nan_reference"], result["inf_reference"] = int(np.isnan(r).sum()), int(np.isinf(r).sum())
-    # Non-finite values must match exactly: NaN where NaN, +Inf where +Inf, -Inf where -Inf.
-    bad_new = (np.isnan(o) != np.isnan(r)) | (np.isinf(o) != np.isinf(r)) | (
-        np.isinf(o) & np.isinf(r) & (np.sign(o) != np.sign(r))
-    )
-    finite = np.isfinite(o) & np.isfinite(r)
     if r.size == 0:
-        result.update(passed=True, failure=None)
-        return result
+        return _verdict(result, None, None)
+    finite = np.isfinite(o) & np.isfinite(r)
     diff = np.abs(o - r)[finite]
     ref_abs = np.abs(r)[finite]
+    scale = float(ref_abs.max()) if ref_abs.size else 0.0
     if diff.size:
         result.update(_error_stats(diff, ref_abs, finite))
         result["cosine"] = _cosine(r[finite], o[finite])
         result["snr_db"] = _snr_db(r[finite], o[finite])
-    scale = float(ref_abs.max()) if ref_abs.size else 0.0
+        result["psnr_db"] = _psnr_db(r[finite], o[finite])
+        result["tolerance_ratio"] = _ratio(diff, ref_abs, scale, tol)
+    if ref.dtype.kind == "f" and out.dtype.kind == "f":
+        result["topk_agree"] = _topk_agree(r, o)
     result["min_tolerance"] = _min_tolerance(diff, ref_abs, scale, tol)
-    failure = None
-    if bad_new.any():
-        nan, inf = int(np.isnan(o[bad_new]).sum()), int(np.isinf(o[bad_new]).sum())
-        if np.isfinite(r[bad_new]).all():
-            failure = f"{nan} NaN / {inf} Inf where the reference is finite"
-        else:
-            failure = f"{int(bad_new.sum())} non-finite values differ from the reference ({nan} NaN, {inf} Inf)"
-    elif exact and not np.array_equal(ref, out):
-        failure = f"{int(np.sum(ref != out))} integer/bool elements differ (must match exactly)"
-    elif result["cosine"] is not None and result["cosine"] < tol.min_cosine:
-        failure = f"cosine {result['cosine']:.6f} < {tol.min_cosine}"
-    elif diff.size and not _within(diff, ref_abs, scale, tol):
-        failure = _tolerance_failure(result, diff, ref_abs, scale, tol)
-    result.update(passed=failure is None, failure=failure)
+
+    nonfinite = _nonfinite_mismatch(r, o)
+    if nonfinite:
+        return _verdict(result, "nonfinite", nonfinite)
+    if exact and not np.array_equal(ref, out):
+        return _verdict(result, "exact", f"{int(np.sum(ref != out))} integer/bool elements differ (must match exactly)")
+    if result["cosine"] is not None and result["cosine"] < tol.min_cosine:
+        return _verdict(result, "cosine", f"cosine {result['cosine']:.6f} < min_cosine {tol.min_cosine:g}")
+    if diff.size and not _within(diff, ref_abs, scale, tol):
+        return _verdict(result, "tolerance", _tolerance_failure(result, diff, ref_abs, scale, tol))
+    return _verdict(result, None, None)
+
+
+def _verdict(result: dict[str, Any], check: str | None, failure: str | None) -> dict[str, Any]:
+    result.update(passed=failure is None, failure=failure, failed_check=check)
     return result
+
+
+def _nonfinite_mismatch(r: np.ndarray, o: np.ndarray) -> str | None:
+    """Describe NaN/Inf present on one side only (or of another kind/sign); None if they match."""
+    r_finite, o_finite = np.isfinite(r), np.isfinite(o)
+    new = ~o_finite & r_finite
+    lost = o_finite & ~r_finite
+    other = ~o_finite & ~r_finite & ((np.isnan(o) != np.isnan(r)) | (np.sign(o) != np.sign(r)))
+    other &= ~(np.isnan(o) & np.isnan(r))
+    parts = []
+    if new.any():
+        nan, inf = int(np.isnan(o[new]).sum()), int(np.isinf(o[new]).sum())
+        parts.append(f"{nan} NaN / {inf} Inf where the reference is finite")
+    if lost.any():
+        parts.append(f"{int(lost.sum())} finite where the reference has "
+                     f"{int(np.isnan(r[lost]).sum())} NaN / {int(np.isinf(r[lost]).sum())} Inf")
+    if other.any():
+        parts.append(f"{int(other.sum())} NaN/Inf of another kind or sign than the reference's")
+    return "; ".join(parts) or None
 
 
 def _error_stats(diff: np.ndarray, ref_abs: np.ndarray, finite: np.ndarray) -> dict[str, Any]:
     """Distribution of |converted − reference| over the elements finite on both sides."""
-    with np.errstate(over="ignore", divide="ignore"):
-        rel = diff / np.maximum(ref_abs, np.finfo(np.float64).tiny)
     positions = np.argwhere(finite)  # diff/rel are in this order
-    return {
-        "max_abs": float(diff.max()),
-        "mean_abs": float(diff.mean()),
-        "median_abs": float(np.median(diff)),
-        "p90_abs": float(np.percentile(diff, 90)),
-        "p99_abs": float(np.percentile(diff, 99)),
-        "std_abs": float(diff.std()),
-        "max_rel": float(rel.max()),
-        "mean_rel": float(rel.mean()),
-        "max_abs_index": [int(i) for i in positions[int(np.argmax(diff))]],
-        "max_rel_index": [int(i) for i in positions[int(np.argmax(rel))]],
-    }
+    # Relative error against a zero reference is ~1/tiny; sums of such values overflow to inf.
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        rel = diff / np.maximum(ref_abs, _TINY)
+        return {
+            "max_abs": float(diff.max()),
+            "mean_abs": float(diff.mean()),
+            "median_abs": float(np.median(diff)),
+            "p90_abs": float(np.percentile(diff, 90)),
+            "p99_abs": float(np.percentile(diff, 99)),
+            "std_abs": float(diff.std()),
+            "max_rel": float(rel.max()),
+            "mean_rel": float(rel.mean()),
+            "max_abs_index": [int(i) for i in positions[int(np.argmax(diff))]],
+            "max_rel_index": [int(i) for i in positions[int(np.argmax(rel))]],
+        }
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    # Scale first: float64 inputs near 1e300 would overflow squares and dot products.
+    return x / max(float(np.max(np.abs(x))), _TINY)
 
 
 def _cosine(r: np.ndarray, o: np.ndarray) -> float:
-    # Scale first: float64 inputs near 1e300 would overflow the dot product.
-    r = r / max(float(np.max(np.abs(r))), np.finfo(np.float64).tiny)
-    o = o / max(float(np.max(np.abs(o))), np.finfo(np.float64).tiny)
+    r, o = _unit(r), _unit(o)
     nr, no = float(np.linalg.norm(r)), float(np.linalg.norm(o))
     if nr == 0.0 and no == 0.0:
         return 1.0
@@ -142,13 +160,43 @@ def _cosine(r: np.ndarray, o: np.ndarray) -> float:
 
 
 def _snr_db(r: np.ndarray, o: np.ndarray) -> float | None:
-    scale = max(float(np.max(np.abs(r))), np.finfo(np.float64).tiny)
+    scale = max(float(np.max(np.abs(r))), _TINY)
     r, o = r / scale, o / scale  # the ratio is scale-free; this keeps it finite
-    noise = float(np.sum((o - r) ** 2))
+    with np.errstate(over="ignore"):  # an output 1e200× the reference: noise is inf, SNR -inf
+        noise = float(np.sum((o - r) ** 2))
     signal = float(np.sum(r**2))
     if noise == 0.0:
         return math.inf if signal > 0 else None
     return 10.0 * math.log10(signal / noise) if signal > 0 else -math.inf
+
+
+def _psnr_db(r: np.ndarray, o: np.ndarray) -> float | None:
+    """10·log10(peak² / MSE) with peak = max|reference|; None for an all-zero reference."""
+    peak = float(np.max(np.abs(r)))
+    if peak == 0.0:
+        return None
+    with np.errstate(over="ignore"):
+        mse = float(np.mean(((o - r) / peak) ** 2))
+    return math.inf if mse == 0.0 else -10.0 * math.log10(mse)
+
+
+def _topk_agree(r: np.ndarray, o: np.ndarray) -> dict[str, Any] | None:
+    if not 1 <= r.ndim <= 3 or r.shape[-1] < 2:
+        return None
+    classes = r.shape[-1]
+    r2, o2 = r.reshape(-1, classes), o.reshape(-1, classes)
+    rows = np.isfinite(r2).all(axis=1) & np.isfinite(o2).all(axis=1)
+    if not rows.any():
+        return None
+    r2, o2 = r2[rows], o2[rows]
+    label = np.argmax(r2, axis=1)
+    picked = o2[np.arange(len(label)), label]
+    rank = np.sum(o2 > picked[:, None], axis=1)  # entries the converted output ranks strictly higher
+    return {
+        "top1": float(np.mean(rank < 1)),
+        "top5": float(np.mean(rank < 5)) if classes > 5 else None,
+        "rows": int(rows.sum()),
+    }
 
 
 def _stat(diff: np.ndarray, stat: str) -> float:
@@ -167,6 +215,17 @@ def _within(diff: np.ndarray, ref_abs: np.ndarray, scale: float, tol: Tolerance)
     return _stat(diff, tol.check_stat) <= tol.atol + tol.rtol * scale
 
 
+def _ratio(diff: np.ndarray, ref_abs: np.ndarray, scale: float, tol: Tolerance) -> float:
+    """Checked value / its bound: ≤ 1 passes."""
+    if tol.check_stat == "elemwise":
+        value, bound = diff, tol.atol + tol.rtol * ref_abs
+    else:
+        value, bound = np.array([_stat(diff, tol.check_stat)]), np.array([tol.atol + tol.rtol * scale])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = np.where(value == 0.0, 0.0, value / bound)
+    return float(np.max(ratios))
+
+
 def _min_tolerance(diff: np.ndarray, ref_abs: np.ndarray, scale: float, tol: Tolerance) -> float:
     """The smallest atol that would pass the chosen statistic at the given rtol."""
     if diff.size == 0:
@@ -181,7 +240,8 @@ def _tolerance_failure(
 ) -> str:
     if tol.check_stat == "elemwise":
         count = int(np.sum(diff > tol.atol + tol.rtol * ref_abs))
-        return f"{count} elements exceed atol {tol.atol:g} + rtol {tol.rtol:g}·|ref| (max_abs {result['max_abs']:.4g})"
+        return (f"elemwise: {count} elements exceed atol {tol.atol:g} + rtol {tol.rtol:g}·|ref| "
+                f"(max_abs {result['max_abs']:.4g})")
     value = _stat(diff, tol.check_stat)
     bound = tol.atol + tol.rtol * scale
     return f"{tol.check_stat}_abs {value:.4g} > atol {tol.atol:g} + rtol {tol.rtol:g}·max|ref| = {bound:.4g}"
