@@ -1,15 +1,22 @@
-"""Seeded model inputs: floats, valid integer indices, booleans — or arrays from a file.
+"""Arrays in and out of ``diff``: seeded inputs, and .npz files of inputs and outputs.
 
 Random integers are not valid token ids, and random floats are not masks. So integer
 inputs that feed a ``Gather`` (through casts/reshapes) as indices get ``[0, rows)`` of
 the gathered table; integer inputs named like masks get ones; other integers ``[0, 10)``;
-bool inputs get random booleans; floats a standard normal.
+bool inputs get random booleans; floats a standard normal. ``--val-range NAME:LO,HI``
+replaces that for one input — floats uniform in ``[LO, HI)``, integers uniform in
+``[LO, HI)`` — and ``--val-range LO,HI`` for every float input (integer inputs keep their
+index ranges unless named: a blanket float range would make token ids invalid).
+
+Files are .npz, one array per name. Every file read is checked against the model — missing
+or unknown names, dtypes, shapes — and every problem is a one-line UserError.
 """
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -21,6 +28,13 @@ from amptool.frontend.signature import TensorSpec
 #: Ops an index may pass through on its way to Gather without changing its values.
 _TRANSPARENT = frozenset({"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity"})
 DEFAULT_INT_HIGH = 10
+#: ``--save-outputs`` writes the reference under each output's name and the converted
+#: model's output under this prefix; ``--reference-outputs`` ignores keys with the prefix.
+CONVERTED_PREFIX = "converted/"
+#: Key of ``--val-range`` values that apply to every float input.
+ALL_INPUTS = "*"
+
+ValRanges = Mapping[str, tuple[float, float]]
 
 
 def index_ranges(model: onnx.ModelProto) -> dict[str, int]:
@@ -54,21 +68,76 @@ def index_ranges(model: onnx.ModelProto) -> dict[str, int]:
     return bounds
 
 
+def parse_val_ranges(values: Sequence[str]) -> dict[str, tuple[float, float]]:
+    """``NAME:LO,HI`` (or ``LO,HI`` for every input; brackets allowed) → {name: (lo, hi)}."""
+    ranges: dict[str, tuple[float, float]] = {}
+    for raw in values:
+        name, sep, text = raw.rpartition(":")
+        if not (sep and name):
+            name, text = ALL_INPUTS, raw
+        parts = text.strip().strip("[]()").split(",")
+        try:
+            lo, hi = (float(p) for p in parts) if len(parts) == 2 else (math.nan, math.nan)
+        except ValueError:
+            lo, hi = math.nan, math.nan
+        if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
+            raise UserError(f"--val-range '{raw}': '{text}' is not a range LO,HI with LO ≤ HI",
+                            "Write --val-range NAME:LO,HI for one input or --val-range LO,HI for all, e.g. x:0,1.")
+        ranges[name] = (lo, hi)
+    return ranges
+
+
+def check_val_ranges(ranges: ValRanges, specs: Sequence[TensorSpec]) -> None:
+    """Names must be model inputs; integer inputs need integer bounds their dtype holds; no bools."""
+    by_name = {s.name: s for s in specs}
+    for name, (lo, hi) in ranges.items():
+        if name == ALL_INPUTS:
+            targets = [s for s in specs if np.dtype(s.dtype).kind == "f"]
+        elif name not in by_name:
+            raise UserError(f"--val-range names unknown input '{name}'",
+                            f"Model inputs: {', '.join(by_name) or '(none)'}.")
+        else:
+            targets = [by_name[name]]
+        for spec in targets:
+            dtype = np.dtype(spec.dtype)
+            if dtype.kind == "b":
+                raise UserError(f"--val-range: input '{name}' is bool; ranges apply to numeric inputs",
+                                "Drop --val-range for it (bool inputs get random booleans).")
+            if dtype.kind in "iu":
+                info = np.iinfo(dtype)
+                if lo != int(lo) or hi != int(hi) or lo >= hi or lo < info.min or hi - 1 > info.max:
+                    raise UserError(
+                        f"--val-range {lo:g},{hi:g} does not suit {dtype} input '{spec.name}'",
+                        f"Integer inputs take whole bounds LO < HI (values in [LO, HI)) within "
+                        f"[{info.min}, {int(info.max) + 1}].",
+                    )
+
+
 def generate_inputs(
-    specs: Sequence[TensorSpec], model: onnx.ModelProto, seed: int = 0
+    specs: Sequence[TensorSpec], model: onnx.ModelProto, seed: int = 0, ranges: ValRanges | None = None
 ) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
+    """One array per spec. Each input draws from its own stream of ``seed``, so a range given
+    for one input leaves the others' values unchanged."""
     bounds = index_ranges(model)
+    ranges = ranges or {}
     arrays: dict[str, np.ndarray] = {}
-    for spec in specs:
+    streams = np.random.SeedSequence(seed).spawn(len(specs))
+    for spec, stream in zip(specs, streams):
+        rng = np.random.default_rng(stream)
         shape = tuple(int(d) for d in (spec.shape or ()))
         dtype = np.dtype(spec.dtype)
+        given = ranges.get(spec.name, ranges.get(ALL_INPUTS) if dtype.kind == "f" else None)
         if dtype.kind == "f":
-            arrays[spec.name] = rng.standard_normal(shape).astype(dtype)
+            if given is None:
+                arrays[spec.name] = rng.standard_normal(shape).astype(dtype)
+            else:
+                arrays[spec.name] = rng.uniform(given[0], given[1], shape).astype(dtype)
         elif dtype.kind == "b":
             arrays[spec.name] = rng.random(shape) < 0.5
         elif dtype.kind in "iu":
-            if spec.name in bounds:
+            if given is not None:
+                arrays[spec.name] = rng.integers(int(given[0]), int(given[1]), shape).astype(dtype)
+            elif spec.name in bounds:
                 arrays[spec.name] = rng.integers(0, max(bounds[spec.name], 1), shape).astype(dtype)
             elif "mask" in spec.name.lower():
                 arrays[spec.name] = np.ones(shape, dtype=dtype)
@@ -79,34 +148,73 @@ def generate_inputs(
     return arrays
 
 
-def load_inputs(path: str, specs: Sequence[TensorSpec]) -> dict[str, np.ndarray]:
-    """Arrays from an .npz; every model input must be there with a matching dtype."""
+def read_npz(path: str, flag: str) -> dict[str, np.ndarray]:
+    """Every array of an .npz file, or a UserError naming the flag and the file."""
     if not os.path.isfile(path):
-        raise UserError(f"Inputs file not found: {path}")
+        raise UserError(f"{flag}: file not found: {path}")
     try:
         with np.load(path, allow_pickle=False) as data:
-            arrays = {k: np.asarray(data[k]) for k in data.files}
+            return {k: np.asarray(data[k]) for k in data.files}
     except Exception as err:
-        raise UserError(f"{path} is not a readable .npz file ({type(err).__name__})",
-                        "Save inputs with numpy.savez(path, name=array, ...).") from err
-    names = [s.name for s in specs]
-    missing = [n for n in names if n not in arrays]
-    if missing:
-        raise UserError(
-            f"{path} has no array for input(s) {', '.join(missing)}",
-            f"Arrays found: {', '.join(arrays) or '(none)'}; model inputs: {', '.join(names)}.",
+        raise UserError(f"{flag}: {path} is not a readable .npz file ({type(err).__name__})",
+                        "Write it with numpy.savez(path, name=array, ...) (no object arrays).") from err
+
+
+def _check_names(path: str, found: Sequence[str], expected: Sequence[str], what: str, flag: str) -> None:
+    missing = [n for n in expected if n not in found]
+    extra = [n for n in found if n not in expected]
+    if missing or extra:
+        problem = "; ".join(
+            part for part in (
+                f"no array for {what}(s) {', '.join(repr(n) for n in missing)}" if missing else "",
+                f"unknown {what}(s) {', '.join(repr(n) for n in extra)}" if extra else "",
+            ) if part
         )
+        raise UserError(f"{flag} {path}: {problem}",
+                        f"The file needs exactly one array per model {what}: {', '.join(expected) or '(none)'}.")
+
+
+def load_inputs(path: str, specs: Sequence[TensorSpec]) -> dict[str, np.ndarray]:
+    """Arrays from an .npz: exactly the model's inputs, each with the model's dtype and rank."""
+    arrays = read_npz(path, "--inputs")
+    names = [s.name for s in specs]
+    _check_names(path, list(arrays), names, "input", "--inputs")
     for spec in specs:
         want = np.dtype(spec.dtype)
         if arrays[spec.name].dtype != want:
             raise UserError(
-                f"{path}: array '{spec.name}' is {arrays[spec.name].dtype}, the model expects {want}",
+                f"--inputs {path}: array '{spec.name}' is {arrays[spec.name].dtype}, the model expects {want}",
                 f"Save it with .astype('{want}').",
             )
     return {n: arrays[n] for n in names}
 
 
-def save_arrays(path: str, arrays: dict[str, np.ndarray]) -> None:
+def check_input_shapes(arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpec], source: str) -> None:
+    """Arrays must have the shapes the compiled model was built for."""
+    for spec in specs:
+        got = [int(d) for d in np.shape(arrays[spec.name])]
+        want = list(spec.shape or [])
+        if got != want:
+            raise UserError(
+                f"{source}: array '{spec.name}' has shape {got}, the compiled model takes {want}",
+                "Pass arrays of that shape, or convert again with --input-shape NAME:DIMS.",
+            )
+
+
+def load_reference_outputs(path: str, output_names: Sequence[str]) -> dict[str, np.ndarray]:
+    """Stored reference outputs: one array per model output (``converted/…`` keys are ignored)."""
+    arrays = {k: v for k, v in read_npz(path, "--reference-outputs").items() if not k.startswith(CONVERTED_PREFIX)}
+    _check_names(path, list(arrays), list(output_names), "output", "--reference-outputs")
+    return {n: arrays[n] for n in output_names}
+
+
+def save_arrays(path: str, arrays: Mapping[str, np.ndarray]) -> None:
     """Write an .npz atomically (temporary file, then rename)."""
     with atomic_path(path, suffix=".npz") as tmp:
         np.savez(tmp, **arrays)  # type: ignore[arg-type]
+
+
+def save_outputs(path: str, reference: Mapping[str, np.ndarray], converted: Mapping[str, np.ndarray]) -> None:
+    """Reference outputs under their names (so the file works as --reference-outputs),
+    the converted model's under ``converted/NAME``."""
+    save_arrays(path, {**reference, **{f"{CONVERTED_PREFIX}{k}": v for k, v in converted.items()}})
