@@ -1,47 +1,95 @@
-"""``diff``: converted model vs onnxruntime fp32 on the same inputs (library API).
+"""``diff``: converted model vs a reference on the same inputs (library API).
 
 Backends (runtime/) know nothing of comparison; the comparator (compare/) knows nothing of
 backends; this module wires them: inputs → reference → converted → statistics → verdict.
+
+The reference is onnxruntime float32 on CPU, or stored outputs (``reference_outputs``).
+Inputs come from a file, or are generated from ``seed`` — ``iterations`` sets, seeds
+``seed, seed+1, …``; the report keeps per output the worst case over them (see
+``compare.aggregate``) plus the per-iteration results and their mean. Every user-supplied
+name, file and range is checked before anything is built, and files are written only
+once the comparison is complete.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from amptool.artifact import load_artifact
-from amptool.compare.stats import Tolerance, compare_output, default_tolerance
+from amptool.compare.aggregate import mean_over, severity, worst_case
+from amptool.compare.stats import compare_output
+from amptool.compare.tolerance import Tolerance, ToleranceOverride, TolerancePolicy
 from amptool.convert import ConvertConfig, build_model
+from amptool.errors import UserError
 from amptool.fileio import finite_only
 from amptool.frontend.load import load_model
 from amptool.frontend.prepare import reference_model
-from amptool.frontend.signature import TensorSpec, graph_inputs
-from amptool.runtime.inputs import generate_inputs, load_inputs, save_arrays
-from amptool.runtime.onnxruntime_runner import run_onnxruntime
+from amptool.frontend.signature import TensorSpec, graph_inputs, graph_outputs
+from amptool.runtime.inputs import (
+    check_input_shapes,
+    check_val_ranges,
+    generate_inputs,
+    load_inputs,
+    load_reference_outputs,
+    save_arrays,
+    save_outputs,
+)
+from amptool.runtime.onnxruntime_runner import OnnxruntimeRunner
+from amptool.runtime.tvm_runner import CompiledModel
 
 
 @dataclass(frozen=True)
 class DiffConfig:
+    """What to compare and how strictly. ``atol``…``check_stat`` override the dtype's default
+    for every output; ``per_output`` overrides them for single outputs."""
+
     convert: ConvertConfig
     artifact: str | None = None
     inputs_path: str | None = None
     save_inputs: str | None = None
     seed: int = 0
+    iterations: int = 1
+    val_ranges: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    reference_outputs: str | None = None
+    save_outputs: str | None = None
     atol: float | None = None
     rtol: float | None = None
     min_cosine: float | None = None
-    check_stat: str = "max"
+    check_stat: str | None = None
+    per_output: tuple[tuple[str, ToleranceOverride], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.iterations < 1:
+            raise UserError(f"--iterations {self.iterations}: need at least 1")
+        if self.iterations > 1:
+            single = [flag for flag, value in (
+                ("--inputs", self.inputs_path), ("--reference-outputs", self.reference_outputs),
+                ("--save-inputs", self.save_inputs), ("--save-outputs", self.save_outputs)) if value]
+            if single:
+                raise UserError(
+                    f"--iterations {self.iterations} generates {self.iterations} input sets, "
+                    f"but {', '.join(single)} work with one set",
+                    "Drop --iterations, or drop those flags (--seed S --iterations N is reproducible by itself).",
+                )
+        if self.val_ranges and self.inputs_path:
+            raise UserError("--val-range shapes generated inputs, but --inputs gives them",
+                            "Drop --val-range, or drop --inputs.")
+
+    def policy(self) -> TolerancePolicy:
+        return TolerancePolicy(
+            default=ToleranceOverride(atol=self.atol, rtol=self.rtol, min_cosine=self.min_cosine,
+                                      check_stat=self.check_stat),
+            per_output=self.per_output,
+        )
 
     def tolerance(self, dtype: str) -> Tolerance:
-        base = default_tolerance(dtype)
-        return Tolerance(
-            atol=base.atol if self.atol is None else self.atol,
-            rtol=base.rtol if self.rtol is None else self.rtol,
-            min_cosine=base.min_cosine if self.min_cosine is None else self.min_cosine,
-            check_stat=self.check_stat,
-        )
+        """The tolerance of outputs without a per-output override."""
+        return self.policy().resolve(dtype)
 
 
 @dataclass
@@ -53,34 +101,40 @@ class DiffReport:
     outputs: list[dict[str, Any]]
     seed: int | None
     model: str
+    reference: dict[str, Any] = field(default_factory=dict)
+    inputs: dict[str, Any] = field(default_factory=dict)
+    iterations: dict[str, Any] = field(default_factory=dict)
     timings_s: dict[str, float] = field(default_factory=dict)
     manifest: dict[str, Any] = field(default_factory=dict)
+    #: Output name → (reference, converted) arrays of its worst iteration; for plots, not JSON.
+    samples: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
 
     @property
     def worst(self) -> dict[str, Any] | None:
-        """The failing output, or the one with the lowest cosine."""
-        failing = [o for o in self.outputs if not o["passed"]]
-        if failing:
-            return failing[0]
-        scored = [o for o in self.outputs if o.get("cosine") is not None]
-        return min(scored, key=lambda o: o["cosine"]) if scored else None
+        """The worst output: a failing one if any (most basic check failed first), else the one
+        closest to its tolerance."""
+        return max(self.outputs, key=severity) if self.outputs else None
+
+    @property
+    def reference_label(self) -> str:
+        return f"reference {self.reference['path']}" if self.reference.get("path") else "onnxruntime float32"
 
     def as_json(self) -> dict[str, Any]:
         """The report as JSON-safe data: non-finite statistics (an SNR of identical outputs,
         an error against an Inf) are null; the ``nan``/``inf`` counts say what happened."""
+        per_output = {o["name"]: o["tolerance"] for o in self.outputs
+                      if o.get("tolerance") and o["tolerance"] != self.tolerance.as_json()}
         return finite_only({
             "passed": self.passed,
             "dtype": self.dtype,
             "target": self.target,
             "model": self.model,
             "seed": self.seed,
-            "tolerance": {
-                "atol": self.tolerance.atol,
-                "rtol": self.tolerance.rtol,
-                "min_cosine": self.tolerance.min_cosine,
-                "check_error_stat": self.tolerance.check_stat,
-            },
+            "reference": self.reference,
+            "inputs": self.inputs,
+            "tolerance": {**self.tolerance.as_json(), "per_output": per_output},
             "outputs": self.outputs,
+            "iterations": self.iterations,
             "guarded": self.manifest.get("guarded", []),
             "unknown_ops": self.manifest.get("unknown_ops", {}),
             "timings_s": {k: round(v, 4) for k, v in self.timings_s.items()},
@@ -90,10 +144,15 @@ class DiffReport:
 def diff_model(config: DiffConfig, on_stage: Callable[[str], None] | None = None) -> DiffReport:
     """Convert (or load ``artifact``), run both sides on the same inputs, compare."""
     notify = on_stage or (lambda _name: None)
-    timings: dict[str, float] = {}
+    timings: dict[str, float] = {"reference": 0.0, "run": 0.0}
     loaded = load_model(config.convert.model)
     specs = graph_inputs(loaded.model)
+    output_names = [s.name for s in graph_outputs(loaded.model)]
+    policy = config.policy()
+    policy.check_names(output_names)
+    check_val_ranges(config.val_ranges, specs)
     arrays = load_inputs(config.inputs_path, specs) if config.inputs_path else None
+    stored = load_reference_outputs(config.reference_outputs, output_names) if config.reference_outputs else None
 
     if config.artifact:
         manifest, compiled = load_artifact(config.artifact)
@@ -104,36 +163,99 @@ def diff_model(config: DiffConfig, on_stage: Callable[[str], None] | None = None
         timings.update(build.timings_s)
         manifest, compiled = build.manifest(), build.compiled()
         dtype, target, pinned = config.convert.dtype, config.convert.target, build.inputs
+    if arrays is not None:
+        check_input_shapes(arrays, pinned, f"--inputs {config.inputs_path}")
 
-    if arrays is None:
-        arrays = generate_inputs(pinned, loaded.model, seed=config.seed)
+    runner = None
+    if stored is None:
+        notify("reference")
+        start = time.perf_counter()
+        runner = OnnxruntimeRunner(reference_model(loaded.model))
+        timings["reference"] += time.perf_counter() - start
+
+    seeds: list[int | None] = [None] if arrays is not None else [config.seed + i for i in range(config.iterations)]
+    loop = _Iterations(compiled, runner, stored, policy, dtype, notify, timings)
+    for index, seed in enumerate(seeds):
+        feeds = arrays if arrays is not None else generate_inputs(
+            pinned, loaded.model, seed=int(seed or 0), ranges=config.val_ranges)
+        loop.run(feeds, f" {index + 1}/{len(seeds)}" if len(seeds) > 1 else "")
+    runs, samples, (feeds, reference, converted) = loop.runs, loop.samples, loop.last
+
     if config.save_inputs:
-        save_arrays(config.save_inputs, arrays)
+        write_or_fail(config.save_inputs, lambda: save_arrays(str(config.save_inputs), feeds))
+    if config.save_outputs:
+        write_or_fail(config.save_outputs, lambda: save_outputs(str(config.save_outputs), reference, converted))
 
-    notify("reference")
-    start = time.perf_counter()
-    reference = run_onnxruntime(reference_model(loaded.model), arrays)
-    timings["reference"] = time.perf_counter() - start
-
-    notify("run")
-    start = time.perf_counter()
-    converted = compiled.run(arrays)
-    timings["run"] = time.perf_counter() - start
-
-    tolerance = config.tolerance(dtype)
-    outputs = [
-        compare_output(name, reference[name], converted[name], tolerance)
-        for name in compiled.output_names
-    ]
+    outputs = worst_case(runs)
     return DiffReport(
         passed=all(o["passed"] for o in outputs),
         dtype=dtype,
         target=target,
-        tolerance=tolerance,
+        tolerance=policy.resolve(dtype),
         outputs=outputs,
-        seed=None if config.inputs_path else config.seed,
+        seed=None if arrays is not None else config.seed,
         model=config.convert.model,
+        reference={"source": "file" if stored is not None else "onnxruntime", "path": config.reference_outputs},
+        inputs={
+            "source": "file" if arrays is not None else "generated",
+            "path": config.inputs_path,
+            "val_range": {name: list(bounds) for name, bounds in config.val_ranges.items()},
+        },
+        iterations={
+            "count": len(seeds),
+            "seeds": seeds,
+            "failed": [i for i, run in enumerate(runs) if not all(r["passed"] for r in run)],
+            "mean": mean_over(runs),
+            "runs": [{"index": i, "seed": s, "passed": all(r["passed"] for r in run), "outputs": run}
+                     for i, (s, run) in enumerate(zip(seeds, runs))],
+        },
         timings_s=timings,
         manifest=manifest,
+        samples=samples,
     )
 
+
+class _Iterations:
+    """Runs both sides on one input set at a time; keeps each output's worst arrays (for plots)."""
+
+    def __init__(self, compiled: CompiledModel, runner: OnnxruntimeRunner | None,
+                 stored: Mapping[str, np.ndarray] | None, policy: TolerancePolicy, dtype: str,
+                 notify: Callable[[str], None], timings: dict[str, float]) -> None:
+        self.compiled, self.runner, self.stored = compiled, runner, stored
+        self.policy, self.dtype, self.notify, self.timings = policy, dtype, notify, timings
+        self.runs: list[list[dict[str, Any]]] = []
+        self.samples: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self.last: tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]] = ({}, {}, {})
+        self._worst: dict[str, dict[str, Any]] = {}
+
+    def run(self, feeds: dict[str, np.ndarray], suffix: str) -> None:
+        if self.runner is not None:
+            self.notify(f"reference{suffix}")
+            start = time.perf_counter()
+            reference = self.runner.run(feeds)
+            self.timings["reference"] += time.perf_counter() - start
+        else:
+            reference = dict(self.stored or {})
+        self.notify(f"run{suffix}")
+        start = time.perf_counter()
+        converted = self.compiled.run(feeds)
+        self.timings["run"] += time.perf_counter() - start
+        results = [
+            compare_output(name, reference[name], converted[name], self.policy.resolve(self.dtype, name))
+            for name in self.compiled.output_names
+        ]
+        for result in results:
+            name = result["name"]
+            if name not in self._worst or severity(result) > severity(self._worst[name]):
+                self._worst[name] = result
+                self.samples[name] = (np.asarray(reference[name]), np.asarray(converted[name]))
+        self.runs.append(results)
+        self.last = (feeds, reference, converted)
+
+
+def write_or_fail(path: str, write: Callable[[], None]) -> None:
+    """Run ``write``; an OSError (full disk, no permission) becomes a one-line UserError."""
+    try:
+        write()
+    except OSError as err:
+        raise UserError(f"Cannot write {path}: {err.strerror or err}", "Choose a writable path.") from err

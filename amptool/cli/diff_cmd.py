@@ -1,16 +1,18 @@
-"""``amptool diff``: accuracy of the converted model against onnxruntime fp32."""
+"""``amptool diff``: accuracy of the converted model against onnxruntime fp32 (or stored outputs)."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
 
 from amptool.cli.console import handles_user_errors, out, stages
 from amptool.cli.options import model_options
-from amptool.compare.stats import CHECK_STATS
-from amptool.errors import EXIT_ACCURACY_FAILED, EXIT_OK
+from amptool.errors import EXIT_ACCURACY_FAILED, EXIT_OK, UserError
 from amptool.fileio import write_json
+
+_FILE = click.Path(dir_okay=False)
 
 
 @click.command()
@@ -18,43 +20,90 @@ from amptool.fileio import write_json
 @model_options
 @click.option("--artifact", type=click.Path(file_okay=False), default=None,
               help="Compare an existing 'amptool convert' output instead of converting.")
-@click.option("--inputs", "inputs_path", type=click.Path(dir_okay=False), default=None,
+@click.option("--inputs", "inputs_path", type=_FILE, default=None, metavar="PATH.npz",
               help="Inputs as .npz (one array per model input); shapes come from the arrays.")
-@click.option("--save-inputs", type=click.Path(dir_okay=False), default=None,
-              help="Write the inputs used to this .npz.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed for random inputs.")
-@click.option("--atol", type=float, default=None, help="Absolute tolerance (default per dtype).")
-@click.option("--rtol", type=float, default=None, help="Relative tolerance (default per dtype).")
-@click.option("--min-cosine", type=float, default=None, help="Minimum cosine similarity per output.")
-@click.option("--check-error-stat", type=click.Choice(CHECK_STATS), default="max", show_default=True,
-              help="Statistic checked against atol + rtol·|ref|.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
-              help="Write the full report as JSON.")
+@click.option("--save-inputs", type=_FILE, default=None, metavar="PATH.npz", help="Write the inputs used to this .npz.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed for generated inputs.")
+@click.option("--iterations", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Compare on N generated input sets (seeds SEED…SEED+N-1); report the worst case and the mean.")
+@click.option("--val-range", "val_ranges", multiple=True, metavar="[NAME:]LO,HI",
+              help="Generated values of input NAME: floats uniform in [LO, HI), integers in [LO, HI); "
+              "without NAME, of every float input. Repeatable.")
+@click.option("--reference-outputs", type=_FILE, default=None, metavar="PATH.npz",
+              help="Compare against stored outputs (.npz, one array per model output) instead of onnxruntime.")
+@click.option("--save-outputs", type=_FILE, default=None, metavar="PATH.npz",
+              help="Write the reference outputs (as NAME) and the converted ones (as converted/NAME) to this .npz.")
+@click.option("--atol", multiple=True, metavar="[NAME:]VALUE",
+              help="Absolute tolerance, for every output or NAME only (repeatable; default per dtype).")
+@click.option("--rtol", multiple=True, metavar="[NAME:]VALUE",
+              help="Relative tolerance, scaled by max|ref| (or |ref| for elemwise); repeatable.")
+@click.option("--min-cosine", multiple=True, metavar="[NAME:]VALUE", help="Minimum cosine similarity; repeatable.")
+@click.option("--check-error-stat", multiple=True, metavar="[NAME:]max|elemwise|mean|median|p99",
+              help="Statistic of |error| checked against atol + rtol·|ref| (default max); repeatable.")
+@click.option("--json", "json_path", type=_FILE, default=None, metavar="PATH",
+              help="Write the full report (every statistic of every output) as JSON.")
+@click.option("--plot", "plot_path", type=_FILE, default=None, metavar="PATH.png",
+              help="Draw per output the error histogram and a reference-vs-converted scatter (needs amptool[plot]).")
 @handles_user_errors
 def diff(model: str, dtype: str, colors: str | None, target: str, input_shapes: tuple[str, ...],
          no_range_guards: bool, no_prepare: bool, artifact: str | None, inputs_path: str | None,
-         save_inputs: str | None, seed: int, atol: float | None, rtol: float | None,
-         min_cosine: float | None, check_error_stat: str, json_path: str | None) -> None:
+         save_inputs: str | None, seed: int, iterations: int, val_ranges: tuple[str, ...],
+         reference_outputs: str | None, save_outputs: str | None, atol: tuple[str, ...], rtol: tuple[str, ...],
+         min_cosine: tuple[str, ...], check_error_stat: tuple[str, ...], json_path: str | None,
+         plot_path: str | None) -> None:
     """Compare MODEL converted to DTYPE with onnxruntime float32 on the same inputs.
 
-    Exit 0 when every output passes, 1 when one fails, 2 on bad input.
+    Exit 0 when every output passes, 1 when one fails, 2 on bad input, 3 when the target cannot run here.
     """
     from amptool.cli import render  # noqa: PLC0415
+    from amptool.compare.tolerance import parse_tolerance_flags  # noqa: PLC0415
     from amptool.convert import ConvertConfig  # noqa: PLC0415
-    from amptool.diff import DiffConfig, diff_model  # noqa: PLC0415
+    from amptool.diff import DiffConfig, diff_model, write_or_fail  # noqa: PLC0415
+    from amptool.runtime.inputs import parse_val_ranges  # noqa: PLC0415
 
+    for flag, path in (("--json", json_path), ("--plot", plot_path), ("--save-inputs", save_inputs),
+                       ("--save-outputs", save_outputs)):
+        if path:
+            _check_writable(flag, path)
+    if plot_path:
+        from amptool.compare.plot import require_matplotlib  # noqa: PLC0415
+
+        require_matplotlib(plot_path)
+    policy = parse_tolerance_flags(atol=atol, rtol=rtol, min_cosine=min_cosine, check_stat=check_error_stat)
     config = DiffConfig(
         convert=ConvertConfig(model=model, dtype=dtype, colors=colors, target=target,
                               input_shapes=input_shapes, range_guards=not no_range_guards,
                               prepare=not no_prepare),
         artifact=artifact, inputs_path=inputs_path, save_inputs=save_inputs, seed=seed,
-        atol=atol, rtol=rtol, min_cosine=min_cosine, check_stat=check_error_stat,
+        iterations=iterations, val_ranges=parse_val_ranges(val_ranges),
+        reference_outputs=reference_outputs, save_outputs=save_outputs,
+        atol=policy.default.atol, rtol=policy.default.rtol, min_cosine=policy.default.min_cosine,
+        check_stat=policy.default.check_stat, per_output=policy.per_output,
     )
     with stages() as on_stage:
         report = diff_model(config, on_stage=on_stage)
     out.print(render.diff_table(report))
+    for line in render.failures(report):
+        out.print(line, markup=False, soft_wrap=True)
+    means = render.iterations_table(report)
+    if means is not None:
+        out.print(means)
     if json_path:
-        write_json(json_path, report.as_json())
-    out.print(render.verdict_line(report), markup=False)
+        write_or_fail(json_path, lambda: write_json(json_path, report.as_json()))
+    if plot_path:
+        from amptool.compare.plot import plot_outputs  # noqa: PLC0415
+
+        title = f"{report.dtype} on {report.target} vs {report.reference_label}: {os.path.basename(model)}"
+        write_or_fail(plot_path, lambda: plot_outputs(plot_path, report.samples, report.outputs, title))
+    out.print(render.verdict_line(report), markup=False, soft_wrap=True)  # one line, never wrapped
     sys.exit(EXIT_OK if report.passed else EXIT_ACCURACY_FAILED)
 
+
+def _check_writable(flag: str, path: str) -> None:
+    """Fail before any work when an output file could not be written."""
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+        raise UserError(f"{flag} {path}: cannot write there ({parent} is not a writable directory)",
+                        "Choose a path in a writable directory.")

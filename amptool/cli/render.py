@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.markup import escape
 from rich.table import Table
 
 from amptool.diff import DiffReport
@@ -50,35 +51,93 @@ def convert_summary(manifest: dict[str, Any]) -> list[Table]:
 
 
 def diff_table(report: DiffReport) -> Table:
+    """One row per output: the worst case over iterations, when there are several."""
     tol = report.tolerance
+    count = report.iterations.get("count", 1)
+    over = f", worst of {count} input sets" if count > 1 else ""
     table = Table(
-        title=f"{report.dtype} on {report.target} vs onnxruntime float32 "
+        title=f"{report.dtype} on {report.target} vs {report.reference_label}{over} "
         f"(atol {tol.atol:g}, rtol {tol.rtol:g}, min cosine {tol.min_cosine:g}, stat {tol.check_stat})",
         title_justify="left",
     )
-    for column in ("output", "shape", "max_abs", "mean_abs", "max_rel", "cosine", "snr_db", "nan", "inf", "verdict"):
+    columns = ("output", "shape", "max_abs", "mean_abs", "max_rel", "cosine", "snr_db", "top1",
+               "nan/inf", "of tol", "verdict")
+    for column in columns:
         table.add_column(column, justify="left" if column in ("output", "verdict") else "right")
     for o in report.outputs:
-        verdict = "[green]pass[/]" if o["passed"] else f"[red]FAIL[/] {o['failure']}"
-        cosine = o["cosine"]
+        verdict = "[green]pass[/]" if o["passed"] else f"[red]FAIL[/] {o['failed_check']}"
+        topk = o.get("topk_agree")
         table.add_row(
-            o["name"], "x".join(str(d) for d in o["shape"]) or "scalar",
+            escape(o["name"]), "x".join(str(d) for d in o["shape"]) or "scalar",
             _fmt(o["max_abs"]), _fmt(o["mean_abs"]), _fmt(o["max_rel"]),
-            _fmt(cosine, 7), _fmt(o["snr_db"], 4), str(o["nan"]), str(o["inf"]), verdict,
+            _fmt(o["cosine"], 7), _fmt(o["snr_db"], 4), _fmt(topk["top1"] if topk else None, 3),
+            _nonfinite(o),
+            _fmt(o.get("tolerance_ratio"), 2), verdict,
         )
     return table
 
 
+def failures(report: DiffReport) -> list[str]:
+    """One line per failing output: why it failed (the table has room only for which check)."""
+    return [f"FAIL {o['name']}: {o['failure']}" for o in report.outputs if not o["passed"]]
+
+
+def iterations_table(report: DiffReport) -> Table | None:
+    """Mean statistics over the input sets, when there were several."""
+    section = report.iterations
+    if section.get("count", 1) <= 1:
+        return None
+    seeds = [s for s in section["seeds"] if s is not None]
+    table = Table(title=f"mean over {section['count']} input sets (seeds {seeds[0]}…{seeds[-1]})",
+                  title_justify="left")
+    for column in ("output", "max_abs", "mean_abs", "cosine", "snr_db", "top1", "failed"):
+        table.add_column(column, justify="left" if column == "output" else "right")
+    for m in section["mean"]:
+        table.add_row(escape(m["name"]), _fmt(m["max_abs"]), _fmt(m["mean_abs"]), _fmt(m["cosine"], 7),
+                      _fmt(m["snr_db"], 4), _fmt(m["top1_agree"], 3), f"{m['failed_iterations']}/{section['count']}")
+    return table
+
+
+def _nonfinite(o: dict[str, Any]) -> str:
+    """NaN/Inf counts of the converted output, and the reference's when it has any."""
+    text = f"{o['nan']}/{o['inf']}"
+    if o["nan_reference"] or o["inf_reference"]:
+        return f"{text} (ref {o['nan_reference']}/{o['inf_reference']})"
+    return text
+
+
 def verdict_line(report: DiffReport) -> str:
-    """The grep-friendly last line: ``PASSED | …`` or ``FAILED | …``."""
+    """The grep-friendly last line: ``PASSED | …`` or ``FAILED | …``, naming the worst output
+    and the statistic that decided."""
     worst = report.worst
-    count = f"{len(report.outputs)} output{'s' if len(report.outputs) != 1 else ''}"
+    head = f"{report.dtype} on {report.target}"
+    if report.reference.get("path"):
+        head += f" vs {report.reference['path']}"
+    count = report.iterations.get("count", 1)
+    sets = f" × {count} input sets" if count > 1 else ""
+    if worst is None:
+        return f"PASSED | {head} | no outputs"
     if report.passed:
-        detail = f"worst cosine {worst['cosine']:.7f} ({worst['name']})" if worst else "no outputs"
-        return f"PASSED | {report.dtype} on {report.target} | {count} | {detail}"
-    assert worst is not None
+        check = worst["tolerance"]["check_error_stat"] if worst.get("tolerance") else "max"
+        ratio = worst.get("tolerance_ratio")
+        of_tol = f"{ratio:.2f}× tolerance"
+        if ratio is None:
+            detail = "compared exactly (no finite numeric elements)"
+        elif check == "elemwise":
+            detail = f"elemwise error up to {of_tol} (max_abs {_fmt(worst.get('max_abs'))})"
+        else:
+            detail = f"{check}_abs {_fmt(worst.get(f'{check}_abs'))} = {of_tol}"
+        if worst.get("cosine") is not None:
+            detail += f", cosine {worst['cosine']:.7f}"
+        detail = f"worst output '{worst['name']}': {detail}"
+        n = len(report.outputs)
+        return f"PASSED | {head} | {n} output{'s' if n != 1 else ''}{sets} | {detail}"
     failed = sum(1 for o in report.outputs if not o["passed"])
+    where = ""
+    if count > 1:
+        seed = report.iterations["seeds"][worst.get("worst_iteration", 0)]
+        where = f" (input set {worst.get('worst_iteration', 0) + 1}/{count}, seed {seed})"
     return (
-        f"FAILED | {report.dtype} on {report.target} | {failed}/{len(report.outputs)} outputs failed | "
-        f"output '{worst['name']}': {worst['failure']}"
+        f"FAILED | {head} | {failed}/{len(report.outputs)} outputs failed{sets} | "
+        f"output '{worst['name']}'{where}: {worst['failure']}"
     )
