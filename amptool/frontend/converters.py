@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from amptool.frontend.rnn import convert_gru, convert_lstm
+
 Converter = Callable[[Any, list[Any], dict[str, Any]], Any]
 
 
@@ -40,4 +42,8 @@ def _prelu(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
 
 CONVERTERS: dict[str, Converter] = {
     "PRelu": _prelu,
+    # LSTM / GRU: TVM's Relax frontend has no converter for either (amptool/frontend/rnn.py
+    # unrolls them over the pinned sequence length, input projection as one matmul).
+    "LSTM": convert_lstm,
+    "GRU": convert_gru,
 }
