@@ -1,0 +1,355 @@
+"""amptool's LSTM / GRU converters against onnxruntime, and end to end in float16.
+
+Each case builds a one-node model in code with seeded weights, imports it with amptool's
+importer, compiles it for llvm in float32 (no amptool passes: this tests the converter) and
+compares every output with onnxruntime within 1e-4. onnxruntime rejects ``layout=1``
+("Batchwise recurrent operations are not supported"), so those cases are checked against
+the ``layout=0`` twin of the same model with inputs and outputs transposed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from amptool import _tvm
+from amptool.errors import UserError
+from amptool.frontend.importer import import_model
+from amptool.frontend.signature import TensorSpec, graph_inputs, graph_outputs
+from amptool.runtime.tvm_runner import CompiledModel
+from amptool.targets import get_target
+
+ATOL = RTOL = 1e-4
+GATES = {"LSTM": 4, "GRU": 3}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One RNN node and how it is fed."""
+
+    op: str
+    direction: str = "forward"
+    seq: int = 4
+    batch: int = 3
+    input_size: int = 5
+    hidden: int = 6
+    layout: int = 0
+    bias: bool = True
+    initial: bool = False  # initial_h (and initial_c for LSTM)
+    peepholes: bool = False
+    lens: tuple[int, ...] | None = None
+    lens_as_input: bool = False
+    omit_y: bool = False
+    weights_as_inputs: bool = False  # W, R, B, P, initial states fed at run time, not constants
+    attrs: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def dirs(self) -> int:
+        return 2 if self.direction == "bidirectional" else 1
+
+    @property
+    def outputs(self) -> list[str]:
+        return ["Y", "Y_h", "Y_c"][: 3 if self.op == "LSTM" else 2]
+
+
+def rnn_model(case: Case) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A one-node LSTM/GRU model and seeded feeds; weights are drawn in ``layout=0`` order."""
+    rng = np.random.default_rng(0)
+    nd, hid, gates = case.dirs, case.hidden, GATES[case.op]
+    inits: list[onnx.TensorProto] = []
+    graph_in: list[onnx.ValueInfoProto] = []
+    feeds: dict[str, np.ndarray] = {}
+
+    def add(name: str, value: np.ndarray) -> str:
+        if case.weights_as_inputs:
+            graph_in.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, value.shape))
+            feeds[name] = value
+        else:
+            inits.append(numpy_helper.from_array(value, name))
+        return name
+
+    def weight(name: str, shape: tuple[int, ...], scale: float = 0.5) -> str:
+        return add(name, rng.uniform(-scale, scale, shape).astype(np.float32))
+
+    def state(name: str) -> str:
+        value = rng.standard_normal((nd, case.batch, hid)).astype(np.float32)
+        return add(name, np.ascontiguousarray(value.transpose(1, 0, 2)) if case.layout else value)
+
+    x_shape = [case.batch, case.seq, case.input_size] if case.layout else [case.seq, case.batch, case.input_size]
+    graph_in.append(helper.make_tensor_value_info("X", TensorProto.FLOAT, x_shape))
+    feeds["X"] = np.random.default_rng(1).standard_normal(x_shape).astype(np.float32)
+    names = ["X", weight("W", (nd, gates * hid, case.input_size)), weight("R", (nd, gates * hid, hid))]
+    names.append(weight("B", (nd, 2 * gates * hid)) if case.bias else "")
+    if case.lens is None:
+        names.append("")
+    elif case.lens_as_input:
+        graph_in.append(helper.make_tensor_value_info("lens", TensorProto.INT32, [case.batch]))
+        feeds["lens"] = np.array(case.lens, np.int32)
+        names.append("lens")
+    else:
+        inits.append(numpy_helper.from_array(np.array(case.lens, np.int32), "lens"))
+        names.append("lens")
+    names.append(state("initial_h") if case.initial else "")
+    if case.op == "LSTM":
+        names.append(state("initial_c") if case.initial else "")
+        names.append(weight("P", (nd, 3 * hid)) if case.peepholes else "")
+    while names[-1] == "":
+        names.pop()
+
+    y_shape = [case.batch, case.seq, nd, hid] if case.layout else [case.seq, nd, case.batch, hid]
+    state_shape = [case.batch, nd, hid] if case.layout else [nd, case.batch, hid]
+    shapes = dict(zip(case.outputs, [y_shape, state_shape, state_shape]))
+    node_outputs = [("" if (name == "Y" and case.omit_y) else name) for name in case.outputs]
+    attrs: dict[str, Any] = {"direction": case.direction, "hidden_size": hid, **dict(case.attrs)}
+    if case.layout:
+        attrs["layout"] = case.layout
+    node = helper.make_node(case.op, names, node_outputs, name=f"/rnn/{case.op}", **attrs)
+    graph = helper.make_graph(
+        [node],
+        "rnn",
+        graph_in,
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, shapes[n]) for n in node_outputs if n],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model, feeds
+
+
+def reference(case: Case) -> dict[str, np.ndarray]:
+    """onnxruntime's outputs, in ``case.layout``."""
+    if case.layout == 0:
+        model, feeds = rnn_model(case)
+        return _run_ort(model, feeds)
+    twin, feeds = rnn_model(dataclasses.replace(case, layout=0))
+    feeds["X"] = np.ascontiguousarray(rnn_model(case)[1]["X"].transpose(1, 0, 2))
+    out = _run_ort(twin, feeds)
+    return {k: v.transpose(2, 0, 1, 3) if k == "Y" else v.transpose(1, 0, 2) for k, v in out.items()}
+
+
+def _run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, feeds)))
+
+
+def amptool_fp32(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """amptool's import, shapes pinned from ``feeds``, compiled as is for llvm (float32)."""
+    specs = [TensorSpec(s.name, str(feeds[s.name].dtype), feeds[s.name].shape) for s in graph_inputs(model)]
+    executable = _tvm.compile_module(import_model(model, specs).mod, get_target("llvm").build_spec())
+    compiled = CompiledModel(
+        vm=_tvm.vm_from_executable(executable),
+        input_names=[s.name for s in specs],
+        output_names=[s.name for s in graph_outputs(model)],
+    )
+    return compiled.run(feeds)
+
+
+LSTM_CASES = {
+    "seq1_batch1_bare": Case("LSTM", seq=1, batch=1, bias=False),
+    "forward_lens": Case("LSTM", seq=5, initial=True, lens=(5, 2, 3)),
+    "reverse_lens_with_zero": Case("LSTM", direction="reverse", seq=5, initial=True, lens=(4, 1, 0)),
+    "bidirectional_peepholes_lens": Case(
+        "LSTM", direction="bidirectional", initial=True, peepholes=True, lens=(2, 4, 3)
+    ),
+    "bidirectional_seq1": Case("LSTM", direction="bidirectional", seq=1, input_size=7, hidden=3),
+    "layout1_bidirectional_lens": Case("LSTM", direction="bidirectional", layout=1, initial=True, lens=(3, 4, 1)),
+    "input_forget_clip": Case("LSTM", peepholes=True, attrs=(("input_forget", 1), ("clip", 0.3))),
+    "activations": Case(
+        "LSTM",
+        direction="bidirectional",
+        attrs=(("activations", ["Relu", "Tanh", "Sigmoid", "Sigmoid", "Softsign", "Softplus"]),),
+    ),
+    "y_omitted": Case("LSTM", omit_y=True, batch=1, hidden=8),
+    "lens_as_input_reverse": Case("LSTM", direction="reverse", lens=(2, 4, 3), lens_as_input=True),
+    "weights_as_inputs_layout1": Case(
+        "LSTM", direction="bidirectional", layout=1, initial=True, peepholes=True, weights_as_inputs=True
+    ),
+}
+
+GRU_CASES = {
+    "seq1_batch1_bare": Case("GRU", seq=1, batch=1, bias=False),
+    "forward_lens": Case("GRU", seq=5, initial=True, lens=(5, 2, 3)),
+    "reverse_linear_before_reset_lens": Case(
+        "GRU", direction="reverse", seq=5, lens=(4, 1, 0), attrs=(("linear_before_reset", 1),)
+    ),
+    "bidirectional_lens": Case("GRU", direction="bidirectional", initial=True, lens=(2, 4, 3), input_size=2, hidden=9),
+    "bidirectional_linear_before_reset": Case(
+        "GRU", direction="bidirectional", initial=True, attrs=(("linear_before_reset", 1),)
+    ),
+    "layout1_linear_before_reset_lens": Case(
+        "GRU", direction="bidirectional", layout=1, initial=True, lens=(3, 4, 1), attrs=(("linear_before_reset", 1),)
+    ),
+    "linear_before_reset_no_bias": Case("GRU", bias=False, attrs=(("linear_before_reset", 1),)),
+    "clip_activations": Case(
+        "GRU",
+        direction="bidirectional",
+        attrs=(("clip", 0.3), ("activations", ["Softsign", "Relu", "Sigmoid", "Softplus"])),
+    ),
+    "lens_as_input_y_omitted": Case("GRU", lens=(1, 3, 4), lens_as_input=True, omit_y=True),
+    "weights_as_inputs": Case("GRU", direction="bidirectional", initial=True, weights_as_inputs=True),
+    "weights_as_inputs_linear_before_reset": Case(
+        "GRU", direction="reverse", weights_as_inputs=True, lens=(2, 4, 3), attrs=(("linear_before_reset", 1),)
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "case",
+    [pytest.param(c, id=f"lstm-{k}") for k, c in LSTM_CASES.items()]
+    + [pytest.param(c, id=f"gru-{k}") for k, c in GRU_CASES.items()],
+)
+def test_matches_onnxruntime_fp32(case: Case) -> None:
+    model, feeds = rnn_model(case)
+    expected = reference(case)
+    got = amptool_fp32(model, feeds)
+    assert list(got) == [n for n in case.outputs if not (n == "Y" and case.omit_y)]
+    for name, value in got.items():
+        assert value.shape == expected[name].shape, name
+        np.testing.assert_allclose(value, expected[name], atol=ATOL, rtol=RTOL, err_msg=name)
+
+
+@pytest.mark.parametrize("op, per_step", [("LSTM", 1), ("GRU", 2)])
+def test_input_projection_is_one_matmul_per_direction(op: str, per_step: int) -> None:
+    """X·Wᵀ for all timesteps is one matmul; each step adds only its recurrent matmul(s)."""
+    case = Case(op, direction="bidirectional", seq=6)
+    model, _ = rnn_model(case)
+    calls = [
+        _tvm.op_name(b.value)
+        for _gv, func in _tvm.relax_functions(import_model(model, graph_inputs(model)).mod)
+        for block in func.body.blocks
+        for b in block.bindings
+    ]
+    assert calls.count("relax.matmul") == case.dirs * (1 + per_step * case.seq)
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        (
+            Case("LSTM", attrs=(("activations", ["HardSigmoid", "Tanh", "Tanh"]),)),
+            "LSTM node '/rnn/LSTM': activation 'HardSigmoid'",
+        ),
+        (Case("GRU", direction="bidirectional", attrs=(("activations", ["Sigmoid", "Tanh"]),)), "needs 4 activations"),
+    ],
+    ids=["unsupported-activation", "activation-count"],
+)
+def test_unsupported_attributes_are_one_line_user_errors(case: Case, message: str) -> None:
+    model, _ = rnn_model(case)
+    with pytest.raises(UserError, match=message) as info:
+        import_model(model, graph_inputs(model))
+    assert "\n" not in str(info.value) and info.value.hint
+
+
+def test_symbolic_sequence_length_is_a_user_error() -> None:
+    from tvm import relax, tirx
+
+    from amptool.frontend.rnn import convert_gru
+
+    x = relax.Var("X", relax.TensorType([tirx.Var("seq", "int64"), 1, 2], "float32"))
+    w = relax.const(np.zeros((1, 9, 2), np.float32))
+    r = relax.const(np.zeros((1, 9, 3), np.float32))
+    with pytest.raises(UserError, match="static input X shape") as info:
+        convert_gru(relax.BlockBuilder(), [x, w, r], {"hidden_size": 3})
+    assert "--input-shape" in (info.value.hint or "")
+
+
+ONNX_NODE_CASES = [
+    *(
+        f"test_lstm_{k}"
+        for k in ("defaults", "with_initial_bias", "with_peepholes", "batchwise", "reverse", "bidirectional")
+    ),
+    *(
+        f"test_gru_{k}"
+        for k in ("defaults", "with_initial_bias", "seq_length", "batchwise", "reverse", "bidirectional")
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def onnx_node_cases() -> dict[str, Any]:
+    from onnx.backend.test.case.node import collect_testcases
+
+    with warnings.catch_warnings(), np.errstate(all="ignore"):  # other ops' generators overflow on purpose
+        warnings.simplefilter("ignore")
+        return {c.name: c for c in collect_testcases() if c.name in ONNX_NODE_CASES}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ONNX_NODE_CASES)
+def test_matches_onnx_backend_reference(name: str, onnx_node_cases: dict[str, Any]) -> None:
+    """The onnx wheel's own node tests (numpy reference outputs; ``batchwise`` is layout=1)."""
+    case = onnx_node_cases[name]
+    names = [i.name for i in case.model.graph.input]
+    for inputs, expected in case.data_sets:
+        got = amptool_fp32(case.model, dict(zip(names, inputs)))
+        for (out, value), want in zip(got.items(), expected):
+            np.testing.assert_allclose(value, want, atol=ATOL, rtol=RTOL, err_msg=f"{name}/{out}")
+
+
+# --------------------------------------------------------------------------- end to end
+def _classifier(op: str, seq: int = 6, batch: int = 2, features: int = 8, hidden: int = 16) -> onnx.ModelProto:
+    """Bidirectional ``op`` over a sequence, final states flattened, Gemm head → 5 logits."""
+    rng = np.random.default_rng(3)
+    gates = GATES[op]
+
+    def init(name: str, shape: tuple[int, ...], scale: float) -> onnx.TensorProto:
+        return numpy_helper.from_array(rng.uniform(-scale, scale, shape).astype(np.float32), name)
+
+    scale = 1 / np.sqrt(hidden)
+    inits = [
+        init("rnn.W", (2, gates * hidden, features), scale),
+        init("rnn.R", (2, gates * hidden, hidden), scale),
+        init("rnn.B", (2, 2 * gates * hidden), scale),
+        init("fc.weight", (5, 2 * hidden), scale),
+        init("fc.bias", (5,), scale),
+        numpy_helper.from_array(np.array([batch, 2 * hidden], np.int64), "flat_shape"),
+    ]
+    outputs = ["rnn_y", "rnn_h"] + (["rnn_c"] if op == "LSTM" else [])
+    nodes = [
+        helper.make_node(
+            op,
+            ["x", "rnn.W", "rnn.R", "rnn.B"],
+            outputs,
+            name=f"/rnn/{op}",
+            direction="bidirectional",
+            hidden_size=hidden,
+        ),
+        helper.make_node("Transpose", ["rnn_h"], ["h_bdh"], name="/Transpose", perm=[1, 0, 2]),
+        helper.make_node("Reshape", ["h_bdh", "flat_shape"], ["h_flat"], name="/Reshape"),
+        helper.make_node("Gemm", ["h_flat", "fc.weight", "fc.bias"], ["logits"], name="/fc/Gemm", transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        f"{op.lower()}_classifier",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [seq, batch, features])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, 5])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+def test_bidirectional_classifier_float16_diff_passes(op: str, run_cli: Any, tmp_path: Path) -> None:
+    from tests.conftest import read_json
+
+    path = tmp_path / f"{op.lower()}_classifier.onnx"
+    onnx.save(_classifier(op), path)
+    result = run_cli("diff", str(path), "--dtype", "float16", "--json", str(tmp_path / "diff.json"))
+    assert result.exit_code == 0, result.output
+    assert result.output.strip().splitlines()[-1].startswith("PASSED |")
+    (logits,) = read_json(tmp_path / "diff.json")["outputs"]
+    assert logits["cosine"] >= 0.999 and logits["nan"] == 0 and logits["inf"] == 0
