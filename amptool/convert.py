@@ -27,6 +27,7 @@ from amptool.frontend.signature import (
     TensorSpec,
     graph_inputs,
     graph_outputs,
+    parse_fixed_inputs,
     parse_input_shapes,
     pin_input_specs,
 )
@@ -50,6 +51,7 @@ class ConvertConfig:
     input_shapes: tuple[str, ...] = ()
     range_guards: bool = True
     prepare: bool = True
+    fixed_inputs: tuple[str, ...] = ()  # NAME=VALUE: inputs baked in as constants
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -69,6 +71,7 @@ class BuildResult:
     target_spec: dict[str, Any]
     device: str
     executable: Any
+    fixed_inputs: dict[str, np.ndarray]
     prepare_steps: list[str]
     prepare_notes: list[str]
     timings_s: dict[str, float] = field(default_factory=dict)
@@ -93,6 +96,7 @@ class BuildResult:
             "device": self.device,
             "library": LIBRARY_NAME,
             "inputs": [s.as_json() for s in self.inputs],
+            "fixed_inputs": {name: value.tolist() for name, value in self.fixed_inputs.items()},
             "outputs": [s.as_json() for s in self.outputs],
             "prepare": self.prepare_steps,
             "prepare_notes": self.prepare_notes,
@@ -130,9 +134,14 @@ def build_model(
 
     loaded: LoadedModel = timed("load", lambda: load_model(config.model))
     declared = graph_inputs(loaded.model)
+    fixed = parse_fixed_inputs(config.fixed_inputs, declared)
+    declared = [s for s in declared if s.name not in fixed]
     shapes = parse_input_shapes(config.input_shapes, [s.name for s in declared])
     inputs = pin_input_specs(declared, shapes, arrays)
-    prepared = timed("prepare", lambda: prepare_model(loaded.model, inputs, optimize=config.prepare))
+    prepared = timed(
+        "prepare",
+        lambda: prepare_model(loaded.model, inputs, optimize=config.prepare, fixed_inputs=fixed),
+    )
     imported = timed("import", lambda: import_model(prepared.model, inputs))
     passes = run_passes(
         imported.mod,
@@ -155,6 +164,7 @@ def build_model(
         target_spec=target_spec,
         device=target.device,
         executable=executable,
+        fixed_inputs=fixed,
         prepare_steps=prepared.steps,
         prepare_notes=prepared.notes,
         timings_s=timings,

@@ -29,3 +29,10 @@ def model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     for decorator in reversed(decorators):
         fn = decorator(fn)
     return fn
+
+
+fixed_input_option = click.option(
+    "--fixed-input", "fixed_inputs", multiple=True, metavar="NAME=VALUE",
+    help="Bake an input in as a constant (repeatable), e.g. sr=16000: control flow on its "
+         "value then folds, and only the live branch is imported.",
+)

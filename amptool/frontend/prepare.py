@@ -17,12 +17,14 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import onnx
 
 from amptool.errors import error_summary
+from amptool.frontend.fold import fold_model
 from amptool.frontend.load import default_opset, name_nodes
 from amptool.frontend.signature import TensorSpec
 
@@ -77,11 +79,31 @@ def pin_shapes(model: onnx.ModelProto, inputs: Sequence[TensorSpec]) -> onnx.Mod
     return pinned
 
 
+def freeze_inputs(model: onnx.ModelProto, values: Mapping[str, np.ndarray]) -> onnx.ModelProto:
+    """A copy in which the given graph inputs are initializers holding ``values``."""
+    frozen = onnx.ModelProto()
+    frozen.CopyFrom(model)
+    kept = [v for v in frozen.graph.input if v.name not in values]
+    del frozen.graph.input[:]
+    frozen.graph.input.extend(kept)
+    for name, value in values.items():
+        frozen.graph.initializer.append(onnx.numpy_helper.from_array(np.asarray(value), name))
+    return frozen
+
+
 def prepare_model(
-    model: onnx.ModelProto, inputs: Sequence[TensorSpec], *, optimize: bool = True
+    model: onnx.ModelProto,
+    inputs: Sequence[TensorSpec],
+    *,
+    optimize: bool = True,
+    fixed_inputs: Mapping[str, np.ndarray] | None = None,
 ) -> PreparedModel:
-    """Pin shapes, upgrade ancient opsets, then fp32-fold with onnxruntime (basic level)."""
-    prepared = PreparedModel(model=pin_shapes(model, inputs), steps=["pin-shapes"])
+    """Fix inputs, pin shapes, upgrade ancient opsets, then fold in fp32 (onnxruntime + own)."""
+    steps = []
+    if fixed_inputs:
+        model = freeze_inputs(model, fixed_inputs)
+        steps.append("fix-inputs")
+    prepared = PreparedModel(model=pin_shapes(model, inputs), steps=[*steps, "pin-shapes"])
     if default_opset(prepared.model) < MIN_RUNNABLE_OPSET:
         _try(
             prepared,
@@ -89,6 +111,10 @@ def prepare_model(
             lambda m: drop_weight_inputs(upgrade_opset(m)),
         )
     if optimize:
+        # amptool's folder first: it inlines If nodes whose condition is now constant, which
+        # onnxruntime's own If inlining gets wrong on nested branches (seen: silero-vad with
+        # a fixed sample rate — an invalid graph, at times a segfault).
+        _try(prepared, "fold-subgraphs", lambda m: _fold_everywhere(m, prepared.notes))
         _try(prepared, "onnxruntime-fold", _onnxruntime_basic_optimize)
     _try(prepared, "shape-inference", lambda m: onnx.shape_inference.infer_shapes(m, data_prop=True))
     name_nodes(prepared.model.graph)
@@ -127,6 +153,16 @@ def _try(prepared: PreparedModel, step: str, fn: Callable[[onnx.ModelProto], onn
         log.info("prepare step %s skipped: %s", step, reason)
         prepared.steps.append(f"{step}-skipped")
         prepared.notes.append(f"{step}: {reason}")
+
+
+def _fold_everywhere(model: onnx.ModelProto, notes: list[str]) -> onnx.ModelProto:
+    folded, stats = fold_model(model)
+    if stats.changed:
+        notes.append(
+            f"fold-subgraphs: {stats.folded} node(s) and {stats.shapes} Shape(s) folded, "
+            f"{stats.ifs_inlined} If(s) with a constant condition inlined"
+        )
+    return folded
 
 
 def _onnxruntime_basic_optimize(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -149,3 +149,60 @@ def _example(shape: tuple[int | str, ...] | None) -> str:
     if shape is None:
         return "1x3x224x224"
     return "x".join(str(d) if isinstance(d, int) else "1" for d in shape) or "''"
+
+
+def parse_fixed_inputs(values: Sequence[str], inputs: Sequence[TensorSpec]) -> dict[str, np.ndarray]:
+    """Parse ``NAME=VALUE`` (``sr=16000``, ``flags=1,0,1``) into arrays of the input's dtype.
+
+    A fixed input becomes a constant of the converted model. Why: control flow that reads an
+    input's *value* (silero-vad's ``If(sr == 16000)``) makes both branches part of the import,
+    and the branch not meant for the pinned shapes may not even be well-typed; with the value
+    fixed, the condition folds and only the live branch is imported.
+    """
+    by_name = {s.name: s for s in inputs}
+    fixed: dict[str, np.ndarray] = {}
+    for raw in values:
+        name, sep, text = raw.partition("=")
+        name = name.strip()
+        if not sep or not text.strip():
+            raise UserError(f"--fixed-input '{raw}' is not NAME=VALUE", "Write e.g. --fixed-input sr=16000.")
+        spec = by_name.get(name)
+        if spec is None:
+            raise UserError(
+                f"--fixed-input names unknown input '{name}'",
+                f"Model inputs: {', '.join(by_name) or '(none)'}.",
+            )
+        try:
+            items = [float(t) if spec.dtype.startswith(("float", "bfloat")) else _int_or_bool(t)
+                     for t in text.split(",")]
+            array = np.array(items if len(items) > 1 else items[0], dtype=_numpy_dtype(spec.dtype))
+        except (ValueError, TypeError) as err:
+            raise UserError(
+                f"--fixed-input '{raw}': '{text}' is not a {spec.dtype} value ({err})",
+                "Give a number, or comma-separated numbers for a 1-D input.",
+            ) from err
+        if spec.shape is not None and array.ndim != len(spec.shape):
+            if array.size == 1 and all(isinstance(d, int) and d == 1 for d in spec.shape):
+                array = array.reshape([1] * len(spec.shape))
+            else:
+                raise UserError(
+                    f"--fixed-input '{raw}' gives {array.ndim}-D data but '{name}' has rank {len(spec.shape)}",
+                    "Fix only scalar or 1-D inputs from the command line; pass others with --inputs.",
+                )
+        fixed[name] = array
+    return fixed
+
+
+def _int_or_bool(text: str) -> int:
+    lowered = text.strip().lower()
+    if lowered in ("true", "false"):
+        return int(lowered == "true")
+    return int(text)
+
+
+def _numpy_dtype(dtype: str) -> np.dtype:
+    if dtype == "bfloat16":
+        import ml_dtypes  # noqa: PLC0415
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(dtype)

@@ -1,0 +1,233 @@
+"""Fold constant computation everywhere, subgraphs included, and inline decided `If`s.
+
+Why amptool needs its own folder next to onnxruntime's: onnxruntime folds the main graph
+only, and TVM's frontend does not fold inside `If` branches — so an exporter's shape
+arithmetic in a branch (torch's STFT padding: Constant → ConstantOfShape → Concat → Slice →
+Cast) reaches the importer as "dynamic pads" and the import fails. Once input shapes are
+pinned, many `If` conditions are constants too (``Equal(Shape(x)[0], 1)``), and the branch
+not taken is dead weight that may not even import.
+
+Folding evaluates single nodes whose inputs are all known with onnx's reference evaluator
+(exact numpy arithmetic, fp32 stays fp32) and replaces them by `Constant` nodes; `Shape`
+folds when shape inference knows the static shape; an `If` whose condition is known is
+replaced by its taken branch. Nothing depending on a graph input's *values* is touched.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+log = logging.getLogger(__name__)
+
+#: Ops never folded: random, stateful or with subgraphs of their own (If is handled apart).
+_NEVER_FOLD = frozenset({
+    "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
+    "Loop", "Scan", "If", "SequenceConstruct", "SequenceEmpty", "SequenceInsert", "SplitToSequence",
+    "SequenceAt", "SequenceLength", "ConcatFromSequence", "Optional", "OptionalGetElement",
+})
+#: Folding a node whose result is larger than this would bloat the model (e.g. a big
+#: ConstantOfShape that the runtime creates for free): leave it.
+_MAX_FOLDED_ELEMENTS = 1 << 20
+
+
+@dataclass
+class FoldStats:
+    folded: int = 0
+    shapes: int = 0
+    ifs_inlined: int = 0
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.folded or self.shapes or self.ifs_inlined)
+
+
+def fold_model(model: onnx.ModelProto, max_rounds: int = 8) -> tuple[onnx.ModelProto, FoldStats]:
+    """A copy of ``model`` with constant computation folded in every graph.
+
+    Repeated to a fixed point: inlining an `If` gives shape inference the static shapes it
+    could not see through the branch, which lets the next round fold more.
+    """
+    total = FoldStats()
+    for _ in range(max_rounds):
+        model, stats = _fold_once(model)
+        total.folded += stats.folded
+        total.shapes += stats.shapes
+        total.ifs_inlined += stats.ifs_inlined
+        if not stats.changed:
+            break
+    return model, total
+
+
+def _fold_once(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FoldStats]:
+    folded = onnx.ModelProto()
+    folded.CopyFrom(model)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(folded, data_prop=True)
+    except Exception as err:  # shapes are a bonus: fold values without them
+        log.debug("shape inference before folding failed: %s", err)
+        inferred = folded
+    shapes = _static_shapes(inferred.graph)
+    opsets = list(folded.opset_import)
+    stats = FoldStats()
+    _fold_graph(folded.graph, {}, shapes, opsets, stats, ir_version=folded.ir_version)
+    return folded, stats
+
+
+def _fold_graph(
+    graph: onnx.GraphProto,
+    outer: dict[str, np.ndarray],
+    shapes: dict[str, tuple[int, ...]],
+    opsets: list[onnx.OperatorSetIdProto],
+    stats: FoldStats,
+    ir_version: int,
+) -> None:
+    known = dict(outer)
+    for init in graph.initializer:
+        known[init.name] = numpy_helper.to_array(init)
+    new_nodes: list[onnx.NodeProto] = []
+    for node in graph.node:
+        new_nodes.extend(_fold_node(node, known, shapes, opsets, stats, ir_version))
+    del graph.node[:]
+    graph.node.extend(new_nodes)
+
+
+def _fold_node(
+    node: onnx.NodeProto,
+    known: dict[str, np.ndarray],
+    shapes: dict[str, tuple[int, ...]],
+    opsets: list[onnx.OperatorSetIdProto],
+    stats: FoldStats,
+    ir_version: int,
+) -> Iterable[onnx.NodeProto]:
+    if node.op_type == "Constant":
+        value = _constant_value(node)
+        if value is not None:
+            known[node.output[0]] = value
+        return [node]
+    if node.domain not in ("", "ai.onnx"):
+        return [node]
+    if node.op_type == "If" and node.input[0] in known:
+        branch = "then_branch" if bool(np.asarray(known[node.input[0]]).reshape(-1)[0]) else "else_branch"
+        body = next(a.g for a in node.attribute if a.name == branch)
+        stats.ifs_inlined += 1
+        inlined = _inline_branch(node, body)
+        out: list[onnx.NodeProto] = []
+        for n in inlined:
+            out.extend(_fold_node(n, known, shapes, opsets, stats, ir_version))
+        return out
+    for attr in node.attribute:  # fold inside subgraphs, with this scope's constants visible
+        if attr.type == onnx.AttributeProto.GRAPH:
+            _fold_graph(attr.g, known, shapes, opsets, stats, ir_version)
+        for g in attr.graphs:
+            _fold_graph(g, known, shapes, opsets, stats, ir_version)
+    if node.op_type in _NEVER_FOLD or not node.output:
+        return [node]
+    if node.op_type == "Shape" and node.input[0] not in known and node.input[0] in shapes:
+        value = _shape_value(node, shapes[node.input[0]])
+        stats.shapes += 1
+        known[node.output[0]] = value
+        return [_constant_node(node, node.output[0], value)]
+    inputs = [name for name in node.input if name]
+    if not all(name in known for name in inputs):
+        return [node]
+    values = _evaluate(node, known, opsets, ir_version)
+    if values is None or any(v.size > _MAX_FOLDED_ELEMENTS for v in values):
+        return [node]
+    stats.folded += 1
+    replacements = []
+    for name, value in zip(node.output, values, strict=False):
+        if not name:
+            continue
+        known[name] = value
+        replacements.append(_constant_node(node, name, value))
+    return replacements
+
+
+def _evaluate(
+    node: onnx.NodeProto, known: dict[str, np.ndarray], opsets: list[onnx.OperatorSetIdProto], ir_version: int
+) -> list[np.ndarray] | None:
+    from onnx.reference import ReferenceEvaluator  # noqa: PLC0415
+
+    inputs = [name for name in node.input if name]
+    initializers = [numpy_helper.from_array(np.asarray(known[name]), name) for name in dict.fromkeys(inputs)]
+    outputs = [helper.make_empty_tensor_value_info(name) for name in node.output if name]
+    graph = helper.make_graph([node], "fold", [], outputs, initializers)
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = ir_version
+    try:
+        results = ReferenceEvaluator(model).run(None, {})
+    except Exception as err:  # an op the reference evaluator lacks, or odd attributes
+        log.debug("not folding %s (%s): %s", node.name, node.op_type, err)
+        return None
+    arrays = [np.asarray(r) for r in results]
+    if any(a.dtype == object for a in arrays):
+        return None
+    return arrays
+
+
+def _inline_branch(node: onnx.NodeProto, body: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """The nodes of ``body`` followed by Identity nodes that bind the If's outputs."""
+    nodes: list[onnx.NodeProto] = []
+    for init in body.initializer:
+        nodes.append(helper.make_node("Constant", [], [init.name], name=f"{node.name}/{init.name}", value=init))
+    nodes.extend(body.node)
+    for i, (branch_out, if_out) in enumerate(zip(body.output, node.output, strict=False)):
+        if if_out:
+            nodes.append(helper.make_node("Identity", [branch_out.name], [if_out], name=f"{node.name}/out{i}"))
+    return nodes
+
+
+def _constant_node(origin: onnx.NodeProto, output: str, value: np.ndarray) -> onnx.NodeProto:
+    name = origin.name or output
+    if len(origin.output) > 1:
+        name = f"{name}:{output}"
+    return helper.make_node("Constant", [], [output], name=name, value=numpy_helper.from_array(value, output))
+
+
+def _constant_value(node: onnx.NodeProto) -> np.ndarray | None:
+    for attr in node.attribute:
+        if attr.name == "value":
+            return numpy_helper.to_array(attr.t)
+        if attr.name in ("value_float", "value_int", "value_floats", "value_ints"):
+            dtype = np.float32 if attr.name.startswith("value_float") else np.int64
+            return np.array(helper.get_attribute_value(attr), dtype=dtype)
+    return None  # sparse or string constants: leave them
+
+
+def _shape_value(node: onnx.NodeProto, shape: tuple[int, ...]) -> np.ndarray:
+    start, end = 0, len(shape)
+    for attr in node.attribute:
+        if attr.name == "start":
+            start = attr.i
+        elif attr.name == "end":
+            end = attr.i
+    return np.array(shape[slice(start, end)], dtype=np.int64)
+
+
+def _static_shapes(graph: onnx.GraphProto) -> dict[str, tuple[int, ...]]:
+    """Fully static shapes of every typed tensor, subgraphs included."""
+    shapes: dict[str, tuple[int, ...]] = {}
+
+    def visit(g: onnx.GraphProto) -> None:
+        for value in list(g.input) + list(g.value_info) + list(g.output):
+            tensor = value.type.tensor_type
+            if not value.type.HasField("tensor_type") or not tensor.HasField("shape"):
+                continue
+            dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tensor.shape.dim]
+            if all(d >= 0 for d in dims):
+                shapes[value.name] = tuple(dims)
+        for node in g.node:
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    visit(attr.g)
+                for sub in attr.graphs:
+                    visit(sub)
+
+    visit(graph)
+    return shapes

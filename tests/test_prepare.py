@@ -1,0 +1,154 @@
+"""Prepare stage: folding inside subgraphs, inlining decided Ifs, fixed inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from amptool.convert import ConvertConfig, build_model
+from amptool.errors import UserError
+from amptool.frontend.fold import fold_model
+from amptool.frontend.signature import TensorSpec, parse_fixed_inputs
+from tests.conftest import read_json
+
+
+def _const(name: str, value: np.ndarray) -> onnx.NodeProto:
+    return helper.make_node("Constant", [], [name], name=name, value=numpy_helper.from_array(value, name))
+
+
+def _padded_branch(tag: str, scale: float) -> onnx.GraphProto:
+    """x → Pad(x, pads computed by a constant chain) * scale: the STFT-padding pattern."""
+    nodes = [
+        _const(f"{tag}_zeros_shape", np.array([2], dtype=np.int64)),
+        helper.make_node("ConstantOfShape", [f"{tag}_zeros_shape"], [f"{tag}_zeros"], name=f"{tag}/ConstantOfShape",
+                         value=numpy_helper.from_array(np.array([0], dtype=np.int64))),
+        _const(f"{tag}_lr", np.array([0, 3], dtype=np.int64)),
+        helper.make_node("Concat", [f"{tag}_zeros", f"{tag}_lr"], [f"{tag}_pads4"], name=f"{tag}/Concat", axis=0),
+        helper.make_node("Identity", [f"{tag}_pads4"], [f"{tag}_pads"], name=f"{tag}/Identity"),
+        helper.make_node("Pad", ["x", f"{tag}_pads"], [f"{tag}_padded"], name=f"{tag}/Pad", mode="reflect"),
+        _const(f"{tag}_scale", np.array(scale, dtype=np.float32)),
+        helper.make_node("Mul", [f"{tag}_padded", f"{tag}_scale"], [f"{tag}_out"], name=f"{tag}/Mul"),
+    ]
+    output = helper.make_tensor_value_info(f"{tag}_out", TensorProto.FLOAT, ["batch", 11])
+    return helper.make_graph(nodes, tag, [], [output])
+
+
+def _branchy_model() -> onnx.ModelProto:
+    """If(mode == 1) over two branches whose Pad amounts come from constant chains."""
+    nodes = [
+        _const("one", np.array(1, dtype=np.int64)),
+        helper.make_node("Equal", ["mode", "one"], ["is_one"], name="Equal"),
+        helper.make_node("If", ["is_one"], ["y"], name="If",
+                         then_branch=_padded_branch("then", 2.0), else_branch=_padded_branch("else", -1.0)),
+    ]
+    graph = helper.make_graph(
+        nodes, "branchy",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8]),
+         helper.make_tensor_value_info("mode", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 11])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _shape_if_model() -> onnx.ModelProto:
+    """If(Shape(x)[0] == 1) — decided once the batch dim is pinned; the else branch is dead."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"], name="Shape"),
+        _const("zero", np.array(0, dtype=np.int64)),
+        helper.make_node("Gather", ["shape", "zero"], ["batch"], name="Gather", axis=0),
+        _const("one", np.array(1, dtype=np.int64)),
+        helper.make_node("Equal", ["batch", "one"], ["single"], name="Equal"),
+        helper.make_node("If", ["single"], ["y"], name="If",
+                         then_branch=helper.make_graph(
+                             [helper.make_node("Relu", ["x"], ["t"], name="then/Relu")], "then", [],
+                             [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)]),
+                         else_branch=helper.make_graph(
+                             [helper.make_node("Neg", ["x"], ["e"], name="else/Neg")], "else", [],
+                             [helper.make_tensor_value_info("e", TensorProto.FLOAT, None)])),
+    ]
+    graph = helper.make_graph(nodes, "shape_if", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _pinned(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> onnx.ModelProto:
+    from amptool.frontend.prepare import pin_shapes
+
+    return pin_shapes(model, [TensorSpec(n, "float32", s) for n, s in shapes.items()])
+
+
+def test_fold_reaches_inside_if_branches_and_keeps_numerics():
+    model = _branchy_model()
+    folded, stats = fold_model(model)
+    assert stats.folded >= 4 and stats.ifs_inlined == 0  # the condition depends on an input's value
+    pads = [n for g in (a.g for a in folded.graph.node[-1].attribute) for n in g.node if n.op_type == "Pad"]
+    assert len(pads) == 2
+    x = np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)
+    for mode in (0, 1):
+        feeds = {"x": x, "mode": np.array(mode, dtype=np.int64)}
+        want = ort.InferenceSession(model.SerializeToString()).run(None, feeds)[0]
+        got = ort.InferenceSession(folded.SerializeToString()).run(None, feeds)[0]
+        np.testing.assert_array_equal(got, want)
+
+
+def test_if_on_a_pinned_shape_is_inlined():
+    folded, stats = fold_model(_pinned(_shape_if_model(), {"x": (1, 4)}))
+    assert stats.ifs_inlined == 1 and stats.shapes == 1
+    ops = [n.op_type for n in folded.graph.node]
+    assert "If" not in ops and "Relu" in ops and "Neg" not in ops
+    x = np.array([[-1, 2, -3, 4]], dtype=np.float32)
+    got = ort.InferenceSession(folded.SerializeToString()).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(got, np.maximum(x, 0))
+
+
+def test_branch_with_constant_pad_chain_converts_and_matches(tmp_path):
+    path = tmp_path / "branchy.onnx"
+    onnx.save(_branchy_model(), path)
+    build = build_model(ConvertConfig(model=str(path), dtype="float16", input_shapes=("x:2x8",)))
+    assert "fold-subgraphs" in build.prepare_steps
+    x = np.random.default_rng(1).standard_normal((2, 8)).astype(np.float32)
+    for mode in (0, 1):
+        feeds = {"x": x, "mode": np.array(mode, dtype=np.int64)}
+        want = ort.InferenceSession(str(path)).run(None, feeds)[0]
+        got = build.compiled().run(feeds)["y"]
+        np.testing.assert_allclose(got, want, atol=1e-2, rtol=1e-2)
+
+
+def test_fixed_input_bakes_value_and_drops_the_input(tmp_path, run_cli):
+    path = tmp_path / "branchy.onnx"
+    onnx.save(_branchy_model(), path)
+    out = tmp_path / "art"
+    result = run_cli("convert", str(path), "--input-shape", "x:1x8", "--fixed-input", "mode=1", "-o", str(out))
+    assert result.exit_code == 0, result.output
+    manifest = read_json(out / "manifest.json")
+    assert manifest["fixed_inputs"] == {"mode": 1}
+    assert [i["name"] for i in manifest["inputs"]] == ["x"]
+    assert "fix-inputs" in manifest["prepare"]
+    assert manifest["ops_by_dtype"].get("relax.nn.pad") or manifest["ops_by_dtype"]  # imported one branch
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [("mode", "is not NAME=VALUE"), ("nope=1", "unknown input 'nope'"), ("mode=abc", "is not a int64 value"),
+     ("mode=1,2", "has rank 0")],
+)
+def test_fixed_input_errors_are_one_line(text, fragment):
+    specs = [TensorSpec("x", "float32", (1, 8)), TensorSpec("mode", "int64", ())]
+    with pytest.raises(UserError) as info:
+        parse_fixed_inputs([text], specs)
+    assert fragment in str(info.value)
+
+
+def test_fixed_input_parses_floats_and_bools():
+    specs = [TensorSpec("t", "float32", ()), TensorSpec("flag", "bool", (1,))]
+    fixed = parse_fixed_inputs(["t=0.5", "flag=true"], specs)
+    assert fixed["t"].dtype == np.float32 and float(fixed["t"]) == 0.5
+    assert fixed["flag"].dtype == np.bool_ and fixed["flag"].tolist() == [True]
