@@ -1,6 +1,9 @@
 """``convert``: ONNX → mixed-precision Relax → compiled library + manifest (library API).
 
-    load → prepare → import → prefold → mixed_precision → fold → compile → export
+    load → prepare → import → calibrate → prefold → mixed_precision → fold → compile → export
+
+``calibrate`` runs the prepared fp32 model in onnxruntime to find activations the low dtype
+cannot hold (the activation range guard); it is skipped for float32 and --no-range-guards.
 
 Each stage is timed on its own and reported in ``manifest.json``'s ``timings_s``. The CLI
 (`amptool convert`) is a thin shell over ``build_model`` / ``convert_model``.
@@ -8,6 +11,7 @@ Each stage is timed on its own and reported in ``manifest.json``'s ``timings_s``
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import time
 from collections.abc import Callable, Mapping
@@ -18,6 +22,7 @@ import numpy as np
 
 from amptool import __version__, _tvm
 from amptool.artifact import LIBRARY_NAME, write_artifact, write_manifest
+from amptool.calibrate import Calibration, activation_peaks
 from amptool.colors import ColorPolicy, load_policy
 from amptool.errors import UserError
 from amptool.frontend.importer import import_model
@@ -33,6 +38,7 @@ from amptool.frontend.signature import (
 )
 from amptool.passes import stats
 from amptool.passes.pipeline import PassResult, run_passes
+from amptool.runtime.inputs import check_input_shapes, generate_inputs, load_inputs
 from amptool.runtime.tvm_runner import CompiledModel
 from amptool.targets import get_target
 
@@ -52,6 +58,7 @@ class ConvertConfig:
     range_guards: bool = True
     prepare: bool = True
     fixed_inputs: tuple[str, ...] = ()  # NAME=VALUE: inputs baked in as constants
+    calibration: str | None = None  # .npz of inputs for the activation guard; None = seeded
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -74,6 +81,7 @@ class BuildResult:
     fixed_inputs: dict[str, np.ndarray]
     prepare_steps: list[str]
     prepare_notes: list[str]
+    calibration: Calibration | None = None
     timings_s: dict[str, float] = field(default_factory=dict)
 
     def compiled(self) -> CompiledModel:
@@ -108,6 +116,11 @@ class BuildResult:
             "ops_considered": len(report.decisions),
             "unknown_ops": dict(report.unknown_ops),
             "guarded": [g.as_json() for g in report.guarded],
+            "guarded_by_kind": dict(collections.Counter(g.kind for g in report.guarded)),
+            "activation_guard": (
+                self.calibration.as_json(self.policy.activation_limit(self.config.dtype))
+                if self.calibration is not None else None
+            ),
             "weight_bytes": dict(self.passes.weight_bytes),
             "timings_s": {k: round(v, 4) for k, v in self.timings_s.items()},
             "versions": {"amptool": __version__, **_tvm.versions(), **_other_versions()},
@@ -143,12 +156,16 @@ def build_model(
         lambda: prepare_model(loaded.model, inputs, optimize=config.prepare, fixed_inputs=fixed),
     )
     imported = timed("import", lambda: import_model(prepared.model, inputs))
+    calibration = None
+    if config.range_guards and config.dtype != "float32":
+        calibration = timed("calibrate", lambda: _calibrate(config, prepared.model, inputs))
     passes = run_passes(
         imported.mod,
         policy,
         config.dtype,
         imported.provenance,
         range_guards=config.range_guards,
+        activation_peaks=calibration.peaks if calibration else None,
         on_stage=notify,
     )
     timings.update(passes.timings_s)
@@ -167,8 +184,18 @@ def build_model(
         fixed_inputs=fixed,
         prepare_steps=prepared.steps,
         prepare_notes=prepared.notes,
+        calibration=calibration,
         timings_s=timings,
     )
+
+
+def _calibrate(config: ConvertConfig, model: Any, inputs: list[TensorSpec]) -> Calibration:
+    """Activation peaks on --calibration arrays, else on the seeded inputs diff uses."""
+    if config.calibration:
+        feeds = load_inputs(config.calibration, inputs)
+        check_input_shapes(feeds, inputs, f"--calibration {config.calibration}")
+        return activation_peaks(model, feeds, source=config.calibration)
+    return activation_peaks(model, generate_inputs(inputs, model, seed=0), source="generated (seed 0)")
 
 
 def convert_model(

@@ -29,7 +29,7 @@ from amptool.errors import UserError
 from amptool.fileio import finite_only
 from amptool.frontend.load import load_model
 from amptool.frontend.prepare import reference_model
-from amptool.frontend.signature import TensorSpec, graph_inputs, graph_outputs
+from amptool.frontend.signature import TensorSpec, graph_inputs, graph_outputs, parse_fixed_inputs
 from amptool.runtime.inputs import (
     check_input_shapes,
     check_val_ranges,
@@ -151,6 +151,8 @@ def diff_model(config: DiffConfig, on_stage: Callable[[str], None] | None = None
     policy = config.policy()
     policy.check_names(output_names)
     check_val_ranges(config.val_ranges, specs)
+    fixed = parse_fixed_inputs(config.convert.fixed_inputs, specs)
+    specs = [s for s in specs if s.name not in fixed]  # fixed inputs are constants of the build
     arrays = load_inputs(config.inputs_path, specs) if config.inputs_path else None
     stored = load_reference_outputs(config.reference_outputs, output_names) if config.reference_outputs else None
 
@@ -158,6 +160,9 @@ def diff_model(config: DiffConfig, on_stage: Callable[[str], None] | None = None
         manifest, compiled = load_artifact(config.artifact)
         dtype, target = manifest["dtype"], manifest["target"]
         pinned = [TensorSpec(i["name"], i["dtype"], tuple(i["shape"])) for i in manifest["inputs"]]
+        declared = {s.name: s for s in graph_inputs(loaded.model)}
+        fixed = {name: np.asarray(value, dtype=declared[name].dtype)
+                 for name, value in manifest.get("fixed_inputs", {}).items() if name in declared}
     else:
         build = build_model(config.convert, arrays=arrays, on_stage=notify)
         timings.update(build.timings_s)
@@ -178,6 +183,7 @@ def diff_model(config: DiffConfig, on_stage: Callable[[str], None] | None = None
     for index, seed in enumerate(seeds):
         feeds = arrays if arrays is not None else generate_inputs(
             pinned, loaded.model, seed=int(seed or 0), ranges=config.val_ranges)
+        feeds = {**feeds, **fixed}  # the reference needs them; the build ignores them
         loop.run(feeds, f" {index + 1}/{len(seeds)}" if len(seeds) > 1 else "")
     runs, samples, (feeds, reference, converted) = loop.runs, loop.samples, loop.last
 

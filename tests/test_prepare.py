@@ -152,3 +152,11 @@ def test_fixed_input_parses_floats_and_bools():
     fixed = parse_fixed_inputs(["t=0.5", "flag=true"], specs)
     assert fixed["t"].dtype == np.float32 and float(fixed["t"]) == 0.5
     assert fixed["flag"].dtype == np.bool_ and fixed["flag"].tolist() == [True]
+
+
+def test_diff_with_fixed_input_feeds_the_value_to_the_reference(tmp_path, run_cli):
+    path = tmp_path / "branchy.onnx"
+    onnx.save(_branchy_model(), path)
+    for mode in ("0", "1"):
+        result = run_cli("diff", str(path), "--input-shape", "x:1x8", "--fixed-input", f"mode={mode}")
+        assert result.exit_code == 0, result.output

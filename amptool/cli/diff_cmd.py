@@ -8,7 +8,7 @@ import sys
 import click
 
 from amptool.cli.console import handles_user_errors, out, stages
-from amptool.cli.options import model_options
+from amptool.cli.options import calibration_option, fixed_input_option, model_options
 from amptool.errors import EXIT_ACCURACY_FAILED, EXIT_OK, UserError
 from amptool.fileio import write_json
 
@@ -18,6 +18,8 @@ _FILE = click.Path(dir_okay=False)
 @click.command()
 @click.argument("model", type=click.Path(dir_okay=False))
 @model_options
+@fixed_input_option
+@calibration_option
 @click.option("--artifact", type=click.Path(file_okay=False), default=None,
               help="Compare an existing 'amptool convert' output instead of converting.")
 @click.option("--inputs", "inputs_path", type=_FILE, default=None, metavar="PATH.npz",
@@ -46,7 +48,8 @@ _FILE = click.Path(dir_okay=False)
               help="Draw per output the error histogram and a reference-vs-converted scatter (needs amptool[plot]).")
 @handles_user_errors
 def diff(model: str, dtype: str, colors: str | None, target: str, input_shapes: tuple[str, ...],
-         no_range_guards: bool, no_prepare: bool, artifact: str | None, inputs_path: str | None,
+         no_range_guards: bool, no_prepare: bool, fixed_inputs: tuple[str, ...], calibration: str | None,
+         artifact: str | None, inputs_path: str | None,
          save_inputs: str | None, seed: int, iterations: int, val_ranges: tuple[str, ...],
          reference_outputs: str | None, save_outputs: str | None, atol: tuple[str, ...], rtol: tuple[str, ...],
          min_cosine: tuple[str, ...], check_error_stat: tuple[str, ...], json_path: str | None,
@@ -73,7 +76,7 @@ def diff(model: str, dtype: str, colors: str | None, target: str, input_shapes: 
     config = DiffConfig(
         convert=ConvertConfig(model=model, dtype=dtype, colors=colors, target=target,
                               input_shapes=input_shapes, range_guards=not no_range_guards,
-                              prepare=not no_prepare),
+                              prepare=not no_prepare, fixed_inputs=fixed_inputs, calibration=calibration),
         artifact=artifact, inputs_path=inputs_path, save_inputs=save_inputs, seed=seed,
         iterations=iterations, val_ranges=parse_val_ranges(val_ranges),
         reference_outputs=reference_outputs, save_outputs=save_outputs,

@@ -36,3 +36,9 @@ fixed_input_option = click.option(
     help="Bake an input in as a constant (repeatable), e.g. sr=16000: control flow on its "
          "value then folds, and only the live branch is imported.",
 )
+
+calibration_option = click.option(
+    "--calibration", "calibration", metavar="X.npz", default=None,
+    help="Inputs on which to measure activation ranges for the range guard "
+         "(default: the seeded random inputs diff uses).",
+)

@@ -13,6 +13,7 @@ Schema::
     accumulation: {Conv: float32}     # per-op accumulation dtype for ALWAYS ops
     nodes: [{match: "/encoder/*", color: never}]   # glob, or /regex/, on ONNX node names
     unknown_ops: warn | error | silent
+    activation_max: 4096              # activation range guard bound; auto = dtype max / 16
 
 List entries are op names, or ``{op: NAME, why: TEXT}`` (the presets document every entry).
 An op named in two colours of one file is an error; an op added to one colour is taken out
@@ -21,6 +22,7 @@ of the others it had in the preset.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import os
@@ -34,7 +36,9 @@ from amptool.errors import UserError
 
 SCHEMA_VERSION = 1
 BUILTIN_PREFIX = "builtin:"
-TOP_KEYS = ("version", "extends", "always", "follow", "never", "accumulation", "nodes", "unknown_ops")
+TOP_KEYS = (
+    "version", "extends", "always", "follow", "never", "accumulation", "nodes", "unknown_ops", "activation_max",
+)
 UNKNOWN_POLICIES = ("warn", "error", "silent")
 ACCUMULATION_DTYPES = ("float32", "float16", "bfloat16")
 
@@ -165,6 +169,7 @@ def _resolve(raw: dict[str, Any], label: str, chain: tuple[str, ...]) -> ColorPo
             f"{label}: 'unknown_ops' is {unknown!r}{_did_you_mean(str(unknown), UNKNOWN_POLICIES)}",
             f"Use one of: {', '.join(UNKNOWN_POLICIES)}.",
         )
+    activation_max = _activation_max(raw.get("activation_max", base.activation_max if base else None), label)
     sources = (base.sources if base else ()) + (label,)
     return ColorPolicy(
         relax_colors=relax_colors,
@@ -174,7 +179,23 @@ def _resolve(raw: dict[str, Any], label: str, chain: tuple[str, ...]) -> ColorPo
         unknown_ops=str(unknown),
         sources=sources,
         reasons=reasons,
+        activation_max=activation_max,
     )
+
+
+def _activation_max(value: Any, label: str) -> float | None:
+    """``activation_max: 4096`` (a positive number) or ``auto``/absent for the default."""
+    if value is None or value == "auto":
+        return None
+    if isinstance(value, str):  # PyYAML reads 1e9 and 1.0e9 as strings (YAML 1.1)
+        with contextlib.suppress(ValueError):
+            value = float(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise UserError(
+            f"{label}: 'activation_max' is {value!r}; it must be a positive number or 'auto'",
+            "e.g. activation_max: 4096 keeps ops whose calibrated |x| exceeds 4096 in float32.",
+        )
+    return float(value)
 
 
 def _list_edit(

@@ -45,6 +45,19 @@ class ColorPolicy:
     unknown_ops: str = "warn"
     sources: tuple[str, ...] = ()
     reasons: dict[str, str] = field(default_factory=dict)
+    #: Activation range guard bound (|x| seen in calibration); None = the dtype's default.
+    activation_max: float | None = None
+
+    def activation_limit(self, dtype: str) -> float:
+        """The |activation| above which an op stays float32 in ``dtype``.
+
+        Default: 1/16 of the dtype's max (4094 for float16) — the margin leaves room for
+        inputs that swing wider than the calibration set and for ops whose internals
+        (sums of squares, exp) grow past their outputs.
+        """
+        if self.activation_max is not None:
+            return self.activation_max
+        return {"float16": 65504.0, "bfloat16": 3.3895313892515355e38}.get(dtype, float("inf")) / 16
 
     def color_of(self, relax_op: str, onnx_node: str | None, onnx_op: str | None) -> Color | None:
         """The colour by the lists alone; None when the op is unknown."""
@@ -72,4 +85,5 @@ class ColorPolicy:
             "accumulation": dict(sorted(self.accumulation.items())),
             "nodes": [{"match": r.match, "color": r.color.value} for r in self.node_rules],
             "unknown_ops": self.unknown_ops,
+            "activation_max": self.activation_max,
         }

@@ -95,6 +95,27 @@ def _fold_graph(
         new_nodes.extend(_fold_node(node, known, shapes, opsets, stats, ir_version))
     del graph.node[:]
     graph.node.extend(new_nodes)
+    _drop_unused_initializers(graph)
+
+
+def _drop_unused_initializers(graph: onnx.GraphProto) -> None:
+    """Initializers nothing reads any more (their consumers were folded), graph outputs kept."""
+    used = {o.name for o in graph.output} | {i.name for i in graph.input}
+
+    def collect(g: onnx.GraphProto) -> None:
+        for node in g.node:
+            used.update(node.input)
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    collect(attr.g)
+                for sub in attr.graphs:
+                    collect(sub)
+
+    collect(graph)
+    kept = [init for init in graph.initializer if init.name in used]
+    if len(kept) != len(graph.initializer):
+        del graph.initializer[:]
+        graph.initializer.extend(kept)
 
 
 def _fold_node(

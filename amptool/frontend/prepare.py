@@ -53,6 +53,9 @@ def drop_weight_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
     real_inputs = [v for v in model.graph.input if v.name not in weights]
     del model.graph.input[:]
     model.graph.input.extend(real_inputs)
+    # IR < 4 requires every initializer to be an input; onnxruntime then rejects the model
+    # ("initializer_arg was false"). IR 4 changed only that rule, so raising it is safe.
+    model.ir_version = max(model.ir_version, 4)
     return model
 
 

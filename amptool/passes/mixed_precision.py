@@ -15,7 +15,9 @@ their original types, so model inputs/outputs keep their dtypes and branches agr
 
 Range guards (``range_guards=True``) win over the lists: a constant whose values overflow
 the low dtype, or whose non-zeros mostly underflow to zero, is never cast — the op
-consuming it computes in float32 and the decision is reported.
+consuming it computes in float32 and the decision is reported. Likewise an op whose ONNX
+node saw activations above ``activation_limit`` in calibration (``activation_peaks``, from
+amptool.calibrate) stays float32.
 
 Why our own pass: TVM's ``ToMixedPrecision`` is fp16-only, keeps policies as global C++
 attributes, crashes on Clip/HardSigmoid and silently skips non-dataflow blocks (any model
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import collections
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,14 +59,15 @@ SHORT = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64
 
 @dataclass(frozen=True)
 class Guarded:
-    """An op the range guard kept in float32, and why."""
+    """An op a range guard kept in float32, and why (``kind``: constant or activation)."""
 
     node: str
     op: str
     reason: str
+    kind: str = "constant"
 
     def as_json(self) -> dict[str, str]:
-        return {"node": self.node, "op": self.op, "reason": self.reason}
+        return {"node": self.node, "op": self.op, "reason": self.reason, "kind": self.kind}
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,7 @@ def to_mixed_precision(
     provenance: dict[str, NodeOrigin] | None = None,
     *,
     range_guards: bool = True,
+    activation_peaks: Mapping[str, float] | None = None,
 ) -> tuple[Any, MixedPrecisionReport]:
     """Rewrite ``mod`` to ``dtype`` under ``policy``; returns the new module and a report."""
     report = MixedPrecisionReport(dtype=dtype)
@@ -125,7 +130,8 @@ def to_mixed_precision(
         return mod, report
     if dtype not in DTYPE_MAX:
         raise ValueError(f"unsupported low-precision dtype {dtype!r}")
-    mutator = _make_mutator(mod, policy, dtype, provenance or {}, range_guards, report)
+    guard = _ActivationGuard(dict(activation_peaks or {}), policy.activation_limit(dtype), dtype)
+    mutator = _make_mutator(mod, policy, dtype, provenance or {}, range_guards, report, guard)
     return mutator.run(), report
 
 
@@ -136,6 +142,7 @@ def _make_mutator(
     provenance: dict[str, NodeOrigin],
     range_guards: bool,
     report: MixedPrecisionReport,
+    activation_guard: _ActivationGuard,
 ) -> Any:
     from tvm import relax  # noqa: PLC0415
     from tvm.relax.expr_functor import PyExprMutator, mutator  # noqa: PLC0415
@@ -282,12 +289,15 @@ def _make_mutator(
                 if moving and all(_tvm.tensor_dtype(new) == low for new in moving):
                     target = low
             if target == low and range_guards:
+                kind = "constant"
                 guard_reason = self._constant_guard(leaves)
+                if guard_reason is None and origin is not None:
+                    kind = "activation"
+                    guard_reason = activation_guard.reason(origin.node)
                 if guard_reason is not None:
                     target = "float32"
-                    report.guarded.append(
-                        Guarded(origin.node if origin else _tvm.var_name(binding.var), relax_op, guard_reason)
-                    )
+                    node_label = origin.node if origin else _tvm.var_name(binding.var)
+                    report.guarded.append(Guarded(node_label, relax_op, guard_reason, kind))
             built = self._build(call, relax_op, args, call.args, target, origin)
             if built is None:  # type inference refused the low-precision call
                 target = "float32"
@@ -358,6 +368,19 @@ def _make_mutator(
             return _tvm.call_with_args(call, new_args)
 
     return _MixedPrecision(mod)
+
+
+@dataclass(frozen=True)
+class _ActivationGuard:
+    peaks: dict[str, float]
+    limit: float
+    dtype: str
+
+    def reason(self, node: str) -> str | None:
+        peak = self.peaks.get(node)
+        if peak is None or peak <= self.limit:
+            return None
+        return f"activations reach |x| = {peak:.3g} > activation_max {self.limit:.6g} ({self.dtype})"
 
 
 def _float32_leaves(orig_args: Any, new_args: list) -> list[tuple[Any, Any]]:

@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +46,7 @@ def run_passes(
     provenance: dict[str, NodeOrigin],
     *,
     range_guards: bool = True,
+    activation_peaks: Mapping[str, float] | None = None,
     on_stage: Callable[[str], None] | None = None,
 ) -> PassResult:
     """Run PASS_ORDER on ``mod``; time each pass on its own."""
@@ -75,7 +76,7 @@ def run_passes(
 
     def mixed(current: Any) -> Any:
         new, report = to_mixed_precision(
-            current, policy, dtype, provenance, range_guards=range_guards
+            current, policy, dtype, provenance, range_guards=range_guards, activation_peaks=activation_peaks
         )
         report_box["report"] = report
         return new
