@@ -160,3 +160,36 @@ def test_diff_with_fixed_input_feeds_the_value_to_the_reference(tmp_path, run_cl
     for mode in ("0", "1"):
         result = run_cli("diff", str(path), "--input-shape", "x:1x8", "--fixed-input", f"mode={mode}")
         assert result.exit_code == 0, result.output
+
+
+def test_folding_that_changes_numerics_is_reverted(monkeypatch):
+    from amptool.frontend import prepare
+    from amptool.testing import model_zoo
+
+    def corrupting_fold(model: onnx.ModelProto) -> onnx.ModelProto:
+        broken = onnx.ModelProto()
+        broken.CopyFrom(model)
+        first = broken.graph.initializer[0]
+        first.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(first) * 1.5, first.name))
+        return broken
+
+    monkeypatch.setattr(prepare, "_onnxruntime_basic_optimize", corrupting_fold)
+    model = model_zoo.tiny_cnn()
+    from amptool.frontend.signature import graph_inputs
+
+    prepared = prepare.prepare_model(model, graph_inputs(model))
+    assert "folding-reverted" in prepared.steps
+    assert any("check-numerics" in note for note in prepared.notes)
+    weights = {i.name: numpy_helper.to_array(i) for i in prepared.model.graph.initializer}
+    for init in model.graph.initializer:
+        np.testing.assert_array_equal(weights[init.name], numpy_helper.to_array(init))
+
+
+def test_honest_folding_passes_the_numerics_check():
+    from amptool.frontend import prepare
+    from amptool.frontend.signature import graph_inputs
+    from amptool.testing import model_zoo
+
+    model = model_zoo.resnet_like()
+    prepared = prepare.prepare_model(model, graph_inputs(model))
+    assert "onnxruntime-fold" in prepared.steps and "check-numerics" in prepared.steps

@@ -114,11 +114,14 @@ def prepare_model(
             lambda m: drop_weight_inputs(upgrade_opset(m)),
         )
     if optimize:
+        unfolded = prepared.model
         # amptool's folder first: it inlines If nodes whose condition is now constant, which
         # onnxruntime's own If inlining gets wrong on nested branches (seen: silero-vad with
         # a fixed sample rate — an invalid graph, at times a segfault).
         _try(prepared, "fold-subgraphs", lambda m: _fold_everywhere(m, prepared.notes))
         _try(prepared, "onnxruntime-fold", _onnxruntime_basic_optimize)
+        if prepared.model is not unfolded:
+            _check_numerics(prepared, model, unfolded, inputs, fixed_inputs or {})
     _try(prepared, "shape-inference", lambda m: onnx.shape_inference.infer_shapes(m, data_prop=True))
     name_nodes(prepared.model.graph)
     return prepared
@@ -156,6 +159,79 @@ def _try(prepared: PreparedModel, step: str, fn: Callable[[onnx.ModelProto], onn
         log.info("prepare step %s skipped: %s", step, reason)
         prepared.steps.append(f"{step}-skipped")
         prepared.notes.append(f"{step}: {reason}")
+
+
+#: Folding may reorder fp32 arithmetic (BatchNorm into Conv), nothing more: outputs must
+#: agree to this fraction of their magnitude, and exactly for integers and NaN/Inf positions.
+NUMERICS_RTOL = 1e-3
+
+
+def _check_numerics(
+    prepared: PreparedModel,
+    original: onnx.ModelProto,
+    unfolded: onnx.ModelProto,
+    inputs: Sequence[TensorSpec],
+    fixed: Mapping[str, np.ndarray],
+) -> None:
+    """Run onnxruntime before and after folding on seeded inputs; undo folding on a mismatch.
+
+    Why: prepare must never change what the model computes — a folding bug would otherwise
+    surface as an "fp16 error" that no colour list can fix.
+    """
+    from amptool.runtime.inputs import generate_inputs  # noqa: PLC0415
+
+    try:
+        feeds = generate_inputs(inputs, unfolded, seed=0)
+        before = _run(reference_model(original), {**feeds, **fixed})
+        after = _run(prepared.model, feeds)
+    except Exception as err:
+        prepared.steps.append("check-numerics-skipped")
+        reason = error_summary(err, limit=160)
+        prepared.notes.append(f"check-numerics: onnxruntime could not run both models ({reason})")
+        return
+    mismatch = _first_mismatch(before, after)
+    if mismatch is None:
+        prepared.steps.append("check-numerics")
+        return
+    log.warning("prepare changed the model's numerics (%s); importing it unfolded", mismatch)
+    prepared.model = unfolded
+    prepared.steps.append("folding-reverted")
+    prepared.notes.append(f"check-numerics: folding changed output {mismatch}; import uses the unfolded model")
+
+
+def _run(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    import onnxruntime as ort  # noqa: PLC0415
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    wanted = {i.name for i in session.get_inputs()}
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(None, {k: v for k, v in feeds.items() if k in wanted}), strict=True))
+
+
+def _first_mismatch(before: Mapping[str, np.ndarray], after: Mapping[str, np.ndarray]) -> str | None:
+    for name, want in before.items():
+        got = after.get(name)
+        if got is None:
+            return f"'{name}' (missing)"
+        want, got = np.asarray(want), np.asarray(got)
+        if want.shape != got.shape:
+            return f"'{name}' (shape {list(got.shape)} vs {list(want.shape)})"
+        if want.dtype.kind != "f":
+            if not np.array_equal(want, got):
+                return f"'{name}' (values differ)"
+            continue
+        w, g = want.astype(np.float64), got.astype(np.float64)
+        if not np.array_equal(np.isnan(w), np.isnan(g)) or not np.array_equal(np.isinf(w), np.isinf(g)):
+            return f"'{name}' (NaN/Inf positions differ)"
+        finite = np.isfinite(w)
+        if finite.any():
+            scale = float(np.max(np.abs(w[finite])))
+            err = float(np.max(np.abs(w[finite] - g[finite])))
+            if err > NUMERICS_RTOL * scale + 1e-6:
+                return f"'{name}' (max |Δ| {err:.3g} vs max |ref| {scale:.3g})"
+    return None
 
 
 def _fold_everywhere(model: onnx.ModelProto, notes: list[str]) -> onnx.ModelProto:
