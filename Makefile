@@ -9,7 +9,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 JOBS   ?= 2
 
-.PHONY: demo test test-all lint clean venv
+.PHONY: demo test test-all zoo lint clean venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,11 +25,17 @@ demo: $(STAMP)
 
 # The default suite: everything except tests marked slow. Runs on 2 cores in a few minutes.
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(JOBS) -m "not slow"
+	$(PY) -m pytest -q -n $(JOBS) -m "not slow and not zoo"
 
 # Everything, including the heavy end-to-end checks (all light_* models of the onnx wheel).
 test-all: $(STAMP)
-	$(PY) -m pytest -q -n $(JOBS)
+	$(PY) -m pytest -q -n $(JOBS) -m "not zoo"
+
+# Real PyTorch exports (ResNet, MobileNet, BERT, GPT-2, ViT, LSTM, CRNN-OCR; TorchScript and
+# dynamo exporters) through convert + diff. Installs torch 2.13 CPU + transformers (~1 GB).
+zoo: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[test,zoo]'
+	$(PY) -m pytest -q -n $(JOBS) -m zoo
 
 lint: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[lint]'
