@@ -127,15 +127,29 @@ class BuildResult:
         }
 
 
-def build_model(
+@dataclass
+class Rewritten:
+    """The model up to, not including, compilation: what ``inspect`` reports."""
+
+    loaded: LoadedModel
+    inputs: list[TensorSpec]
+    fixed_inputs: dict[str, np.ndarray]
+    policy: ColorPolicy
+    passes: PassResult
+    prepare_steps: list[str]
+    prepare_notes: list[str]
+    calibration: Calibration | None
+    timings_s: dict[str, float]
+
+
+def rewrite_model(
     config: ConvertConfig,
     arrays: Mapping[str, np.ndarray] | None = None,
     on_stage: StageCallback | None = None,
-) -> BuildResult:
-    """Load, prepare, import, rewrite and compile — in memory. ``arrays`` may pin shapes."""
+) -> Rewritten:
+    """Load, prepare, import, calibrate and run the Relax passes. ``arrays`` may pin shapes."""
     timings: dict[str, float] = {}
     notify = on_stage or (lambda _name: None)
-    target = get_target(config.target)  # fail fast: before any expensive work
     policy = load_policy(config.colors)
 
     def timed(name: str, fn: Callable[[], Any]) -> Any:
@@ -169,23 +183,48 @@ def build_model(
         on_stage=notify,
     )
     timings.update(passes.timings_s)
-    target_spec = target.build_spec()
-    executable = timed("compile", lambda: _compile(passes.mod, target_spec))
-    return BuildResult(
-        config=config,
+    return Rewritten(
         loaded=loaded,
         inputs=inputs,
-        outputs=graph_outputs(loaded.model),
+        fixed_inputs=fixed,
         policy=policy,
         passes=passes,
-        target_spec=target_spec,
-        device=target.device,
-        executable=executable,
-        fixed_inputs=fixed,
         prepare_steps=prepared.steps,
         prepare_notes=prepared.notes,
         calibration=calibration,
         timings_s=timings,
+    )
+
+
+def build_model(
+    config: ConvertConfig,
+    arrays: Mapping[str, np.ndarray] | None = None,
+    on_stage: StageCallback | None = None,
+) -> BuildResult:
+    """Load, prepare, import, rewrite and compile — in memory. ``arrays`` may pin shapes."""
+    target = get_target(config.target)  # fail fast: before any expensive work
+    rewritten = rewrite_model(config, arrays, on_stage)
+    if on_stage:
+        on_stage("compile")
+    target_spec = target.build_spec()
+    start = time.perf_counter()
+    executable = _compile(rewritten.passes.mod, target_spec)
+    rewritten.timings_s["compile"] = time.perf_counter() - start
+    return BuildResult(
+        config=config,
+        loaded=rewritten.loaded,
+        inputs=rewritten.inputs,
+        outputs=graph_outputs(rewritten.loaded.model),
+        policy=rewritten.policy,
+        passes=rewritten.passes,
+        target_spec=target_spec,
+        device=target.device,
+        executable=executable,
+        fixed_inputs=rewritten.fixed_inputs,
+        prepare_steps=rewritten.prepare_steps,
+        prepare_notes=rewritten.prepare_notes,
+        calibration=rewritten.calibration,
+        timings_s=rewritten.timings_s,
     )
 
 

@@ -1,0 +1,103 @@
+"""``inspect``: what the mixed-precision rewrite would do to a model — without compiling.
+
+Per ONNX node: its colour and the dtype it computes in; per op type: how many nodes went
+where; plus the casts the rewrite inserts, the ops the range guards kept float32 and why,
+and the ops no colour list names. The same pipeline as ``convert`` up to compilation, so
+what inspect says is what convert builds.
+
+A node's colour summarises its Relax bindings (a Gemm is a matmul plus a bias add): ALWAYS
+if any binding is ALWAYS, else FOLLOW if any is, else NEVER; it computes in the low dtype
+if any binding does. Nodes that bind no floating-point op (shape arithmetic, integer
+indexing) have no colour and are not listed. ``guard`` says why a range guard overruled the
+colour lists for that node.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from amptool.colors.policy import Color
+from amptool.convert import ConvertConfig, Rewritten, rewrite_model
+from amptool.passes import stats
+from amptool.passes.mixed_precision import Decision
+
+_RANK = {Color.ALWAYS: 2, Color.FOLLOW: 1, Color.NEVER: 0}
+
+
+@dataclass(frozen=True)
+class NodeSummary:
+    name: str
+    op_type: str
+    color: str
+    dtype: str
+    guard: str | None = None  # why a range guard kept it float32
+
+    def as_json(self) -> dict[str, str | None]:
+        return {"name": self.name, "op_type": self.op_type, "color": self.color, "dtype": self.dtype,
+                "guard": self.guard}
+
+
+@dataclass
+class InspectReport:
+    dtype: str
+    nodes: list[NodeSummary]
+    rewritten: Rewritten
+
+    def by_op_type(self) -> list[tuple[str, str, str, int]]:
+        """(ONNX op type, colour, dtype, count), most frequent first."""
+        counts = collections.Counter((n.op_type, n.color, n.dtype) for n in self.nodes)
+        return sorted(((*key, c) for key, c in counts.items()), key=lambda row: (-row[3], row[0]))
+
+    def as_json(self) -> dict[str, Any]:
+        passes = self.rewritten.passes
+        report = passes.report
+        calibration = self.rewritten.calibration
+        limit = self.rewritten.policy.activation_limit(self.dtype)
+        return {
+            "dtype": self.dtype,
+            "nodes": [n.as_json() for n in self.nodes],
+            "by_op_type": [{"op_type": o, "color": c, "dtype": d, "count": k} for o, c, d, k in self.by_op_type()],
+            "unknown_ops": dict(report.unknown_ops),
+            "guarded_constants": [g.as_json() for g in report.guarded if g.kind == "constant"],
+            "guarded_activations": [g.as_json() for g in report.guarded if g.kind == "activation"],
+            "activation_guard": calibration.as_json(limit) if calibration is not None else None,
+            "casts_inserted": stats.activation_casts(passes.mod),
+            "ops_by_dtype": stats.ops_by_dtype(passes.mod),
+            "ops_converted": report.converted,
+            "ops_considered": len(report.decisions),
+            "weight_bytes": dict(passes.weight_bytes),
+            "prepare": self.rewritten.prepare_steps,
+            "colors": self.rewritten.policy.as_json(),
+            "timings_s": {k: round(v, 4) for k, v in self.rewritten.timings_s.items()},
+        }
+
+
+def inspect_model(
+    config: ConvertConfig, arrays: Mapping[str, np.ndarray] | None = None, on_stage: Any = None
+) -> InspectReport:
+    rewritten = rewrite_model(config, arrays, on_stage)
+    report = rewritten.passes.report
+    guards = {g.node: g.reason for g in report.guarded}
+    return InspectReport(config.dtype, summarize_nodes(report.decisions, config.dtype, guards), rewritten)
+
+
+def summarize_nodes(
+    decisions: list[Decision], low: str, guards: Mapping[str, str] | None = None
+) -> list[NodeSummary]:
+    """One summary per ONNX node, in the order the rewrite met them."""
+    grouped: dict[str, list[Decision]] = {}
+    for decision in decisions:
+        key = decision.node or decision.var
+        grouped.setdefault(key, []).append(decision)
+    summaries = []
+    for name, group in grouped.items():
+        color = max((d.color for d in group), key=lambda c: _RANK[c])
+        dtype = low if any(d.dtype == low for d in group) else "float32"
+        op_type = next((d.onnx_op for d in group if d.onnx_op), None) or group[-1].relax_op
+        summaries.append(NodeSummary(name, op_type, color.value, dtype, (guards or {}).get(name)))
+    return summaries
