@@ -160,11 +160,52 @@ def has_global_func(name: str) -> bool:
     return tvm.get_global_func(name, allow_missing=True) is not None
 
 
-def compile_module(mod: Any, target_spec: dict[str, Any]) -> Any:
+#: Build pipelines: amptool's (fusion + packed kernels + schedules; LLVM only, other targets
+#: fall back to TVM's) and TVM's own default (``tvm.compile``: unfused, unscheduled on CPU).
+PIPELINES = ("amptool", "tvm")
+
+
+def compile_module(mod: Any, target_spec: dict[str, Any], *, pipeline: str = "amptool") -> Any:
+    """A Relax VM executable for ``target_spec``; see ``amptool.build.cpu`` for the CPU pipeline."""
     import tvm  # noqa: PLC0415
 
+    if pipeline not in PIPELINES:
+        raise ValueError(f"unknown pipeline {pipeline!r}; expected one of {PIPELINES}")
+    target = make_target(target_spec)
     with quiet_native_stderr():
-        return tvm.compile(mod, target=make_target(target_spec))
+        if pipeline == "amptool" and str(target.kind.name) == "llvm":
+            from amptool.build import cpu  # noqa: PLC0415
+
+            executable, _timings = cpu.build(mod, target)
+            return executable
+        return tvm.compile(mod, target=target)
+
+
+def set_num_threads(count: int) -> int:
+    """Size TVM's CPU thread pool for this thread's later runs; returns the count in effect.
+
+    The runtime reads ``TVM_NUM_THREADS`` when it creates a pool (on x86 its default is half
+    the logical CPUs); ``runtime.config_threadpool`` resizes an existing pool, but never above
+    the size it was created with. Threads are not pinned to cores unless ``TVM_BIND_THREADS``
+    says so: pinning also pins the calling thread, and with it every thread onnxruntime creates
+    afterwards.
+    """
+    import tvm  # noqa: PLC0415
+
+    if count < 1:
+        raise ValueError("thread count must be >= 1")
+    os.environ["TVM_NUM_THREADS"] = str(count)
+    os.environ.setdefault("TVM_BIND_THREADS", "0")
+    big_cores = 1  # threading::ThreadGroup::kBig; no CPU list: max concurrency re-read from env
+    tvm.get_global_func("runtime.config_threadpool")(big_cores, count)
+    return num_threads()
+
+
+def num_threads() -> int:
+    """Threads TVM's pool uses for this thread's parallel loops."""
+    import tvm  # noqa: PLC0415
+
+    return int(tvm.get_global_func("runtime.NumThreads")())
 
 
 def export_library(executable: Any, path: str) -> None:

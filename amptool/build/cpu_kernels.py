@@ -1,0 +1,246 @@
+"""CPU kernels that TVM's default legalization does not give: packed-weight conv2d and matmul,
+and erf/tanh that vectorize.
+
+What: ``LegalizeOps`` runs with :func:`legalize_map`, which turns
+
+* ``relax.nn.conv2d`` (NCHW data, OIHW constant weight, one group) into the TE compute
+  ``amp_conv2d`` whose weight is packed at compile time as ``[OC/B, IC, KH, KW, B]``;
+* ``relax.matmul`` with a constant 2-D right operand into ``amp_matmul`` whose weight is
+  packed as ``[N/B, K, B]``;
+* ``relax.erf`` / ``relax.tanh`` into TVM's polynomial ``fast_erf`` / ``fast_tanh``, with
+  NaN passed through (the polynomials clamp their input, which would turn a NaN from a
+  float16 overflow into a finite number and hide it from ``diff``).
+
+Why: with the weight laid out so that ``B`` output channels (one SIMD vector) sit next to
+each other, the schedule in :mod:`amptool.build.cpu_schedules` keeps a tile of outputs in
+registers, broadcasts one input value per FMA and loads the weights with one vector load —
+the classic direct-convolution micro-kernel. Packing happens once, in numpy, on constants
+(amptool's fp32 folding makes every weight a constant before this runs). ``libm`` erf is
+scalar and ~40× slower than the polynomial; it dominated BERT's GELU.
+
+When not: weights that are not constants, grouped/depthwise convolutions, other layouts,
+symbolic shapes, integer dtypes and channel counts that are not a multiple of 8 keep TVM's
+own legalization (and are scheduled by the generic rules).
+
+Preserves: the products and the summation order (input channel, then kernel row, then
+kernel column; ``k`` for matmul) of TOPI's computes; low-precision inputs are cast to the
+accumulation dtype (the call's output dtype) before padding, which is exact. ``fast_erf`` and
+``fast_tanh`` differ from libm by at most ~3e-7 absolute on float32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+#: Block names the schedule rules look for.
+CONV2D_BLOCK = "amp_conv2d"
+MATMUL_BLOCK = "amp_matmul"
+CAST_BLOCK = "amp_cast"
+PAD_BLOCK = "amp_pad"
+
+_FLOATS = ("float16", "bfloat16", "float32")
+
+
+def vector_lanes(target: Any, bits: int = 32) -> int:
+    """SIMD lanes of ``bits``-wide values on ``target`` (16 float32 with AVX-512, 8 with AVX2)."""
+    from tvm.target.codegen import llvm_get_vector_width  # noqa: PLC0415
+
+    width = int(llvm_get_vector_width(target)) if target is not None else 128
+    return max(4, (width if width > 0 else 128) // bits)
+
+
+def legalize_map() -> dict[str, Callable[[Any, Any], Any]]:
+    """Op name → legalization for ``relax.transform.LegalizeOps(customize_legalize_map=…)``."""
+    return {
+        "relax.nn.conv2d": _legalize_conv2d,
+        "relax.matmul": _legalize_matmul,
+        "relax.erf": _legalize_erf,
+        "relax.tanh": _legalize_tanh,
+    }
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _default(bb: Any, call: Any) -> Any:
+    """TVM's own legalization of ``call``."""
+    import tvm  # noqa: PLC0415
+
+    return tvm.ir.Op.get(str(call.op.name)).get_attr("FLegalize")(bb, call)
+
+
+def _static_shape(expr: Any) -> list[int] | None:
+    shape = getattr(getattr(expr, "ty", None), "shape", None)
+    if shape is None:
+        return None
+    try:
+        return [int(d) for d in shape]
+    except (TypeError, ValueError):  # symbolic dims
+        return None
+
+
+def _block(channels: int, lanes: int) -> int | None:
+    """The packing block: one SIMD vector of channels, or 8; None when neither divides."""
+    for block in (lanes, 8):
+        if channels % block == 0:
+            return block
+    return None
+
+
+def _current_lanes() -> int:
+    import tvm  # noqa: PLC0415
+
+    return vector_lanes(tvm.target.Target.current(allow_none=True))
+
+
+def _constant(array: np.ndarray) -> Any:
+    import tvm  # noqa: PLC0415
+    from tvm import relax  # noqa: PLC0415
+
+    return relax.const(tvm.runtime.tensor(np.ascontiguousarray(array)))
+
+
+def _cast_input(x: Any, dtype: str) -> Any:
+    from tvm import te  # noqa: PLC0415
+
+    if x.dtype == dtype:
+        return x
+    return te.compute(x.shape, lambda *i: x(*i).astype(dtype), name=CAST_BLOCK)
+
+
+# --------------------------------------------------------------------------- conv2d
+
+
+def _legalize_conv2d(bb: Any, call: Any) -> Any:
+    import tvm  # noqa: PLC0415
+
+    attrs = call.attrs
+    data, weight = call.args
+    data_shape = _static_shape(data)
+    out_dtype = str(call.ty.dtype)
+    if (
+        str(attrs.data_layout) != "NCHW" or str(attrs.kernel_layout) != "OIHW"
+        or str(attrs.out_layout) != "NCHW" or int(attrs.groups) != 1
+        or not isinstance(weight, tvm.ir.GenericConst) or data_shape is None
+        or str(data.ty.dtype) not in _FLOATS or out_dtype not in _FLOATS
+    ):
+        return _default(bb, call)
+    w = np.asarray(weight.value.numpy())
+    out_channels, in_channels, kh, kw = w.shape
+    block = _block(out_channels, _current_lanes())
+    if block is None:
+        return _default(bb, call)
+    packed = w.reshape(out_channels // block, block, in_channels, kh, kw).transpose(0, 2, 3, 4, 1)
+    return bb.call_te(
+        _conv2d_packed, data, _constant(packed),
+        strides=[int(s) for s in attrs.strides], padding=[int(p) for p in attrs.padding],
+        dilation=[int(d) for d in attrs.dilation], out_channels=out_channels, out_dtype=out_dtype,
+        primfunc_name_hint=CONV2D_BLOCK,
+    )
+
+
+def _conv2d_packed(data: Any, packed: Any, *, strides: list[int], padding: list[int], dilation: list[int],
+                   out_channels: int, out_dtype: str) -> Any:
+    """NCHW conv2d over a ``[OC/B, IC, KH, KW, B]`` weight; same sum order as TOPI's conv2d_nchw."""
+    from tvm import te, topi  # noqa: PLC0415
+
+    batch, in_channels, height, width = (int(d) for d in data.shape)
+    _, _, kh, kw, block = (int(d) for d in packed.shape)
+    top, left, bottom, right = padding
+    (sh, sw), (dh, dw) = strides, dilation
+    src = _cast_input(data, out_dtype)
+    if any(padding):
+        src = topi.nn.pad(src, [0, 0, top, left], [0, 0, bottom, right], name=PAD_BLOCK)
+    out_h = (height + top + bottom - (kh - 1) * dh - 1) // sh + 1
+    out_w = (width + left + right - (kw - 1) * dw - 1) // sw + 1
+    rc = te.reduce_axis((0, in_channels), "rc")
+    ry = te.reduce_axis((0, kh), "ry")
+    rx = te.reduce_axis((0, kw), "rx")
+    return te.compute(
+        (batch, out_channels, out_h, out_w),
+        lambda n, c, y, x: te.sum(
+            src[n, rc, y * sh + ry * dh, x * sw + rx * dw]
+            * packed[c // block, rc, ry, rx, c % block].astype(out_dtype),
+            axis=[rc, ry, rx],
+        ),
+        name=CONV2D_BLOCK,
+    )
+
+
+# --------------------------------------------------------------------------- matmul
+
+
+def _legalize_matmul(bb: Any, call: Any) -> Any:
+    import tvm  # noqa: PLC0415
+
+    a, b = call.args
+    a_shape = _static_shape(a)
+    out_dtype = str(call.ty.dtype)
+    if (
+        not isinstance(b, tvm.ir.GenericConst) or a_shape is None or len(a_shape) < 2
+        or str(a.ty.dtype) not in _FLOATS or out_dtype not in _FLOATS
+    ):
+        return _default(bb, call)
+    w = np.asarray(b.value.numpy())
+    if w.ndim != 2:
+        return _default(bb, call)
+    k, n = w.shape
+    block = _block(n, 2 * _current_lanes()) or _block(n, _current_lanes())
+    if block is None:
+        return _default(bb, call)
+    packed = w.reshape(k, n // block, block).transpose(1, 0, 2)
+    return bb.call_te(_matmul_packed, a, _constant(packed), n=n, out_dtype=out_dtype,
+                      primfunc_name_hint=MATMUL_BLOCK)
+
+
+def _matmul_packed(a: Any, packed: Any, *, n: int, out_dtype: str) -> Any:
+    """``a @ w`` over a ``[N/B, K, B]`` weight; leading dims of ``a`` are batch dims."""
+    from tvm import te  # noqa: PLC0415
+
+    *batch, m, k = (int(d) for d in a.shape)
+    block = int(packed.shape[-1])
+    src = _cast_input(a, out_dtype)
+    rk = te.reduce_axis((0, k), "rk")
+
+    def body(*index: Any) -> Any:
+        *lead, j = index
+        return te.sum(src(*lead, rk) * packed[j // block, rk, j % block].astype(out_dtype), axis=[rk])
+
+    return te.compute((*batch, m, n), body, name=MATMUL_BLOCK)
+
+
+# --------------------------------------------------------------------------- erf / tanh
+
+
+def _legalize_erf(bb: Any, call: Any) -> Any:
+    from tvm import topi  # noqa: PLC0415
+
+    return _legalize_unary(bb, call, topi.fast_erf, "erf")
+
+
+def _legalize_tanh(bb: Any, call: Any) -> Any:
+    from tvm import topi  # noqa: PLC0415
+
+    return _legalize_unary(bb, call, topi.fast_tanh, "tir_tanh")
+
+
+def _legalize_unary(bb: Any, call: Any, fast: Callable[[Any], Any], name: str) -> Any:
+    dtype = str(call.ty.dtype)
+    if dtype not in _FLOATS:
+        return _default(bb, call)
+
+    def compute(x: Any) -> Any:
+        from tvm import te, tirx  # noqa: PLC0415
+
+        x32 = _cast_input(x, "float32")
+        y = fast(x32)
+        return te.compute(
+            x.shape,
+            lambda *i: tirx.Select(tirx.isnan(x32(*i)), x32(*i), y(*i)).astype(dtype),
+            name=name,
+        )
+
+    return bb.call_te(compute, call.args[0], primfunc_name_hint=name)

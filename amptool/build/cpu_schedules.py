@@ -1,0 +1,322 @@
+"""Schedule rules for CPU kernels (DLight style: PrimFunc → Schedule, or None to pass).
+
+What: after fusion each kernel is one PrimFunc; the first rule that applies schedules it.
+
+* ``packed_conv2d`` / ``packed_matmul`` — the ``amp_conv2d`` / ``amp_matmul`` blocks of
+  :mod:`amptool.build.cpu_kernels`: a register tile of ``rows × vector`` accumulators (rows:
+  output columns or matrix rows, unrolled; vector: the packed output channels), the reduction
+  loops around it, the outer loops fused and parallel, the fused epilogue (bias, residual
+  add, activation, cast) computed per tile while it is in cache.
+* ``tiled_reduction`` — any other single reduction whose innermost spatial axis is contiguous
+  or broadcast in every operand (pooling, depthwise/grouped convolution, attention matmuls):
+  the same tiling, vectorized along that axis.
+* TVM's ``dlight.cpu.Reduction`` — softmax, layer norm and other row reductions.
+* ``injective`` — elementwise, broadcast, transpose, pad and cast kernels: outer loops
+  parallel, innermost loop vectorized.
+* ``parallel_outer`` — anything else: leading spatial loops of every block in parallel.
+
+Why: TVM 0.27 has CPU rules only for GEMV and row reductions and applies none by default.
+
+When not: a rule that does not recognise a kernel returns None; a schedule primitive that
+raises (an unexpected loop structure) is logged and the next rule is tried, so a kernel is at
+worst left unscheduled — slower, never wrong. Symbolic extents pass to ``parallel_outer``.
+
+Preserves: values. Schedules reorder loops but keep each reduction's order (the reduction
+loops stay in their original order around the register tile).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tvm import s_tir, tirx
+from tvm.s_tir import dlight
+from tvm.s_tir.dlight.analysis import normalize_prim_func
+from tvm.sym import detect_linear_equation
+
+from amptool.build.cpu_kernels import CAST_BLOCK, CONV2D_BLOCK, MATMUL_BLOCK, PAD_BLOCK, vector_lanes
+
+log = logging.getLogger(__name__)
+
+Rule = Callable[[Any, "Tiling"], Any]
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """Register budget of the target: SIMD lanes (float32) and how many accumulators fit."""
+
+    lanes: int
+    accumulators: int
+
+    @staticmethod
+    def for_target(target: Any) -> Tiling:
+        lanes = vector_lanes(target)
+        # AVX-512 has 32 vector registers, AVX2 16: leave room for weights and broadcasts.
+        return Tiling(lanes=lanes, accumulators=16 if lanes >= 16 else 8)
+
+
+class _Guarded(dlight.ScheduleRule):
+    """Adapts a rule function; a schedule error means 'not applicable', logged, never fatal."""
+
+    def __init__(self, fn: Rule, tiling: Tiling | None) -> None:
+        self.fn, self.tiling = fn, tiling
+
+    def apply(self, func: Any, target: Any, _tunable: bool) -> Any:
+        if not isinstance(func, tirx.PrimFunc):
+            return None
+        tiling = self.tiling or Tiling.for_target(target)
+        try:
+            return self.fn(s_tir.Schedule(func), tiling)
+        except Exception as err:  # noqa: BLE001 - TVM raises many types; the next rule decides
+            log.debug("schedule rule %s skipped: %s", self.fn.__name__, str(err).splitlines()[-1:])
+            return None
+
+
+def default_rules(tiling: Tiling | None = None) -> list[Any]:
+    """The rules in the order they are tried (``tiling=None``: derived from the target)."""
+    rules: list[Any] = [_Guarded(fn, tiling) for fn in (packed_conv2d, packed_matmul, tiled_reduction, injective)]
+    rules.append(dlight.cpu.Reduction())
+    rules.append(_Guarded(parallel_outer, tiling))
+    return rules
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _extent(sch: Any, loop: Any) -> int | None:
+    extent = sch.get(loop).extent
+    return int(extent) if isinstance(extent, tirx.IntImm) else None
+
+
+def _divisor(n: int, cap: int, low: int = 1) -> int | None:
+    """The largest divisor of ``n`` in ``[low, cap]``."""
+    for d in range(min(cap, n), low - 1, -1):
+        if n % d == 0:
+            return d
+    return None
+
+
+def _find_block(sch: Any, name: str) -> Any | None:
+    try:
+        return sch.get_sblock(name)
+    except Exception:  # noqa: BLE001 - not in this kernel
+        return None
+
+
+def _epilogue_at(sch: Any, block: Any, loop: Any) -> Any | None:
+    """Inline the elementwise chain after ``block`` and compute its last step under ``loop``.
+
+    Without consumers the block's output is the kernel's: a write-back stage plays that role.
+    Returns the epilogue block.
+    """
+    chain = []
+    current = block
+    while True:
+        consumers = sch.get_consumers(current)
+        if len(consumers) != 1:
+            break
+        chain.append(consumers[0])
+        current = consumers[0]
+    if not chain:
+        chain = [sch.cache_write(block, 0, "global")]
+    for step in chain[:-1]:
+        sch.compute_inline(step)
+    sch.reverse_compute_at(chain[-1], loop, preserve_unit_loops=True)
+    return chain[-1]
+
+
+def _schedule_prologue(sch: Any, block: Any, skip: Any) -> None:
+    """Schedule injective producers of ``block`` that sit at the root (pad, cast)."""
+    for producer in sch.get_producers(block):
+        loops = sch.get_loops(producer)
+        if loops and not sch.get(loops[0]).same_as(sch.get(skip)):
+            _parallel_vectorized(sch, producer)
+
+
+def _parallel_vectorized(sch: Any, block: Any) -> None:
+    """Outer loops fused and parallel, the innermost (≥ 8 elements, fused if needed) vectorized."""
+    loops = sch.get_loops(block)
+    extents = [_extent(sch, loop) for loop in loops]
+    if not loops or None in extents:
+        if loops:
+            sch.parallel(loops[0])
+        return
+    sizes = [int(e) for e in extents if e is not None]
+    k = len(loops) - 1
+    while k > 0 and sizes[k] < 8 and sizes[k] * sizes[k - 1] <= 512:
+        sizes[k - 1] *= sizes[k]
+        k -= 1
+    inner = sch.fuse(*loops[k:]) if k < len(loops) - 1 else loops[-1]
+    outer = list(loops[:k])
+    if sizes[k] > 512:
+        chunk = _divisor(sizes[k], 256, 16)
+        if chunk is not None:
+            head, inner = sch.split(inner, [None, chunk])
+            outer.append(head)
+    if outer:
+        sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
+    sch.vectorize(inner)
+
+
+def _finish(sch: Any, block: Any, epilogue: Any, outer: Sequence[Any], first_reduction: Any,
+            unrolled: Any | None, vector: Any, epilogue_vector: str) -> None:
+    """Shared tail of the tiled rules: unroll/vectorize, parallel outer loops, split init."""
+    if epilogue_vector == "inner":
+        sch.vectorize(sch.get_loops(epilogue)[-1])
+    if unrolled is not None:
+        sch.unroll(unrolled)
+    sch.vectorize(vector)
+    parallel = sch.fuse(*outer) if len(outer) > 1 else outer[0]
+    sch.parallel(parallel)
+    init = sch.decompose_reduction(block, first_reduction)
+    sch.vectorize(sch.get_loops(init)[-1])
+    _schedule_prologue(sch, block, parallel)
+
+
+# --------------------------------------------------------------------------- rules
+
+
+def packed_conv2d(sch: Any, tiling: Tiling) -> Any | None:
+    """``amp_conv2d``: tile = ``T`` output columns × one packed vector of output channels."""
+    conv = _find_block(sch, CONV2D_BLOCK)
+    if conv is None:
+        return None
+    n, c, y, x, rc, ry, rx = sch.get_loops(conv)
+    block = int(sch.get(conv).reads[1].source.shape[-1])
+    width = _extent(sch, x)
+    if width is None:
+        return None
+    cap = max(1, tiling.accumulators // max(1, block // tiling.lanes) // 2)
+    tile = _divisor(width, cap, 4) or min(cap, width)
+    co, ci = sch.split(c, [None, block])
+    xo, xi = sch.split(x, [None, tile])
+    sch.reorder(n, co, y, xo, rc, ry, rx, xi, ci)
+    epilogue = _epilogue_at(sch, conv, xo)
+    # The accumulators are vectors along channels; the output is contiguous along columns.
+    # Full vectors of columns store best along columns, short rows along channels.
+    e_loops = sch.get_loops(epilogue)[-4:]
+    if tile % 8 == 0:
+        sch.vectorize(e_loops[-1])
+    else:
+        sch.reorder(e_loops[0], e_loops[2], e_loops[3], e_loops[1])
+        sch.vectorize(e_loops[1])
+    for producer in sch.get_producers(conv):
+        if sch.get(producer).name_hint == PAD_BLOCK:
+            for cast in sch.get_producers(producer):
+                if sch.get(cast).name_hint == CAST_BLOCK:
+                    sch.compute_inline(cast)  # cast while padding: one pass over the input
+    _finish(sch, conv, epilogue, [n, co, y], rc, xi, ci, epilogue_vector="done")
+    return sch
+
+
+def packed_matmul(sch: Any, tiling: Tiling) -> Any | None:
+    """``amp_matmul``: tile = ``R`` rows × one packed block of columns (1–2 vectors)."""
+    mm = _find_block(sch, MATMUL_BLOCK)
+    if mm is None:
+        return None
+    *batch, m, n, k = sch.get_loops(mm)
+    block = int(sch.get(mm).reads[1].source.shape[-1])
+    rows_loop = sch.fuse(*batch, m) if batch else m
+    rows = _extent(sch, rows_loop)
+    if rows is None:
+        return None
+    vectors = max(1, block // tiling.lanes)
+    tile = _divisor(rows, max(1, tiling.accumulators // vectors)) or 1
+    ro, ri = sch.split(rows_loop, [None, tile])
+    no, ni = sch.split(n, [None, block])
+    # Column blocks outermost: one packed weight panel stays in L2 while all rows pass.
+    sch.reorder(no, ro, k, ri, ni)
+    epilogue = _epilogue_at(sch, mm, ro)
+    _finish(sch, mm, epilogue, [no, ro], k, ri, ni, epilogue_vector="inner")
+    return sch
+
+
+def tiled_reduction(sch: Any, tiling: Tiling) -> Any | None:
+    """One reduction block whose innermost spatial axis is contiguous in every operand."""
+    infos = normalize_prim_func(sch)
+    if infos is None:
+        return None
+    reductions = [info for info in infos if not info.is_injective()]
+    if len(reductions) != 1:
+        return None
+    info = reductions[0]
+    kinds = info.dom_kind()
+    spatial = len(kinds) - len(kinds.lstrip("S"))
+    if spatial == 0 or spatial == len(kinds) or set(kinds[spatial:]) != {"R"}:
+        return None
+    block = info.block_rv
+    stmt = sch.get(block)
+    loops = sch.get_loops(block)
+    extents = [_extent(sch, loop) for loop in loops]
+    if None in extents or len(stmt.writes) != 1:
+        return None
+    sizes = [int(e) for e in extents if e is not None]
+    vec = next((i for i in reversed(range(spatial)) if sizes[i] > 1), None)
+    if vec is None:
+        return None
+    var = stmt.iter_vars[vec].var
+    if _stride(stmt.writes[0], var) != 1:
+        return None
+    if any(s is None or s > 2 for s in (_stride(r, var) for r in stmt.reads)):
+        return None
+    width = sizes[vec] if sizes[vec] <= 2 * tiling.lanes else _divisor(sizes[vec], 2 * tiling.lanes, 4)
+    if width is None:
+        return None
+    # Row axis: a spatial loop that some operand does not depend on (its loads are reused).
+    row = next((i for i in reversed(range(spatial)) if i != vec and sizes[i] > 1
+                and any(_stride(r, stmt.iter_vars[i].var) == 0 for r in stmt.reads)), None)
+    vectors = max(1, -(-width // tiling.lanes))
+    vo, vi = sch.split(loops[vec], [None, width])
+    outer = [loop for i, loop in enumerate(loops[:spatial]) if i not in (vec, row)]
+    unrolled = None
+    if row is not None:
+        rows = _divisor(sizes[row], max(1, tiling.accumulators // vectors)) or 1
+        ro, unrolled = sch.split(loops[row], [None, rows])
+        outer.append(ro)
+    outer.append(vo)
+    sch.reorder(*outer, *loops[spatial:], *([unrolled] if unrolled is not None else []), vi)
+    epilogue = _epilogue_at(sch, block, outer[-1])
+    _finish(sch, block, epilogue, outer, loops[spatial], unrolled, vi, epilogue_vector="inner")
+    return sch
+
+
+def _stride(region: Any, var: Any) -> int | None:
+    """Flat stride of an access along ``var``: 0 broadcast, 1 contiguous, None non-affine."""
+    total, scale = 0, 1
+    shape = region.source.shape
+    for index in reversed(range(len(region.region))):
+        coef = detect_linear_equation(region.region[index].min, [var])
+        dim = shape[index]
+        if len(coef) != 2 or not isinstance(coef[0], tirx.IntImm) or not isinstance(dim, tirx.IntImm):
+            return None
+        total += int(coef[0]) * scale
+        scale *= int(dim)
+    return total
+
+
+def injective(sch: Any, tiling: Tiling) -> Any | None:
+    """Elementwise/broadcast/transpose chains: inline into the last block, parallel + vectorize."""
+    infos = normalize_prim_func(sch)
+    if not infos or not all(info.is_injective() for info in infos):
+        return None
+    for info in infos[:-1]:
+        sch.compute_inline(info.block_rv)
+    _parallel_vectorized(sch, infos[-1].block_rv)
+    return sch
+
+
+def parallel_outer(sch: Any, tiling: Tiling) -> Any | None:
+    """Leading spatial loops of every block in parallel; nothing else."""
+    infos = normalize_prim_func(sch)
+    if infos is None:
+        return None
+    for info in infos:
+        kinds = info.dom_kind()
+        count = len(kinds) - len(kinds.lstrip("S"))
+        loops = sch.get_loops(info.block_rv)
+        if count:
+            sch.parallel(sch.fuse(*loops[:count]) if count > 1 else loops[0])
+    return sch

@@ -1,0 +1,137 @@
+"""amptool's CPU build pipeline: stage order, packed kernels, schedules — and the same numbers
+as TVM's plain build on every kernel path (packed, fallback, generic rules)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx.parser
+import pytest
+
+from amptool import _tvm
+from amptool.convert import ConvertConfig, build_model
+
+tvm = pytest.importorskip("tvm")
+
+
+def _save(tmp_path: Path, text: str, name: str = "model") -> str:
+    model = onnx.parser.parse_model(text)
+    onnx.checker.check_model(model, full_check=True)
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(model, path)
+    return str(path)
+
+
+def _weights(*shape: int, seed: int = 0) -> str:
+    values = np.random.default_rng(seed).normal(0.0, 0.2, size=shape).astype(np.float32)
+    return ", ".join(f"{v:.6f}" for v in values.ravel())
+
+
+def _conv_model(channels_out: int, group: int = 1, extra: str = "") -> str:
+    cin, k = 8, 3
+    w = _weights(channels_out, cin // group, k, k)
+    b = _weights(channels_out, seed=1)
+    return f"""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, {cin}, 12, 10] x) => (float[1, {channels_out}, 6, 5] y) <
+        float[{channels_out}, {cin // group}, {k}, {k}] w = {{{w}}},
+        float[{channels_out}] b = {{{b}}}> {{
+        c = Conv <kernel_shape = [3, 3], strides = [2, 2], pads = [1, 1, 1, 1], group = {group}{extra}> (x, w, b)
+        y = Relu (c)
+    }}"""
+
+
+def _matmul_model() -> str:
+    return f"""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2, 5, 24] x) => (float[2, 5, 48] y) <float[24, 48] w = {{{_weights(24, 48)}}}> {{
+        m = MatMul (x, w)
+        y = Erf (m)
+    }}"""
+
+
+def _both(path: str, dtype: str, feeds: dict[str, np.ndarray]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Outputs of amptool's build and of TVM's plain build of the same converted module."""
+    result = build_model(ConvertConfig(model=path, dtype=dtype))
+    ours = result.compiled().run(feeds)
+    plain_vm = _tvm.vm_from_executable(_tvm.compile_module(result.passes.mod, result.target_spec, pipeline="tvm"))
+    plain = _tvm.run_vm(plain_vm, [feeds[s.name] for s in result.inputs])
+    return [ours[s.name] for s in result.outputs], plain
+
+
+def test_stage_order_is_pinned() -> None:
+    from amptool.build import cpu
+
+    assert cpu.STAGES == (
+        "library dispatch", "legalize", "annotate patterns", "fold constants", "fuse ops",
+        "fuse tir", "schedule", "lower dataflow", "finalize",
+    )
+
+
+@pytest.mark.parametrize(
+    ("channels_out", "group", "extra"),
+    [
+        (16, 1, ""),  # packed, one vector of output channels
+        (24, 1, ""),  # packed in blocks of 8
+        (10, 1, ""),  # not a multiple of 8: TVM's conv2d, generic rules
+        (16, 2, ""),  # grouped: TVM's conv2d, generic rules
+        (16, 1, ", dilations = [2, 1]"),  # dilation in the packed kernel
+    ],
+)
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_conv_matches_plain_build(tmp_path: Path, channels_out: int, group: int, extra: str, dtype: str) -> None:
+    if extra:
+        text = _conv_model(channels_out, group, extra).replace("float[1, 16, 6, 5] y", "float[1, 16, 5, 5] y")
+    else:
+        text = _conv_model(channels_out, group)
+    path = _save(tmp_path, text)
+    x = np.random.default_rng(2).standard_normal((1, 8, 12, 10)).astype(np.float32)
+    ours, plain = _both(path, dtype, {"x": x})
+    tol = 1e-5 if dtype == "float32" else 2e-3
+    np.testing.assert_allclose(ours[0], plain[0], rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_matmul_erf_match_plain_build(tmp_path: Path, dtype: str) -> None:
+    path = _save(tmp_path, _matmul_model())
+    x = np.random.default_rng(3).standard_normal((2, 5, 24)).astype(np.float32)
+    ours, plain = _both(path, dtype, {"x": x})
+    # fast_erf differs from libm by at most ~3e-7; bfloat16 rounds to 8 bits either way.
+    tol = 1e-6 if dtype == "float32" else 1e-2
+    np.testing.assert_allclose(ours[0], plain[0], rtol=tol, atol=tol)
+
+
+def test_erf_keeps_nan_and_saturates_inf(tmp_path: Path) -> None:
+    path = _save(tmp_path, """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[6] x) => (float[6] y) { y = Erf (x) }""")
+    x = np.array([np.nan, np.inf, -np.inf, 0.0, 0.5, -3.0], dtype=np.float32)
+    result = build_model(ConvertConfig(model=path, dtype="float32"))
+    y = result.compiled().run({"x": x})["y"]
+    assert np.isnan(y[0])
+    np.testing.assert_allclose(y[1:], [1.0, -1.0, 0.0, 0.5204999, -0.9999779], rtol=1e-6, atol=1e-6)
+
+
+def test_conv_weights_are_packed_and_kernels_scheduled(tmp_path: Path) -> None:
+    from amptool.build import cpu
+    from amptool.build.cpu_kernels import CONV2D_BLOCK, vector_lanes
+
+    path = _save(tmp_path, _conv_model(32))
+    mod = build_model(ConvertConfig(model=path, dtype="float32")).passes.mod
+    target = _tvm.make_target({"kind": "llvm", "mcpu": _tvm.host_cpu()})
+    with target:
+        for name, passes in cpu.stage_passes(target):
+            mod = tvm.transform.Sequential(passes)(mod)
+            if name == "schedule":
+                break
+    kernels = [f for _, f in mod.functions_items()
+               if isinstance(f, tvm.tirx.PrimFunc) and CONV2D_BLOCK in f.script()]
+    assert len(kernels) == 1
+    text = kernels[0].script()
+    lanes = vector_lanes(target)
+    packed = ", ".join(f"T.int64({d})" for d in (32 // lanes, 8, 3, 3, lanes))  # [OC/B, IC, KH, KW, B]
+    assert f"({packed})" in text
+    assert kernels[0].attrs["tirx.is_scheduled"]
+    assert "T.parallel" in text and "T.vectorized" in text
