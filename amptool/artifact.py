@@ -84,6 +84,7 @@ def load_artifact(directory: str) -> tuple[dict[str, Any], CompiledModel]:
         input_names=[i["name"] for i in manifest["inputs"]],
         output_names=[o["name"] for o in manifest["outputs"]],
         device=manifest.get("device", "cpu"),
+        input_dtypes=[i["dtype"] for i in manifest["inputs"]],
     )
     return manifest, model
 

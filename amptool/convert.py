@@ -59,6 +59,7 @@ class ConvertConfig:
     prepare: bool = True
     fixed_inputs: tuple[str, ...] = ()  # NAME=VALUE: inputs baked in as constants
     calibration: str | None = None  # .npz of inputs for the activation guard; None = seeded
+    low_precision_io: bool = False  # float32 inputs/outputs become the low dtype
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -90,6 +91,7 @@ class BuildResult:
             input_names=[s.name for s in self.inputs],
             output_names=[s.name for s in self.outputs],
             device=self.device,
+            input_dtypes=[s.dtype for s in self.inputs],
         )
 
     def manifest(self) -> dict[str, Any]:
@@ -105,6 +107,7 @@ class BuildResult:
             "library": LIBRARY_NAME,
             "inputs": [s.as_json() for s in self.inputs],
             "fixed_inputs": {name: value.tolist() for name, value in self.fixed_inputs.items()},
+            "low_precision_io": self.config.low_precision_io and self.config.dtype != "float32",
             "outputs": [s.as_json() for s in self.outputs],
             "prepare": self.prepare_steps,
             "prepare_notes": self.prepare_notes,
@@ -180,12 +183,13 @@ def rewrite_model(
         imported.provenance,
         range_guards=config.range_guards,
         activation_peaks=calibration.peaks if calibration else None,
+        low_precision_io=config.low_precision_io,
         on_stage=notify,
     )
     timings.update(passes.timings_s)
     return Rewritten(
         loaded=loaded,
-        inputs=inputs,
+        inputs=_io_specs(inputs, config),
         fixed_inputs=fixed,
         policy=policy,
         passes=passes,
@@ -214,7 +218,7 @@ def build_model(
         config=config,
         loaded=rewritten.loaded,
         inputs=rewritten.inputs,
-        outputs=graph_outputs(rewritten.loaded.model),
+        outputs=_io_specs(graph_outputs(rewritten.loaded.model), config),
         policy=rewritten.policy,
         passes=rewritten.passes,
         target_spec=target_spec,
@@ -226,6 +230,13 @@ def build_model(
         calibration=rewritten.calibration,
         timings_s=rewritten.timings_s,
     )
+
+
+def _io_specs(specs: list[TensorSpec], config: ConvertConfig) -> list[TensorSpec]:
+    """The compiled module's signature: float32 entries in the low dtype under --low-precision-io."""
+    if not config.low_precision_io or config.dtype == "float32":
+        return specs
+    return [TensorSpec(s.name, config.dtype, s.shape) if s.dtype == "float32" else s for s in specs]
 
 
 def _calibrate(config: ConvertConfig, model: Any, inputs: list[TensorSpec]) -> Calibration:

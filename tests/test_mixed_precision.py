@@ -202,14 +202,18 @@ def test_float32_is_a_no_op():
 
 
 def test_pass_order_is_pinned():
-    assert PASS_ORDER == ("prefold", "mixed_precision", "fold")
+    assert PASS_ORDER == ("lower_io", "prefold", "mixed_precision", "fold")
     model = _model(CONV_RELU_SOFTMAX, w=RNG.standard_normal((4, 3, 3, 3)).astype(np.float32))
     specs = pin_input_specs(graph_inputs(model))
     imported = import_model(model, specs)
     seen: list[str] = []
     result = run_passes(imported.mod, load_policy(), "float16", imported.provenance, on_stage=seen.append)
-    assert tuple(seen) == PASS_ORDER == tuple(result.timings_s)
+    assert tuple(seen) == PASS_ORDER[1:] == tuple(result.timings_s)  # lower_io only on request
     assert result.weight_bytes["after"] < result.weight_bytes["before"]
+    seen.clear()
+    run_passes(imported.mod, load_policy(), "float16", imported.provenance, low_precision_io=True,
+               on_stage=seen.append)
+    assert tuple(seen) == PASS_ORDER
 
 
 def test_bindings_are_named_after_onnx_nodes():

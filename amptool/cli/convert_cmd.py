@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from amptool.cli.console import handles_user_errors, out, stages
-from amptool.cli.options import calibration_option, fixed_input_option, model_options
+from amptool.cli.options import calibration_option, fixed_input_option, low_precision_io_option, model_options
 
 
 @click.command()
@@ -13,12 +13,14 @@ from amptool.cli.options import calibration_option, fixed_input_option, model_op
 @model_options
 @fixed_input_option
 @calibration_option
+@low_precision_io_option
 @click.option("-o", "--output", "output_dir", required=True, type=click.Path(file_okay=False),
               help="Artifact directory (library + manifest.json); replaced atomically.")
 @click.option("--json", "json_summary", is_flag=True, help="Print the manifest as JSON instead of tables.")
 @handles_user_errors
 def convert(model: str, dtype: str, colors: str | None, target: str, input_shapes: tuple[str, ...],
             no_range_guards: bool, no_prepare: bool, fixed_inputs: tuple[str, ...], calibration: str | None,
+            low_precision_io: bool,
             output_dir: str, json_summary: bool) -> None:
     """Convert MODEL.onnx to DTYPE and compile it into OUTPUT."""
     import json  # noqa: PLC0415
@@ -29,7 +31,7 @@ def convert(model: str, dtype: str, colors: str | None, target: str, input_shape
     config = ConvertConfig(model=model, dtype=dtype, colors=colors, target=target,
                            input_shapes=input_shapes, range_guards=not no_range_guards,
                            prepare=not no_prepare, fixed_inputs=fixed_inputs,
-                           calibration=calibration)
+                           calibration=calibration, low_precision_io=low_precision_io)
     with stages() as on_stage:
         _result, manifest = convert_model(config, output_dir, on_stage=on_stage)
     if json_summary:

@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from amptool.cli.console import handles_user_errors, out, stages
-from amptool.cli.options import calibration_option, fixed_input_option, model_options
+from amptool.cli.options import calibration_option, fixed_input_option, low_precision_io_option, model_options
 
 
 @click.command()
@@ -17,12 +17,14 @@ from amptool.cli.options import calibration_option, fixed_input_option, model_op
 @model_options
 @fixed_input_option
 @calibration_option
+@low_precision_io_option
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, metavar="PATH",
               help="Write nodes, unknown_ops, guarded_constants, casts_inserted, timings_s … as JSON.")
 @click.option("--nodes", "show_nodes", is_flag=True, help="Also print one row per ONNX node.")
 @handles_user_errors
 def inspect(model: str, dtype: str, colors: str | None, target: str, input_shapes: tuple[str, ...],
             no_range_guards: bool, no_prepare: bool, fixed_inputs: tuple[str, ...], calibration: str | None,
+            low_precision_io: bool,
             json_path: str | None, show_nodes: bool) -> None:
     """Show what converting MODEL to DTYPE would do: colour and dtype per op, casts, guards."""
     from amptool.convert import ConvertConfig  # noqa: PLC0415
@@ -31,7 +33,8 @@ def inspect(model: str, dtype: str, colors: str | None, target: str, input_shape
 
     config = ConvertConfig(model=model, dtype=dtype, colors=colors, target=target,
                            input_shapes=input_shapes, range_guards=not no_range_guards,
-                           prepare=not no_prepare, fixed_inputs=fixed_inputs, calibration=calibration)
+                           prepare=not no_prepare, fixed_inputs=fixed_inputs, calibration=calibration,
+                           low_precision_io=low_precision_io)
     with stages() as on_stage:
         report = inspect_model(config, on_stage=on_stage)
     data = report.as_json()

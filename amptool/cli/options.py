@@ -42,3 +42,8 @@ calibration_option = click.option(
     help="Inputs on which to measure activation ranges for the range guard "
          "(default: the seeded random inputs diff uses).",
 )
+
+low_precision_io_option = click.option(
+    "--low-precision-io", is_flag=True,
+    help="Take and return float32 tensors in the low dtype (the caller holds fp16/bf16 data).",
+)

@@ -194,6 +194,9 @@ def _make_mutator(
             """``expr`` as ``dtype``: itself, a cached cast, or a new cast emitted once."""
             if _tvm.tensor_dtype(expr) == dtype:
                 return expr
+            source = self._widened_from(expr)
+            if source is not None and _tvm.tensor_dtype(source) == dtype:
+                return source  # low → float32 → low is the identity: use the low value
             hit = self._cached(expr, dtype)
             if hit is not None:
                 return hit
@@ -209,6 +212,18 @@ def _make_mutator(
             self._remember(expr, dtype, casted)
             self._remember(casted, _tvm.tensor_dtype(expr) or dtype, expr)
             return casted
+
+        def _widened_from(self, expr: Any) -> Any | None:
+            """The low-precision value ``expr`` was cast up from, if it is such a cast."""
+            if not isinstance(expr, relax.Var):
+                return None
+            bound = self.lookup_binding(expr)
+            if not isinstance(bound, relax.Call) or _tvm.op_name(bound) != "relax.astype":
+                return None
+            source = bound.args[0]
+            if _tvm.tensor_dtype(expr) == "float32" and _tvm.tensor_dtype(source) in DTYPE_MAX:
+                return source
+            return None
 
         def _cast_like(self, expr: Any, ty: Any) -> Any:
             """Cast a (possibly tuple-typed) expression back to the dtypes of ``ty``."""

@@ -1,6 +1,7 @@
 """The one place where the order of Relax passes lives.
 
     imported fp32 module
+      → lower_io              (--low-precision-io) float32 inputs/outputs become the low dtype
       → FoldConstant (fp32)   weight reshapes/transposes become plain constants, so the
                               mixed-precision pass sees them as castable constants and the
                               range guard can read their values
@@ -23,9 +24,10 @@ from amptool.colors.policy import ColorPolicy
 from amptool.errors import UserError, error_summary
 from amptool.frontend.importer import NodeOrigin
 from amptool.passes import stats
+from amptool.passes.low_precision_io import lower_io
 from amptool.passes.mixed_precision import MixedPrecisionReport, to_mixed_precision
 
-PASS_ORDER = ("prefold", "mixed_precision", "fold")
+PASS_ORDER = ("lower_io", "prefold", "mixed_precision", "fold")  # lower_io: only with --low-precision-io
 #: Stages that run TVM's own passes (stage → TVM pass): their failures on a model are
 #: reported as user errors; a failure of amptool's own pass is a bug.
 TVM_PASSES = {"prefold": "FoldConstant", "fold": "FoldConstant"}
@@ -47,6 +49,7 @@ def run_passes(
     *,
     range_guards: bool = True,
     activation_peaks: Mapping[str, float] | None = None,
+    low_precision_io: bool = False,
     on_stage: Callable[[str], None] | None = None,
 ) -> PassResult:
     """Run PASS_ORDER on ``mod``; time each pass on its own."""
@@ -81,6 +84,8 @@ def run_passes(
         report_box["report"] = report
         return new
 
+    if low_precision_io and dtype != "float32":
+        mod = stage("lower_io", lambda m: lower_io(m, dtype), mod)
     mod = stage("prefold", _tvm.fold_constant, mod)
     before = stats.constant_bytes(mod)
     mod = stage("mixed_precision", mixed, mod)
