@@ -10,12 +10,14 @@ What: after fusion each kernel is one PrimFunc; the first rule that applies sche
 * ``tiled_reduction`` — any other single reduction whose innermost spatial axis is contiguous
   or broadcast in every operand (pooling, depthwise/grouped convolution, attention matmuls):
   the same tiling, vectorized along that axis.
-* TVM's ``dlight.cpu.Reduction`` — softmax, layer norm and other row reductions.
+* ``row_reduction`` — TVM's ``dlight.cpu.Reduction``: softmax, layer norm, other row reductions.
 * ``injective`` — elementwise, broadcast, transpose, pad and cast kernels: outer loops
   parallel, innermost loop vectorized.
 * ``parallel_outer`` — anything else: leading spatial loops of every block in parallel.
 
 Why: TVM 0.27 has CPU rules only for GEMV and row reductions and applies none by default.
+
+Kernels under ``MIN_PARALLEL_WORK`` loop iterations stay on one thread.
 
 When not: a rule that does not recognise a kernel returns None; a schedule primitive that
 raises (an unexpected loop structure) is logged and the next rule is tried, so a kernel is at
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tvm import s_tir, tirx
@@ -44,12 +46,19 @@ log = logging.getLogger(__name__)
 Rule = Callable[[Any, "Tiling"], Any]
 
 
+#: Loop iterations below which a kernel runs on one thread: waking the pool's workers costs
+#: microseconds when they spin and a scheduler time slice when the machine is busy.
+MIN_PARALLEL_WORK = 1 << 16
+
+
 @dataclass(frozen=True)
 class Tiling:
-    """Register budget of the target: SIMD lanes (float32) and how many accumulators fit."""
+    """Register budget of the target: SIMD lanes (float32) and how many accumulators fit; and
+    whether the kernel at hand is worth running in parallel."""
 
     lanes: int
     accumulators: int
+    parallel: bool = True
 
     @staticmethod
     def for_target(target: Any) -> Tiling:
@@ -69,7 +78,10 @@ class _Guarded(dlight.ScheduleRule):
             return None
         tiling = self.tiling or Tiling.for_target(target)
         try:
-            return self.fn(s_tir.Schedule(func), tiling)
+            sch = s_tir.Schedule(func)
+            work = _work(sch)
+            tiling = replace(tiling, parallel=work is None or work >= MIN_PARALLEL_WORK)
+            return self.fn(sch, tiling)
         except Exception as err:  # noqa: BLE001 - TVM raises many types; the next rule decides
             log.debug("schedule rule %s skipped: %s", self.fn.__name__, str(err).splitlines()[-1:])
             return None
@@ -77,10 +89,34 @@ class _Guarded(dlight.ScheduleRule):
 
 def default_rules(tiling: Tiling | None = None) -> list[Any]:
     """The rules in the order they are tried (``tiling=None``: derived from the target)."""
-    rules: list[Any] = [_Guarded(fn, tiling) for fn in (packed_conv2d, packed_matmul, tiled_reduction, injective)]
-    rules.append(dlight.cpu.Reduction())
-    rules.append(_Guarded(parallel_outer, tiling))
-    return rules
+    return [_Guarded(fn, tiling) for fn in (packed_conv2d, packed_matmul, tiled_reduction, injective,
+                                            row_reduction, parallel_outer)]
+
+
+def _work(sch: Any) -> int | None:
+    """Loop iterations of an unscheduled kernel (sum over its blocks); None if symbolic."""
+    total = 0
+    for block in sch.get_child_blocks(sch.get_sblock("root")) if _has_root(sch) else []:
+        count = 1
+        for loop in sch.get_loops(block):
+            extent = _extent(sch, loop)
+            if extent is None:
+                return None
+            count *= extent
+        total += count
+    return total
+
+
+def _has_root(sch: Any) -> bool:
+    return _find_block(sch, "root") is not None
+
+
+def _parallel(sch: Any, loops: Sequence[Any], tiling: Tiling) -> Any:
+    """Fuse ``loops`` and run them in parallel if the kernel is big enough; returns the loop."""
+    loop = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    if tiling.parallel:
+        sch.parallel(loop)
+    return loop
 
 
 # --------------------------------------------------------------------------- helpers
@@ -128,21 +164,21 @@ def _epilogue_at(sch: Any, block: Any, loop: Any) -> Any | None:
     return chain[-1]
 
 
-def _schedule_prologue(sch: Any, block: Any, skip: Any) -> None:
+def _schedule_prologue(sch: Any, block: Any, skip: Any, tiling: Tiling) -> None:
     """Schedule injective producers of ``block`` that sit at the root (pad, cast)."""
     for producer in sch.get_producers(block):
         loops = sch.get_loops(producer)
         if loops and not sch.get(loops[0]).same_as(sch.get(skip)):
-            _parallel_vectorized(sch, producer)
+            _parallel_vectorized(sch, producer, tiling)
 
 
-def _parallel_vectorized(sch: Any, block: Any) -> None:
+def _parallel_vectorized(sch: Any, block: Any, tiling: Tiling) -> None:
     """Outer loops fused and parallel, the innermost (≥ 8 elements, fused if needed) vectorized."""
     loops = sch.get_loops(block)
     extents = [_extent(sch, loop) for loop in loops]
     if not loops or None in extents:
         if loops:
-            sch.parallel(loops[0])
+            _parallel(sch, loops[:1], tiling)
         return
     sizes = [int(e) for e in extents if e is not None]
     k = len(loops) - 1
@@ -157,23 +193,22 @@ def _parallel_vectorized(sch: Any, block: Any) -> None:
             head, inner = sch.split(inner, [None, chunk])
             outer.append(head)
     if outer:
-        sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
+        _parallel(sch, outer, tiling)
     sch.vectorize(inner)
 
 
 def _finish(sch: Any, block: Any, epilogue: Any, outer: Sequence[Any], first_reduction: Any,
-            unrolled: Any | None, vector: Any, epilogue_vector: str) -> None:
+            unrolled: Any | None, vector: Any, epilogue_vector: str, tiling: Tiling) -> None:
     """Shared tail of the tiled rules: unroll/vectorize, parallel outer loops, split init."""
     if epilogue_vector == "inner":
         sch.vectorize(sch.get_loops(epilogue)[-1])
     if unrolled is not None:
         sch.unroll(unrolled)
     sch.vectorize(vector)
-    parallel = sch.fuse(*outer) if len(outer) > 1 else outer[0]
-    sch.parallel(parallel)
+    parallel = _parallel(sch, outer, tiling)
     init = sch.decompose_reduction(block, first_reduction)
     sch.vectorize(sch.get_loops(init)[-1])
-    _schedule_prologue(sch, block, parallel)
+    _schedule_prologue(sch, block, parallel, tiling)
 
 
 # --------------------------------------------------------------------------- rules
@@ -208,7 +243,7 @@ def packed_conv2d(sch: Any, tiling: Tiling) -> Any | None:
             for cast in sch.get_producers(producer):
                 if sch.get(cast).name_hint == CAST_BLOCK:
                     sch.compute_inline(cast)  # cast while padding: one pass over the input
-    _finish(sch, conv, epilogue, [n, co, y], rc, xi, ci, epilogue_vector="done")
+    _finish(sch, conv, epilogue, [n, co, y], rc, xi, ci, "done", tiling)
     return sch
 
 
@@ -230,7 +265,7 @@ def packed_matmul(sch: Any, tiling: Tiling) -> Any | None:
     # Column blocks outermost: one packed weight panel stays in L2 while all rows pass.
     sch.reorder(no, ro, k, ri, ni)
     epilogue = _epilogue_at(sch, mm, ro)
-    _finish(sch, mm, epilogue, [no, ro], k, ri, ni, epilogue_vector="inner")
+    _finish(sch, mm, epilogue, [no, ro], k, ri, ni, "inner", tiling)
     return sch
 
 
@@ -279,7 +314,7 @@ def tiled_reduction(sch: Any, tiling: Tiling) -> Any | None:
     outer.append(vo)
     sch.reorder(*outer, *loops[spatial:], *([unrolled] if unrolled is not None else []), vi)
     epilogue = _epilogue_at(sch, block, outer[-1])
-    _finish(sch, block, epilogue, outer, loops[spatial], unrolled, vi, epilogue_vector="inner")
+    _finish(sch, block, epilogue, outer, loops[spatial], unrolled, vi, "inner", tiling)
     return sch
 
 
@@ -304,8 +339,17 @@ def injective(sch: Any, tiling: Tiling) -> Any | None:
         return None
     for info in infos[:-1]:
         sch.compute_inline(info.block_rv)
-    _parallel_vectorized(sch, infos[-1].block_rv)
+    _parallel_vectorized(sch, infos[-1].block_rv, tiling)
     return sch
+
+
+def row_reduction(sch: Any, tiling: Tiling) -> Any | None:
+    """TVM's ``dlight.cpu.Reduction`` (softmax, layer norm), for kernels worth parallelizing."""
+    if not tiling.parallel:
+        return None
+    from tvm.target import Target  # noqa: PLC0415
+
+    return dlight.cpu.Reduction().apply(sch.mod["main"], Target.current(allow_none=False), False)
 
 
 def parallel_outer(sch: Any, tiling: Tiling) -> Any | None:
@@ -318,5 +362,5 @@ def parallel_outer(sch: Any, tiling: Tiling) -> Any | None:
         count = len(kinds) - len(kinds.lstrip("S"))
         loops = sch.get_loops(info.block_rv)
         if count:
-            sch.parallel(sch.fuse(*loops[:count]) if count > 1 else loops[0])
+            _parallel(sch, loops[:count], tiling)
     return sch

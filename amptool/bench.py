@@ -1,0 +1,342 @@
+"""``bench``: onnxruntime float32, amptool float32 and amptool in low precision, timed side by
+side in one process (library API; ``amptool bench`` is the shell).
+
+How it times: every variant is built first (amptool's own convert path, ``build_model``), then
+all run on the same seeded inputs in rounds. Each round visits every variant — in an order that
+rotates from round to round — with one untimed run (it absorbs the previous runtime's spinning
+worker threads and refills caches) before ``runs`` timed runs. Medians and 90th percentiles
+are over all timed runs. On a shared machine absolute times drift; ratios of variants timed
+in the same rounds do not, so reports lead with ratios.
+
+Threads: TVM's pool and onnxruntime's intra-op pool get the same count, set before anything
+runs (TVM sizes its pool once per thread).
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import platform
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+
+from amptool import __version__, _tvm
+from amptool.artifact import load_artifact
+from amptool.convert import DTYPES, ConvertConfig, build_model
+from amptool.errors import UserError
+from amptool.frontend.load import load_model
+from amptool.frontend.prepare import pin_shapes, reference_model
+from amptool.frontend.signature import TensorSpec, graph_inputs
+from amptool.runtime.inputs import generate_inputs
+
+ONNXRUNTIME = "onnxruntime-float32"
+StageCallback = Callable[[str], None]
+ProgressCallback = Callable[[int, int], None]
+
+
+def amptool_variant(dtype: str) -> str:
+    return f"amptool-{dtype}"
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What to time. ``model`` is an ONNX file or an ``amptool convert`` output directory."""
+
+    model: str
+    dtypes: tuple[str, ...] = ("float16",)
+    target: str = "llvm"
+    batch: int | None = None
+    threads: int | None = None  # None: every CPU this process may run on
+    input_shapes: tuple[str, ...] = ()
+    colors: str | None = None
+    rounds: int = 5
+    runs: int = 3
+    warmup: int = 2
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for dtype in self.dtypes:
+            if dtype not in DTYPES:
+                raise UserError(f"Unknown dtype '{dtype}'. Choose from: {', '.join(DTYPES)}.")
+        for name in ("batch", "threads"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise UserError(f"--{name} must be at least 1, got {value}")
+        if self.rounds < 1 or self.runs < 1 or self.warmup < 0:
+            raise UserError("--rounds and --runs must be at least 1")
+
+
+@dataclass
+class VariantTiming:
+    variant: str
+    times_ms: list[float] = field(default_factory=list)
+    build_s: float | None = None
+
+    @property
+    def median_ms(self) -> float:
+        return float(np.median(self.times_ms)) if self.times_ms else math.nan
+
+    @property
+    def p90_ms(self) -> float:
+        return float(np.percentile(self.times_ms, 90)) if self.times_ms else math.nan
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "variant": self.variant,
+            "median_ms": round(self.median_ms, 4),
+            "p90_ms": round(self.p90_ms, 4),
+            "runs": len(self.times_ms),
+            "build_s": None if self.build_s is None else round(self.build_s, 3),
+        }
+
+
+@dataclass
+class BenchReport:
+    model: str
+    target: str
+    threads: int
+    tvm_threads: int
+    inputs: list[TensorSpec]
+    results: list[VariantTiming]
+    host: dict[str, str]
+    versions: dict[str, str]
+    date: str
+
+    def timing(self, variant: str) -> VariantTiming | None:
+        return next((r for r in self.results if r.variant == variant), None)
+
+    def ratio(self, variant: str, baseline: str) -> float | None:
+        """median(variant) / median(baseline), or None when either is missing."""
+        a, b = self.timing(variant), self.timing(baseline)
+        if a is None or b is None or not b.median_ms > 0:
+            return None
+        return a.median_ms / b.median_ms
+
+    def ratios(self) -> dict[str, float]:
+        """``variant/baseline`` → ratio: every amptool variant against onnxruntime, and every low
+        dtype against amptool float32."""
+        found: dict[str, float] = {}
+        fp32 = amptool_variant("float32")
+        for r in self.results:
+            if r.variant == ONNXRUNTIME:
+                continue
+            for baseline in (ONNXRUNTIME, fp32) if r.variant != fp32 else (ONNXRUNTIME,):
+                value = self.ratio(r.variant, baseline)
+                if value is not None:
+                    found[f"{r.variant}/{baseline}"] = round(value, 4)
+        return found
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "results": [r.as_json() for r in self.results],
+            "threads": self.threads,
+            "tvm_threads": self.tvm_threads,
+            "ratios": self.ratios(),
+            "model": self.model,
+            "target": self.target,
+            "inputs": [s.as_json() for s in self.inputs],
+            "host": self.host,
+            "versions": self.versions,
+            "date": self.date,
+        }
+
+
+def default_threads() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def bench_model(config: BenchConfig, on_stage: StageCallback | None = None,
+                on_progress: ProgressCallback | None = None) -> BenchReport:
+    """Build every variant, then time them interleaved; see the module docstring."""
+    notify = on_stage or (lambda _name: None)
+    threads = config.threads or default_threads()
+    tvm_threads = _tvm.set_num_threads(threads)  # before anything creates TVM's pool
+    timings: list[VariantTiming] = [VariantTiming(ONNXRUNTIME)]
+    runners: list[Callable[[], Any]] = []
+
+    if os.path.isdir(config.model):
+        variants, specs, model, fixed = _from_artifact(config, notify)
+    else:
+        variants, specs, model, fixed = _from_onnx(config, notify)
+    feeds = {**generate_inputs(specs, model, seed=config.seed), **fixed}
+    notify("onnxruntime session")
+    ort_model = pin_shapes(reference_model(model), specs) if (config.batch or config.input_shapes) else model
+    runners.append(_onnxruntime_runner(ort_model, threads, feeds))
+    for name, (compiled, build_s) in variants.items():
+        timings.append(VariantTiming(name, build_s=build_s))
+        runners.append(_tvm_runner(compiled, feeds))
+
+    notify("timing")
+    _time_rounds(runners, timings, config, on_progress)
+    return BenchReport(
+        model=config.model,
+        target=config.target,
+        threads=threads,
+        tvm_threads=tvm_threads,
+        inputs=specs,
+        results=timings,
+        host=host_info(),
+        versions={"amptool": __version__, **_tvm.versions(), **_runtime_versions()},
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    )
+
+
+def _from_onnx(config: BenchConfig, notify: StageCallback) -> tuple[
+        dict[str, tuple[Any, float | None]], list[TensorSpec], onnx.ModelProto, dict[str, np.ndarray]]:
+    model = load_model(config.model).model
+    shapes = _input_shapes(config, graph_inputs(model))
+    variants: dict[str, tuple[Any, float | None]] = {}
+    specs: list[TensorSpec] = []
+    fixed: dict[str, np.ndarray] = {}
+    for dtype in dict.fromkeys(("float32", *config.dtypes)):
+        name = amptool_variant(dtype)
+        convert = ConvertConfig(model=config.model, dtype=dtype, colors=config.colors,
+                                target=config.target, input_shapes=shapes)
+        start = time.perf_counter()
+        build = build_model(convert, on_stage=_prefixed(notify, name))
+        variants[name] = (build.compiled(), time.perf_counter() - start)
+        specs = specs or [TensorSpec(s.name, _declared_dtype(model, s), s.shape) for s in build.inputs]
+        fixed = build.fixed_inputs
+    return variants, specs, model, fixed
+
+
+def _from_artifact(config: BenchConfig, notify: StageCallback) -> tuple[
+        dict[str, tuple[Any, float | None]], list[TensorSpec], onnx.ModelProto, dict[str, np.ndarray]]:
+    """The artifact's build next to a fresh float32 build of its model, at its input shapes."""
+    notify("load artifact")
+    manifest, compiled = load_artifact(config.model)
+    path = manifest.get("model", {}).get("path", "")
+    if not os.path.isfile(path):
+        raise UserError(f"{config.model} was built from {path or 'an unrecorded model'}, which is not there",
+                        "bench needs the original ONNX model for the onnxruntime and float32 baselines.")
+    model = load_model(path).model
+    declared = {s.name: s for s in graph_inputs(model)}
+    specs = [TensorSpec(i["name"], declared[i["name"]].dtype if i["name"] in declared else i["dtype"],
+                        tuple(i["shape"])) for i in manifest["inputs"]]
+    if config.batch and any(s.shape and s.shape[0] != config.batch for s in specs):
+        raise UserError(f"--batch {config.batch} does not match the artifact's input shapes",
+                        "An artifact is compiled for fixed shapes; bench the ONNX model instead.")
+    fixed = {n: np.asarray(v, dtype=declared[n].dtype) for n, v in manifest.get("fixed_inputs", {}).items()
+             if n in declared}
+    shapes = tuple(f"{s.name}:{'x'.join(str(d) for d in s.shape or ())}" for s in specs)
+    fp32 = ConvertConfig(model=path, dtype="float32", colors=None, target=manifest.get("target", config.target),
+                         input_shapes=shapes, fixed_inputs=tuple(f"{n}={_fixed_text(v)}" for n, v in fixed.items()))
+    variants: dict[str, tuple[Any, float | None]] = {}
+    if manifest.get("dtype") != "float32":
+        start = time.perf_counter()
+        build = build_model(fp32, on_stage=_prefixed(notify, amptool_variant("float32")))
+        variants[amptool_variant("float32")] = (build.compiled(), time.perf_counter() - start)
+    variants[amptool_variant(str(manifest.get("dtype")))] = (compiled, None)
+    return variants, specs, model, fixed
+
+
+def _prefixed(notify: StageCallback, prefix: str) -> StageCallback:
+    return lambda stage: notify(f"{prefix}: {stage}")
+
+
+def _fixed_text(value: np.ndarray) -> str:
+    return ",".join(str(v) for v in np.asarray(value).ravel().tolist())
+
+
+def _declared_dtype(model: onnx.ModelProto, spec: TensorSpec) -> str:
+    """The dtype the ONNX model takes (a low-precision-io build may take the low dtype)."""
+    return next((s.dtype for s in graph_inputs(model) if s.name == spec.name), spec.dtype)
+
+
+def _input_shapes(config: BenchConfig, declared: Sequence[TensorSpec]) -> tuple[str, ...]:
+    """--input-shape as given, plus ``--batch`` as the first dim of every other input."""
+    if not config.batch:
+        return config.input_shapes
+    named = {text.rpartition(":")[0] for text in config.input_shapes}
+    shapes = list(config.input_shapes)
+    for spec in declared:
+        if spec.name in named or not spec.shape:
+            continue
+        rest = spec.shape[1:]
+        if not all(isinstance(d, int) for d in rest):
+            raise UserError(f"--batch cannot pin input '{spec.name}': dims {list(spec.shape)} are not static",
+                            f"Also pass --input-shape {spec.name}:{config.batch}x…")
+        shapes.append(f"{spec.name}:{'x'.join(str(d) for d in (config.batch, *rest))}")
+    return tuple(shapes)
+
+
+def _onnxruntime_runner(model: onnx.ModelProto, threads: int, feeds: Mapping[str, np.ndarray]) -> Callable[[], Any]:
+    import onnxruntime as ort  # noqa: PLC0415
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 4
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    except Exception as err:
+        text = str(err).strip().splitlines()
+        raise UserError(f"onnxruntime cannot run the model: {text[0][:300] if text else err!r}") from err
+    names = {i.name for i in session.get_inputs()}
+    inputs = {k: v for k, v in feeds.items() if k in names}
+    return lambda: session.run(None, inputs)
+
+
+def _tvm_runner(compiled: Any, feeds: Mapping[str, np.ndarray]) -> Callable[[], Any]:
+    dtypes = compiled.input_dtypes or [None] * len(compiled.input_names)
+    arrays = [_as_dtype(feeds[n], d) for n, d in zip(compiled.input_names, dtypes)]
+    return _tvm.prepared_call(compiled.vm, arrays, compiled.device)
+
+
+def _as_dtype(array: np.ndarray, dtype: str | None) -> np.ndarray:
+    if dtype is None or array.dtype.kind != "f" or str(array.dtype) == dtype:
+        return array
+    if dtype == "bfloat16":
+        import ml_dtypes  # noqa: PLC0415
+
+        return array.astype(ml_dtypes.bfloat16)
+    return array.astype(dtype)
+
+
+def _time_rounds(runners: list[Callable[[], Any]], timings: list[VariantTiming], config: BenchConfig,
+                 on_progress: ProgressCallback | None) -> None:
+    total = config.rounds * len(runners)
+    for runner in runners:
+        for _ in range(config.warmup):
+            runner()
+    done = 0
+    for round_index in range(config.rounds):
+        shift = round_index % len(runners)
+        for index in [*range(shift, len(runners)), *range(shift)]:
+            runners[index]()  # untimed: settles the other runtime's threads and the caches
+            for _ in range(config.runs):
+                start = time.perf_counter()
+                runners[index]()
+                timings[index].times_ms.append((time.perf_counter() - start) * 1e3)
+            done += 1
+            if on_progress:
+                on_progress(done, total)
+
+
+def host_info() -> dict[str, str]:
+    """CPU model name, LLVM's name for it and the machine, for reports."""
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    name = line.split(":", 1)[1].strip()
+                    break
+    except OSError:  # pragma: no cover - not Linux
+        pass
+    return {"cpu": name, "llvm_cpu": _tvm.host_cpu(), "cpus": str(default_threads()), "machine": platform.machine()}
+
+
+def _runtime_versions() -> dict[str, str]:
+    import onnxruntime  # noqa: PLC0415
+
+    return {"onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__, "numpy": np.__version__}

@@ -1,0 +1,115 @@
+"""``amptool bench``: time onnxruntime and amptool builds side by side; print ratios."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import click
+
+from amptool.cli.console import err, handles_user_errors, out
+from amptool.convert import DTYPES
+
+
+@click.command()
+@click.argument("model", type=click.Path(exists=True))
+@click.option("--dtype", "dtypes", type=click.Choice(DTYPES), multiple=True, default=("float16",),
+              show_default=True, help="Low-precision dtype to time next to float32 (repeatable).")
+@click.option("--target", default="llvm", show_default=True, metavar="llvm|cuda|vulkan", help="Compilation target.")
+@click.option("--batch", type=int, default=None, help="Batch size: the first dim of every input.")
+@click.option("--threads", type=int, default=None,
+              help="Threads for TVM and onnxruntime alike  [default: every CPU available].")
+@click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME:1x3x224x224",
+              help="Pin an input's shape (repeatable); needed for dynamic dims.")
+@click.option("--colors", metavar="FILE.yaml|builtin:NAME", default=None, help="Colour lists for the builds.")
+@click.option("--rounds", type=int, default=5, show_default=True, help="Rounds over all variants.")
+@click.option("--runs", type=int, default=3, show_default=True, help="Timed runs per variant per round.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write results as JSON.")
+@handles_user_errors
+def bench(model: str, dtypes: tuple[str, ...], target: str, batch: int | None, threads: int | None,
+          input_shapes: tuple[str, ...], colors: str | None, rounds: int, runs: int, json_path: str | None) -> None:
+    """Time MODEL (.onnx, or an 'amptool convert' output directory) under onnxruntime float32,
+    amptool float32 and amptool in each DTYPE, interleaved in one run; print time ratios.
+
+    \b
+    Ratios are what to read: variants are timed in the same rounds, so load from other
+    processes slows them alike.
+    """
+    from amptool.bench import BenchConfig, bench_model  # noqa: PLC0415
+    from amptool.fileio import write_json  # noqa: PLC0415
+
+    config = BenchConfig(model=model, dtypes=dtypes, target=target, batch=batch, threads=threads,
+                         input_shapes=input_shapes, colors=colors, rounds=rounds, runs=runs)
+    with _progress() as (on_stage, on_progress):
+        report = bench_model(config, on_stage=on_stage, on_progress=on_progress)
+    out.print(_table(report))
+    click.echo(_summary(report))
+    if json_path:
+        write_json(json_path, report.as_json())
+
+
+@contextlib.contextmanager
+def _progress() -> Iterator[tuple[Callable[[str], None], Callable[[int, int], None]]]:
+    """A build line (current stage) and a timing bar, on stderr; log lines when not a terminal."""
+    import logging  # noqa: PLC0415
+
+    if not err.is_terminal:
+        log = logging.getLogger("amptool")
+        yield (lambda name: log.info("stage: %s", name)), (lambda done, total: None)
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn  # noqa: PLC0415
+
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=err, transient=True) as progress:
+        build = progress.add_task("building", total=None)
+        timing: list[Any] = []
+
+        def on_stage(name: str) -> None:
+            progress.update(build, description=f"[bold]{name}[/]")
+
+        def on_progress(done: int, total: int) -> None:
+            if not timing:
+                progress.update(build, visible=False)
+                timing.append(progress.add_task("timing", total=total))
+            progress.update(timing[0], completed=done)
+
+        yield on_stage, on_progress
+
+
+def _fmt_ratio(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}×"
+
+
+def _table(report: Any) -> Any:
+    from rich.table import Table  # noqa: PLC0415
+
+    from amptool.bench import ONNXRUNTIME, amptool_variant  # noqa: PLC0415
+
+    table = Table(title=f"{report.model} on {report.target}, {report.threads} thread(s), "
+                        f"{report.host['cpu']} ({report.host['llvm_cpu']})", title_justify="left")
+    for column in ("variant", "median ms", "p90 ms", "× onnxruntime fp32", "× amptool fp32", "build s"):
+        table.add_column(column, justify="left" if column == "variant" else "right")
+    fp32 = amptool_variant("float32")
+    for r in report.results:
+        table.add_row(
+            r.variant, f"{r.median_ms:.2f}", f"{r.p90_ms:.2f}",
+            _fmt_ratio(report.ratio(r.variant, ONNXRUNTIME)),
+            _fmt_ratio(report.ratio(r.variant, fp32)) if r.variant != ONNXRUNTIME else "—",
+            "—" if r.build_s is None else f"{r.build_s:.1f}",
+        )
+    return table
+
+
+def _summary(report: Any) -> str:
+    """One grep-friendly line: each amptool variant's ratios, then the thread count."""
+    from amptool.bench import ONNXRUNTIME  # noqa: PLC0415
+
+    parts = []
+    for r in report.results:
+        if r.variant == ONNXRUNTIME:
+            continue
+        ratios = [f"{value:.2f}x {key.split('/')[1]}" for key, value in report.ratios().items()
+                  if key.split("/")[0] == r.variant]
+        parts.append(f"{r.variant} {', '.join(ratios)}")
+    return "BENCH | " + " | ".join([*parts, f"threads {report.threads}"])
