@@ -82,6 +82,8 @@ def activation_peaks(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], so
 
 
 def _peak(value: object) -> float:
+    if isinstance(value, (list, tuple)):  # sequence outputs
+        return max((_peak(v) for v in value), default=0.0)
     array = np.asarray(value)
     if array.dtype.kind != "f" or array.size == 0:
         return 0.0

@@ -6,8 +6,9 @@ and the ops no colour list names. The same pipeline as ``convert`` up to compila
 what inspect says is what convert builds.
 
 A node's colour summarises its Relax bindings (a Gemm is a matmul plus a bias add): ALWAYS
-if any binding is ALWAYS, else FOLLOW if any is, else NEVER; it computes in the low dtype
-if any binding does. Nodes that bind no floating-point op (shape arithmetic, integer
+if any binding is ALWAYS, else FOLLOW if any is, else NEVER; its dtype is the one all its
+bindings compute in, or "mixed" (a Softmax whose reshapes follow into float16 around a
+float32 softmax). Nodes that bind no floating-point op (shape arithmetic, integer
 indexing) have no colour and are not listed. ``guard`` says why a range guard overruled the
 colour lists for that node.
 """
@@ -97,7 +98,8 @@ def summarize_nodes(
     summaries = []
     for name, group in grouped.items():
         color = max((d.color for d in group), key=lambda c: _RANK[c])
-        dtype = low if any(d.dtype == low for d in group) else "float32"
+        dtypes = {d.dtype for d in group}
+        dtype = dtypes.pop() if len(dtypes) == 1 else "mixed"
         op_type = next((d.onnx_op for d in group if d.onnx_op), None) or group[-1].relax_op
         summaries.append(NodeSummary(name, op_type, color.value, dtype, (guards or {}).get(name)))
     return summaries

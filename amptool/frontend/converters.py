@@ -3,7 +3,8 @@
 Add a converter here (never by editing TVM) when the stock frontend lacks an op or gets it
 wrong on real exports. Each entry says why it exists and is tested against onnxruntime.
 A converter is ``fn(bb, inputs, attrs) -> relax.Expr``; ``inputs`` are Relax expressions
-(None for omitted optional inputs), ``attrs`` the parsed ONNX attributes.
+(None for omitted optional inputs), ``attrs`` the parsed ONNX attributes. Returning None
+declines the node, which then goes to TVM's converter.
 """
 
 from __future__ import annotations
@@ -11,7 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from amptool.frontend.rnn import convert_gru, convert_lstm
+import numpy as np
+
+from amptool import _tvm
+from amptool.errors import UserError
+from amptool.frontend.clip_pad import convert_clip, convert_pad
+from amptool.frontend.rnn import convert_gru, convert_lstm, convert_rnn
 
 Converter = Callable[[Any, list[Any], dict[str, Any]], Any]
 
@@ -40,10 +46,56 @@ def _prelu(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     return relax.op.where(negative, relax.op.multiply(x, slope), x)
 
 
+def _reverse_sequence(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
+    """ReverseSequence as one ``gather_elements`` along the time axis.
+
+    Why: TVM's Relax frontend has no converter, and tf2onnx emits it for every bidirectional
+    Keras RNN. Source index along time, per (t, b): ``len[b]-1-t`` inside the sequence, ``t``
+    after it — a [time, batch] table, computed in numpy when the lengths are constants (they
+    are once shapes are pinned) and with Relax ops otherwise, broadcast to the input's shape.
+    """
+    from tvm import relax  # noqa: PLC0415
+
+    x, lens = inputs[0], inputs[1]
+    node = str(attrs.get("tvm_custom", {}).get("name", "") or "ReverseSequence")
+    try:
+        shape = [int(d) for d in x.ty.shape]
+    except TypeError as err:
+        raise UserError(
+            f"ReverseSequence node '{node}' needs a static input shape.",
+            "Pin the input shapes with --input-shape.",
+        ) from err
+    rank = len(shape)
+    time_axis, batch_axis = int(attrs.get("time_axis", 0)) % rank, int(attrs.get("batch_axis", 1)) % rank
+    steps, batch = shape[time_axis], shape[batch_axis]
+    table_shape = [1] * rank
+    table_shape[time_axis], table_shape[batch_axis] = steps, batch
+    t = np.arange(steps, dtype=np.int64).reshape(steps, 1)
+    order = [0, 1] if time_axis < batch_axis else [1, 0]  # [time, batch] in the input's axis order
+    lens_value = _tvm.constant_numpy(lens) if _tvm.is_constant(lens) else None
+    if lens_value is not None:
+        length = lens_value.astype(np.int64).reshape(1, batch)
+        table = relax.const(np.where(t < length, length - 1 - t, t).transpose(order).reshape(table_shape))
+    else:
+        op, times = relax.op, relax.const(t, "int64")
+        length = bb.emit(op.reshape(op.astype(lens, "int64"), [1, batch]))
+        last = bb.emit(op.subtract(length, relax.const(1, "int64")))
+        source = bb.emit(op.where(op.less(times, length), op.subtract(last, times), times))
+        table = bb.emit(op.reshape(op.permute_dims(source, order), table_shape))
+    index = bb.emit(relax.op.broadcast_to(table, shape))
+    return relax.op.gather_elements(x, index, axis=time_axis)
+
+
 CONVERTERS: dict[str, Converter] = {
     "PRelu": _prelu,
+    # Clip / Pad: TVM lowers them to fixed-dtype call_tir, which pins mobile CNNs to fp32.
+    "Clip": convert_clip,
+    "Pad": convert_pad,
     # LSTM / GRU: TVM's Relax frontend has no converter for either (amptool/frontend/rnn.py
     # unrolls them over the pinned sequence length, input projection as one matmul).
     "LSTM": convert_lstm,
     "GRU": convert_gru,
+    "RNN": convert_rnn,
+    # ReverseSequence: no converter in TVM's frontend; tf2onnx's bidirectional RNNs use it.
+    "ReverseSequence": _reverse_sequence,
 }

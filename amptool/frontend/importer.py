@@ -69,10 +69,23 @@ def check_supported(model: onnx.ModelProto) -> None:
             shown = ", ".join(f"'{n}'" for n in nodes[:3]) + (", …" if len(nodes) > 3 else "")
             parts.append(f"{op} ×{len(nodes)} ({shown})")
         raise UserError(
-            f"No converter for {len(missing)} op type(s): " + "; ".join(parts),
+            f"No converter for {len(missing)} op type(s): " + "; ".join(parts) + _loop_reasons(model, missing),
             "These ops cannot be imported into TVM Relax yet; replace them in the exporter "
-            "or export with a different opset.",
+            "or export with a different opset."
+            + (" Loop/Scan convert once prepare can unroll them (trip count known before run time)."
+               if {"Loop", "Scan"} & missing.keys() else ""),
         )
+
+
+def _loop_reasons(model: onnx.ModelProto, missing: dict[str, list[str]]) -> str:
+    """Why prepare left a Loop/Scan in place (it unrolls those with a known trip count)."""
+    if "Loop" not in missing and "Scan" not in missing:
+        return ""
+    from amptool.frontend.unroll import refusals  # noqa: PLC0415
+
+    reasons = refusals(model)
+    named = [(op, n, reasons[n]) for op in ("Loop", "Scan") for n in missing.get(op, []) if n in reasons]
+    return "".join(f". {op} '{n}' is not unrolled: {why}" for op, n, why in named[:3])
 
 
 def identifier(name: str) -> str:
@@ -129,10 +142,11 @@ def _make_importer(shape_dict: dict[str, list[int]], dtype_dict: dict[str, str])
         def _convert_operator(self, op_name: str, inputs: Any, attrs: dict, opset: int) -> Any:
             node_name = str(attrs.get("tvm_custom", {}).get("name", "") or op_name)
             try:
-                if op_name in CONVERTERS:
-                    result = self.bb.normalize(CONVERTERS[op_name](self.bb, list(inputs), attrs))
-                else:
+                result = CONVERTERS[op_name](self.bb, list(inputs), attrs) if op_name in CONVERTERS else None
+                if result is None:  # not ours, or ours declined this instance
                     result = super()._convert_operator(op_name, inputs, attrs, opset)
+                else:
+                    result = self.bb.normalize(result)
             except UserError:
                 raise
             except Exception as err:
