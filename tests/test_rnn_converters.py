@@ -1,4 +1,5 @@
-"""amptool's LSTM / GRU converters against onnxruntime, and end to end in float16.
+"""amptool's LSTM / GRU / RNN and ReverseSequence converters against onnxruntime, and end to end
+in float16.
 
 Each case builds a one-node model in code with seeded weights, imports it with amptool's
 importer, compiles it for llvm in float32 (no amptool passes: this tests the converter) and
@@ -29,7 +30,7 @@ from amptool.runtime.tvm_runner import CompiledModel
 from amptool.targets import get_target
 
 ATOL = RTOL = 1e-4
-GATES = {"LSTM": 4, "GRU": 3}
+GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ class Case:
 
 
 def rnn_model(case: Case) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    """A one-node LSTM/GRU model and seeded feeds; weights are drawn in ``layout=0`` order."""
+    """A one-node LSTM/GRU/RNN model and seeded feeds; weights are drawn in ``layout=0`` order."""
     rng = np.random.default_rng(0)
     nd, hid, gates = case.dirs, case.hidden, GATES[case.op]
     inits: list[onnx.TensorProto] = []
@@ -203,11 +204,25 @@ GRU_CASES = {
     ),
 }
 
+RNN_CASES = {
+    "seq1_batch1_bare": Case("RNN", seq=1, batch=1, bias=False),
+    "forward_initial_lens": Case("RNN", seq=5, initial=True, lens=(5, 2, 3)),
+    "reverse_lens_with_zero": Case("RNN", direction="reverse", seq=5, initial=True, lens=(4, 1, 0)),
+    "bidirectional_relu_sigmoid": Case(
+        "RNN", direction="bidirectional", input_size=2, hidden=9, attrs=(("activations", ["Relu", "Sigmoid"]),)
+    ),
+    "layout1_bidirectional_lens": Case("RNN", direction="bidirectional", layout=1, initial=True, lens=(3, 4, 1)),
+    "clip": Case("RNN", direction="bidirectional", seq=6, attrs=(("clip", 0.3),)),
+    "lens_as_input_y_omitted": Case("RNN", lens=(1, 3, 4), lens_as_input=True, omit_y=True),
+    "weights_as_inputs": Case("RNN", direction="bidirectional", initial=True, weights_as_inputs=True),
+}
+
 
 @pytest.mark.parametrize(
     "case",
     [pytest.param(c, id=f"lstm-{k}") for k, c in LSTM_CASES.items()]
-    + [pytest.param(c, id=f"gru-{k}") for k, c in GRU_CASES.items()],
+    + [pytest.param(c, id=f"gru-{k}") for k, c in GRU_CASES.items()]
+    + [pytest.param(c, id=f"rnn-{k}") for k, c in RNN_CASES.items()],
 )
 def test_matches_onnxruntime_fp32(case: Case) -> None:
     model, feeds = rnn_model(case)
@@ -273,6 +288,9 @@ ONNX_NODE_CASES = [
         f"test_gru_{k}"
         for k in ("defaults", "with_initial_bias", "seq_length", "batchwise", "reverse", "bidirectional")
     ),
+    *(f"test_simple_rnn_{k}" for k in ("defaults", "with_initial_bias", "batchwise")),
+    "test_rnn_seq_length",
+    *(f"test_reversesequence_{k}" for k in ("time", "batch")),
 ]
 
 
@@ -295,6 +313,48 @@ def test_matches_onnx_backend_reference(name: str, onnx_node_cases: dict[str, An
         got = amptool_fp32(case.model, dict(zip(names, inputs)))
         for (out, value), want in zip(got.items(), expected):
             np.testing.assert_allclose(value, want, atol=ATOL, rtol=RTOL, err_msg=f"{name}/{out}")
+
+
+# --------------------------------------------------------------------------- ReverseSequence
+def reverse_sequence_model(
+    shape: tuple[int, ...], lens: tuple[int, ...], time_axis: int, batch_axis: int, lens_as_input: bool
+) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    feeds = {"x": np.random.default_rng(2).standard_normal(shape).astype(np.float32)}
+    graph_in = [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)]
+    inits = []
+    if lens_as_input:
+        graph_in.append(helper.make_tensor_value_info("lens", TensorProto.INT64, [len(lens)]))
+        feeds["lens"] = np.array(lens, np.int64)
+    else:
+        inits.append(numpy_helper.from_array(np.array(lens, np.int64), "lens"))
+    node = helper.make_node(
+        "ReverseSequence", ["x", "lens"], ["y"], name="/rev", time_axis=time_axis, batch_axis=batch_axis
+    )
+    graph = helper.make_graph(
+        [node], "rev", graph_in, [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], inits
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model, feeds
+
+
+@pytest.mark.parametrize(
+    "shape, lens, time_axis, batch_axis, lens_as_input",
+    [
+        ((5, 3, 4), (5, 2, 0), 0, 1, False),
+        ((3, 5, 4), (1, 5, 3), 1, 0, False),
+        ((4, 6), (6, 3, 1, 2), 1, 0, True),
+        ((6, 2, 3, 2), (4, 6), 0, 1, True),
+    ],
+    ids=["time0-const", "batch0-const", "batch0-2d-run-time", "time0-4d-run-time"],
+)
+def test_reverse_sequence_matches_onnxruntime(
+    shape: tuple[int, ...], lens: tuple[int, ...], time_axis: int, batch_axis: int, lens_as_input: bool
+) -> None:
+    model, feeds = reverse_sequence_model(shape, lens, time_axis, batch_axis, lens_as_input)
+    got = amptool_fp32(model, feeds)["y"]
+    np.testing.assert_array_equal(got, _run_ort(model, feeds)["y"])  # a permutation: exact
 
 
 # --------------------------------------------------------------------------- end to end
@@ -353,3 +413,57 @@ def test_bidirectional_classifier_float16_diff_passes(op: str, run_cli: Any, tmp
     assert result.output.strip().splitlines()[-1].startswith("PASSED |")
     (logits,) = read_json(tmp_path / "diff.json")["outputs"]
     assert logits["cosine"] >= 0.999 and logits["nan"] == 0 and logits["inf"] == 0
+
+
+def _tf2onnx_bidirectional_rnn(seq: int = 6, batch: int = 2, features: int = 8, hidden: int = 16) -> onnx.ModelProto:
+    """tf2onnx's shape of a bidirectional Keras SimpleRNN: a forward RNN on x, another on
+    ReverseSequence(x) whose output is reversed back, concatenated, mean over time → logits."""
+    rng = np.random.default_rng(4)
+    scale = 1 / np.sqrt(hidden)
+
+    def init(name: str, shape: tuple[int, ...]) -> onnx.TensorProto:
+        return numpy_helper.from_array(rng.uniform(-scale, scale, shape).astype(np.float32), name)
+
+    lens = np.array([seq, seq - 2])
+    inits = [numpy_helper.from_array(lens.astype(np.int64), "lens"),  # ReverseSequence reads int64
+             numpy_helper.from_array(lens.astype(np.int32), "lens32")]  # RNN reads int32
+    inits += [numpy_helper.from_array(np.array([1], np.int64), "axis1"), init("fc.weight", (5, 2 * hidden))]
+    nodes = [helper.make_node("ReverseSequence", ["x", "lens"], ["x_rev"], name="/bw/ReverseSequence")]
+    for tag, source in (("fw", "x"), ("bw", "x_rev")):
+        inits += [init(f"{tag}.W", (1, hidden, features)), init(f"{tag}.R", (1, hidden, hidden)),
+                  init(f"{tag}.B", (1, 2 * hidden))]
+        nodes += [
+            helper.make_node("RNN", [source, f"{tag}.W", f"{tag}.R", f"{tag}.B", "lens32"], [f"{tag}_y4"],
+                             name=f"/{tag}/RNN", hidden_size=hidden),
+            helper.make_node("Squeeze", [f"{tag}_y4", "axis1"], [f"{tag}_y"], name=f"/{tag}/Squeeze"),
+        ]
+    nodes += [
+        helper.make_node("ReverseSequence", ["bw_y", "lens"], ["bw_y_fwd"], name="/bw/ReverseSequence_out"),
+        helper.make_node("Concat", ["fw_y", "bw_y_fwd"], ["y"], name="/Concat", axis=2),
+        helper.make_node("ReduceMean", ["y"], ["pooled"], name="/ReduceMean", axes=[0], keepdims=0),
+        helper.make_node("Gemm", ["pooled", "fc.weight"], ["logits"], name="/fc/Gemm", transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tf2onnx_birnn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [seq, batch, features])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [seq, batch, 2 * hidden]),
+         helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, 5])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def test_tf2onnx_style_bidirectional_rnn_float16_diff_passes(run_cli: Any, tmp_path: Path) -> None:
+    from tests.conftest import read_json
+
+    path = tmp_path / "birnn.onnx"
+    onnx.save(_tf2onnx_bidirectional_rnn(), path)
+    result = run_cli("diff", str(path), "--dtype", "float16", "--json", str(tmp_path / "diff.json"))
+    assert result.exit_code == 0, result.output
+    assert result.output.strip().splitlines()[-1].startswith("PASSED |")
+    for output in read_json(tmp_path / "diff.json")["outputs"]:
+        assert output["cosine"] >= 0.999 and output["nan"] == 0 and output["inf"] == 0, output

@@ -11,6 +11,12 @@ Folding evaluates single nodes whose inputs are all known with onnx's reference 
 (exact numpy arithmetic, fp32 stays fp32) and replaces them by `Constant` nodes; `Shape`
 folds when shape inference knows the static shape; an `If` whose condition is known is
 replaced by its taken branch. Nothing depending on a graph input's *values* is touched.
+
+Each round also unrolls the `Loop`/`Scan` nodes whose trip count has become known
+(amptool/frontend/unroll.py). It lives in this fixed-point loop rather than in a prepare step
+of its own because the two feed each other: folding makes a trip count constant, and
+unrolling turns ``iteration_num`` into constants that the next round folds into the copies'
+index and shape arithmetic (and into nested `If` conditions, or nested loops' trip counts).
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
+
+from amptool.frontend.unroll import unroll_loops
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +49,11 @@ class FoldStats:
     folded: int = 0
     shapes: int = 0
     ifs_inlined: int = 0
+    loops_unrolled: int = 0
 
     @property
     def changed(self) -> bool:
-        return bool(self.folded or self.shapes or self.ifs_inlined)
+        return bool(self.folded or self.shapes or self.ifs_inlined or self.loops_unrolled)
 
 
 def fold_model(model: onnx.ModelProto, max_rounds: int = 8) -> tuple[onnx.ModelProto, FoldStats]:
@@ -56,9 +65,11 @@ def fold_model(model: onnx.ModelProto, max_rounds: int = 8) -> tuple[onnx.ModelP
     total = FoldStats()
     for _ in range(max_rounds):
         model, stats = _fold_once(model)
+        model, stats.loops_unrolled = unroll_loops(model)
         total.folded += stats.folded
         total.shapes += stats.shapes
         total.ifs_inlined += stats.ifs_inlined
+        total.loops_unrolled += stats.loops_unrolled
         if not stats.changed:
             break
     return model, total

@@ -239,7 +239,8 @@ def _fold_everywhere(model: onnx.ModelProto, notes: list[str]) -> onnx.ModelProt
     if stats.changed:
         notes.append(
             f"fold-subgraphs: {stats.folded} node(s) and {stats.shapes} Shape(s) folded, "
-            f"{stats.ifs_inlined} If(s) with a constant condition inlined"
+            f"{stats.ifs_inlined} If(s) with a constant condition inlined, "
+            f"{stats.loops_unrolled} Loop/Scan(s) with a known trip count unrolled"
         )
     return folded
 

@@ -1,12 +1,14 @@
-"""ONNX ``LSTM`` and ``GRU`` → Relax, unrolled over a static sequence length.
+"""ONNX ``LSTM``, ``GRU`` and ``RNN`` → Relax, unrolled over a static sequence length.
 
-Why: TVM 0.27's Relax ONNX frontend has no converter for either op, yet every speech,
-OCR-recogniser and tagging export from PyTorch, Keras and Paddle carries them.
+Why: TVM 0.27's Relax ONNX frontend has no converter for any of them, yet every speech,
+OCR-recogniser and tagging export from PyTorch, Keras and Paddle carries LSTM or GRU, and
+older exports of ``nn.RNN`` / ``SimpleRNN`` carry the plain (Elman) ``RNN``.
 
 What: per direction, the input projection ``X·Wᵀ`` (plus every bias the equations allow)
 for all timesteps is one matmul — compute-bound, so the mixed-precision pass puts it in the
 low dtype with fp32 accumulation. Each timestep is then one ``[batch, hidden]·Rᵀ`` matmul
-(two for GRU with ``linear_before_reset=0``) and elementwise gates, emitted in sequence.
+(two for GRU with ``linear_before_reset=0``) and elementwise gates (for RNN, one activation),
+emitted in sequence.
 ``sequence_lens`` become per-step masks (``t < len``) applied with ``where``: a masked step
 keeps the previous state and writes zeros to ``Y``. Walking ``t = seq-1 … 0`` for the reverse
 direction then reverses each sequence within its valid length, as ONNX requires.
@@ -428,6 +430,27 @@ def convert_gru(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
         )
         steps = u.projections(inputs[0], w, bias)
         y, final = u.run(steps, (u.state(init_h, d),), functools.partial(_gru_step, u, weights), direction == "reverse")
+        ys.append(y)
+        finals.append(final)
+    return u.outputs(ys, finals)
+
+
+def _rnn_step(u: _Unroller, r_t: Expr, act: str, x_t: Expr, state: tuple[Expr, ...]) -> tuple[Expr, ...]:
+    (h,) = state
+    return (u.act(act, u.emit(u.relax.op.add(x_t, u.emit(u.relax.op.matmul(h, r_t))))),)
+
+
+def convert_rnn(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
+    """ONNX RNN, ``Ht = f(Xt·Wᵀ + Ht₋₁·Rᵀ + Wb + Rb)`` → Relax tuple (Y, Y_h)."""
+    cell = _parse("RNN", inputs, attrs, ("tanh",))
+    u = _Unroller(bb, cell, _optional(inputs, 4))
+    init_h = _optional(inputs, 5)
+    ys, finals = [], []
+    for d, direction in enumerate(cell.directions):
+        w, r, wb, rb = _weights(u, inputs, d, 1)
+        steps = u.projections(inputs[0], w, None if wb is None else u.add(wb, rb))
+        step = functools.partial(_rnn_step, u, u.transpose(r), cell.activations[d][0])
+        y, final = u.run(steps, (u.state(init_h, d),), step, direction == "reverse")
         ys.append(y)
         finals.append(final)
     return u.outputs(ys, finals)
