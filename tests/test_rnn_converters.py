@@ -216,13 +216,18 @@ RNN_CASES = {
     "lens_as_input_y_omitted": Case("RNN", lens=(1, 3, 4), lens_as_input=True, omit_y=True),
     "weights_as_inputs": Case("RNN", direction="bidirectional", initial=True, weights_as_inputs=True),
 }
+#: Covered by the other RNN cases' features (the unroller is shared): run in `make test-all` only.
+RNN_SLOW = {"seq1_batch1_bare", "forward_initial_lens", "weights_as_inputs"}
 
 
 @pytest.mark.parametrize(
     "case",
     [pytest.param(c, id=f"lstm-{k}") for k, c in LSTM_CASES.items()]
     + [pytest.param(c, id=f"gru-{k}") for k, c in GRU_CASES.items()]
-    + [pytest.param(c, id=f"rnn-{k}") for k, c in RNN_CASES.items()],
+    + [
+        pytest.param(c, id=f"rnn-{k}", marks=[pytest.mark.slow] if k in RNN_SLOW else [])
+        for k, c in RNN_CASES.items()
+    ],
 )
 def test_matches_onnxruntime_fp32(case: Case) -> None:
     model, feeds = rnn_model(case)
