@@ -214,6 +214,17 @@ def _finish(sch: Any, block: Any, epilogue: Any, outer: Sequence[Any], first_red
 # --------------------------------------------------------------------------- rules
 
 
+def _column_tile(width: int, cap: int) -> int:
+    """Output columns per register tile: a divisor of ``width`` (a remainder puts a bounds check
+    in the inner loop, measured 10× slower) — the largest up to ``cap``, else the smallest up to
+    ``2 * cap - 2`` (registers allowing), else ``cap`` with the check."""
+    low = _divisor(width, cap, min(4, width))
+    if low is not None:
+        return low
+    high = next((d for d in range(cap + 1, 2 * cap - 1) if width % d == 0), None)
+    return high or min(cap, width)
+
+
 def packed_conv2d(sch: Any, tiling: Tiling) -> Any | None:
     """``amp_conv2d``: tile = ``T`` output columns × one packed vector of output channels."""
     conv = _find_block(sch, CONV2D_BLOCK)
@@ -225,11 +236,14 @@ def packed_conv2d(sch: Any, tiling: Tiling) -> Any | None:
     if width is None:
         return None
     cap = max(1, tiling.accumulators // max(1, block // tiling.lanes) // 2)
-    tile = _divisor(width, cap, 4) or min(cap, width)
+    tile = _column_tile(width, cap)
     co, ci = sch.split(c, [None, block])
     xo, xi = sch.split(x, [None, tile])
     sch.reorder(n, co, y, xo, rc, ry, rx, xi, ci)
     epilogue = _epilogue_at(sch, conv, xo)
+    # Accumulators channel-innermost, so each is one vector in memory: with the NCHW order a
+    # tile is a strided [B, T] patch that LLVM may split into scalars (measured 9× slower).
+    sch.transform_layout(conv, ("write", 0), lambda b, ch, row, col: (b, row, ch // block, col, ch % block))
     # The accumulators are vectors along channels; the output is contiguous along columns.
     # Full vectors of columns store best along columns, short rows along channels.
     e_loops = sch.get_loops(epilogue)[-4:]
@@ -297,7 +311,9 @@ def tiled_reduction(sch: Any, tiling: Tiling) -> Any | None:
         return None
     if any(s is None or s > 2 for s in (_stride(r, var) for r in stmt.reads)):
         return None
-    width = sizes[vec] if sizes[vec] <= 2 * tiling.lanes else _divisor(sizes[vec], 2 * tiling.lanes, 4)
+    # One vector (a shorter one when the axis is short): wider tiles of odd widths were split
+    # into scalars by LLVM.
+    width = _divisor(sizes[vec], tiling.lanes, min(4, sizes[vec]))
     if width is None:
         return None
     # Row axis: a spatial loop that some operand does not depend on (its loads are reused).
