@@ -45,7 +45,7 @@ from amptool.runtime.tvm_runner import CompiledModel
 
 @dataclass(frozen=True)
 class DiffConfig:
-    """What to compare and how strictly. ``atol``…``check_stat`` override the dtype's default
+    """What to compare and how strictly. ``atol``…``max_scale_error`` override the dtype's default
     for every output; ``per_output`` overrides them for single outputs."""
 
     convert: ConvertConfig
@@ -61,6 +61,7 @@ class DiffConfig:
     rtol: float | None = None
     min_cosine: float | None = None
     check_stat: str | None = None
+    max_scale_error: float | None = None
     per_output: tuple[tuple[str, ToleranceOverride], ...] = ()
 
     def __post_init__(self) -> None:
@@ -83,7 +84,7 @@ class DiffConfig:
     def policy(self) -> TolerancePolicy:
         return TolerancePolicy(
             default=ToleranceOverride(atol=self.atol, rtol=self.rtol, min_cosine=self.min_cosine,
-                                      check_stat=self.check_stat),
+                                      check_stat=self.check_stat, max_scale_error=self.max_scale_error),
             per_output=self.per_output,
         )
 

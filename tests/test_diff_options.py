@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +20,6 @@ import pytest
 from amptool.compare.stats import COUNT_KEYS, STAT_KEYS
 from amptool.compare.tolerance import (
     DEFAULT_TOLERANCES,
-    Tolerance,
     ToleranceOverride,
     TolerancePolicy,
     parse_tolerance_flags,
@@ -44,15 +45,16 @@ from tests.conftest import read_json
 
 def test_tolerance_flags_global_and_per_output():
     policy = parse_tolerance_flags(atol=["1e-2", "logits:0.5"], rtol=["Identity:0:0"], min_cosine=["0.9"],
-                                   check_stat=["logits:p99"])
+                                   check_stat=["logits:p99"], max_scale_error=["logits:0.02"])
     assert policy.default == ToleranceOverride(atol=1e-2, min_cosine=0.9)
     per = dict(policy.per_output)
-    assert per["logits"] == ToleranceOverride(atol=0.5, check_stat="p99")
+    assert per["logits"] == ToleranceOverride(atol=0.5, check_stat="p99", max_scale_error=0.02)
     assert per["Identity:0"] == ToleranceOverride(rtol=0.0)  # the value is after the last colon
     base = DEFAULT_TOLERANCES["float16"]
-    assert policy.resolve("float16", "logits") == Tolerance(0.5, base.rtol, 0.9, "p99")
-    assert policy.resolve("float16", "other") == Tolerance(1e-2, base.rtol, 0.9, "max")
-    assert policy.resolve("bfloat16") == Tolerance(1e-2, DEFAULT_TOLERANCES["bfloat16"].rtol, 0.9, "max")
+    assert policy.resolve("float16", "logits") == replace(base, atol=0.5, min_cosine=0.9, check_stat="p99",
+                                                          max_scale_error=0.02)
+    assert policy.resolve("float16", "other") == replace(base, atol=1e-2, min_cosine=0.9)
+    assert policy.resolve("bfloat16") == replace(DEFAULT_TOLERANCES["bfloat16"], atol=1e-2, min_cosine=0.9)
 
 
 def test_later_tolerance_flag_wins():
@@ -69,6 +71,7 @@ def test_later_tolerance_flag_wins():
         ({"atol": ["inf"]}, "is not a finite number"),
         ({"min_cosine": ["1.5"]}, "--min-cosine '1.5': '1.5' is not a number in [-1, 1]"),
         ({"check_stat": ["p95"]}, "--check-error-stat 'p95': 'p95' is not a statistic"),
+        ({"max_scale_error": ["y:-0.1"]}, "--max-scale-error 'y:-0.1': '-0.1' is not a finite number ≥ 0"),
     ],
 )
 def test_bad_tolerance_flags_are_user_errors(flags, message):
@@ -240,13 +243,14 @@ def test_json_carries_every_statistic_for_every_output(built, run_cli, tmp_path)
                                "worst_iteration") if k not in output]
         assert missing == []
         for key in ("max_abs", "mean_abs", "median_abs", "p90_abs", "p99_abs", "std_abs", "max_rel", "mean_rel",
-                    "cosine", "snr_db", "psnr_db", "min_tolerance", "tolerance_ratio"):
+                    "cosine", "snr_db", "psnr_db", "scale_error", "min_tolerance", "tolerance_ratio"):
             assert isinstance(output[key], float) and math.isfinite(output[key]), key
         assert output["topk_agree"]["top1"] == 1.0  # rank 2–3 float outputs get top-k, read or not
     assert report["reference"] == {"source": "onnxruntime", "path": None}
     assert report["inputs"]["source"] == "generated"
     assert report["iterations"]["count"] == 1 and len(report["iterations"]["runs"]) == 1
-    assert set(report["tolerance"]) >= {"atol", "rtol", "min_cosine", "check_error_stat", "per_output"}
+    assert set(report["tolerance"]) >= {"atol", "rtol", "min_cosine", "check_error_stat", "max_scale_error",
+                                        "per_output"}
     last = _last(result)
     assert last.startswith("PASSED | float16 on llvm | 2 outputs | worst output '")
     assert "× tolerance" in last
@@ -281,10 +285,16 @@ def test_reference_scaled_by_1_01_fails_naming_output_and_statistic(built, run_c
     assert failed.exit_code == 1, failed.output
     last = _last(failed)
     assert last.startswith("FAILED | float16 on llvm vs ")
-    assert "output 'probs': max_abs " in last and "> atol 0.001 + rtol 0.005·max|ref|" in last
+    max_scale_error = DEFAULT_TOLERANCES["float16"].max_scale_error
+    found = re.search(rf"output 'probs': scale_error ([0-9.e-]+) > max_scale_error {max_scale_error:g} "
+                      r"\(converted ≈ (0\.99[0-9]*) × reference", last)
+    assert found, last
+    np.testing.assert_allclose(float(found.group(1)), 1 - 1 / 1.01, atol=5e-4)  # what rounding adds is small
     output = read_json(report)["outputs"][0]
-    assert output["passed"] is False and output["failed_check"] == "tolerance"
-    assert output["cosine"] > 0.9999, "a scale is invisible to cosine; the max statistic catches it"
+    assert output["passed"] is False and output["failed_check"] == "scale_error"
+    assert output["cosine"] > 0.9999, "a scale is invisible to cosine"
+    assert output["tolerance_ratio"] < 1.0, "and within rtol, which must leave room for trained models' rounding"
+    assert read_json(again)["outputs"][0]["scale_error"] < max_scale_error / 10, "the conversion has no scale"
 
 
 def test_reference_with_wrong_shape_fails_naming_the_output(built, run_cli, tmp_path):
@@ -349,10 +359,15 @@ def test_per_output_tolerance_fails_only_that_output(built, run_cli, tmp_path):
 
 def test_check_error_stat_and_min_cosine_flags(built, run_cli):
     model, artifact = built["tiny_cnn"]
-    strict = run_cli("diff", model, "--artifact", artifact, "--min-cosine", "1")
+    # tiny_cnn's errors (~5e-5) are all within atol, where direction is not judged; atol 0 judges it
+    within_atol = run_cli("diff", model, "--artifact", artifact, "--min-cosine", "1")
+    assert within_atol.exit_code == 0 and "(…) not judged" in within_atol.output
+    strict = run_cli("diff", model, "--artifact", artifact, "--min-cosine", "1", "--atol", "0")
     assert strict.exit_code == 1 and "output 'probs': cosine " in _last(strict)
     median = run_cli("diff", model, "--artifact", artifact, "--check-error-stat", "median")
     assert median.exit_code == 0 and "median_abs" in _last(median)
+    no_scale = run_cli("diff", model, "--artifact", artifact, "--max-scale-error", "probs:0", "--atol", "0")
+    assert no_scale.exit_code == 1 and "output 'probs': scale_error " in _last(no_scale)
 
 
 def test_plot_draws_an_image(built, run_cli, tmp_path):
@@ -370,8 +385,19 @@ def test_plot_without_matplotlib_is_a_one_line_error(built, run_cli, tmp_path, m
     model, artifact = built["tiny_cnn"]
     result = run_cli("diff", model, "--artifact", artifact, "--plot", str(tmp_path / "p.png"))
     assert result.exit_code == 2
-    assert "--plot needs matplotlib" in result.output and "pip install matplotlib" in result.output
+    assert "--plot needs matplotlib" in result.output and "pip install 'amptool[plot]'" in result.output
     assert "Traceback" not in result.output
+
+
+def test_error_text_is_printed_as_text_not_rich_markup(capsys):
+    from amptool.cli.console import abort
+
+    with pytest.raises(SystemExit) as info:
+        abort(UserError("--inputs runs/a[1].npz: file not found [bold]", "pip install 'amptool[plot]' [/]"))
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "error: --inputs runs/a[1].npz: file not found [bold]" in err
+    assert "hint: pip install 'amptool[plot]' [/]" in err
 
 
 def _bad_args(case: str, tmp_path: Path, artifact: str) -> list[str]:
@@ -393,6 +419,7 @@ def _bad_args(case: str, tmp_path: Path, artifact: str) -> list[str]:
         "atol_name": ["--atol", "nope:1e-3"],
         "rtol_negative": ["--rtol=-1"],
         "stat": ["--check-error-stat", "probs:p95"],
+        "scale_name": ["--max-scale-error", "nope:0.01"],
         "cosine": ["--min-cosine", "2"],
         "val_range_form": ["--val-range", "input:1"],
         "val_range_name": ["--val-range", "nope:0,1"],
@@ -408,6 +435,7 @@ BAD = {
     "atol_name": "--atol nope:1e-3 names unknown output 'nope'",
     "rtol_negative": "--rtol '-1'",
     "stat": "'p95' is not a statistic",
+    "scale_name": "--max-scale-error nope:0.01 names unknown output 'nope'",
     "cosine": "is not a number in [-1, 1]",
     "val_range_form": "--val-range 'input:1'",
     "val_range_name": "--val-range names unknown input 'nope'",

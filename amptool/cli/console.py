@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, TypeVar
 
 from rich.console import Console
+from rich.markup import escape
 
 from amptool.errors import EXIT_USER_ERROR, UserError
 
@@ -28,10 +29,12 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def abort(error: UserError) -> NoReturn:
-    """Print a user error as one line (plus a hint line) and exit with its code."""
-    err.print(f"[bold red]error:[/] {error.message}", markup=True, highlight=False)
+    """Print a user error as one line (plus a hint line) and exit with its code.
+
+    Message and hint are text, not markup: ``amptool[plot]`` or ``a[1].npz`` print intact."""
+    err.print(f"[bold red]error:[/] {escape(error.message)}", markup=True, highlight=False)
     if error.hint:
-        err.print(f"[dim]hint:[/] {error.hint}")
+        err.print(f"[dim]hint:[/] {escape(error.hint)}")
     sys.exit(getattr(error, "exit_code", EXIT_USER_ERROR))
 
 

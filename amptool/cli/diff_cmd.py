@@ -42,6 +42,9 @@ _FILE = click.Path(dir_okay=False)
 @click.option("--min-cosine", multiple=True, metavar="[NAME:]VALUE", help="Minimum cosine similarity; repeatable.")
 @click.option("--check-error-stat", multiple=True, metavar="[NAME:]max|elemwise|mean|median|p99",
               help="Statistic of |error| checked against atol + rtol·|ref| (default max); repeatable.")
+@click.option("--max-scale-error", multiple=True, metavar="[NAME:]VALUE",
+              help="Largest |gain − 1| of the least-squares fit converted ≈ gain·reference (catches a "
+              "systematic scale that rounding noise never shows); repeatable.")
 @click.option("--json", "json_path", type=_FILE, default=None, metavar="PATH",
               help="Write the full report (every statistic of every output) as JSON.")
 @click.option("--plot", "plot_path", type=_FILE, default=None, metavar="PATH.png",
@@ -52,7 +55,8 @@ def diff(model: str, dtype: str, colors: str | None, target: str, input_shapes: 
          artifact: str | None, inputs_path: str | None,
          save_inputs: str | None, seed: int, iterations: int, val_ranges: tuple[str, ...],
          reference_outputs: str | None, save_outputs: str | None, atol: tuple[str, ...], rtol: tuple[str, ...],
-         min_cosine: tuple[str, ...], check_error_stat: tuple[str, ...], json_path: str | None,
+         min_cosine: tuple[str, ...], check_error_stat: tuple[str, ...], max_scale_error: tuple[str, ...],
+         json_path: str | None,
          plot_path: str | None) -> None:
     """Compare MODEL converted to DTYPE with onnxruntime float32 on the same inputs.
 
@@ -72,7 +76,8 @@ def diff(model: str, dtype: str, colors: str | None, target: str, input_shapes: 
         from amptool.compare.plot import require_matplotlib  # noqa: PLC0415
 
         require_matplotlib(plot_path)
-    policy = parse_tolerance_flags(atol=atol, rtol=rtol, min_cosine=min_cosine, check_stat=check_error_stat)
+    policy = parse_tolerance_flags(atol=atol, rtol=rtol, min_cosine=min_cosine, check_stat=check_error_stat,
+                                   max_scale_error=max_scale_error)
     config = DiffConfig(
         convert=ConvertConfig(model=model, dtype=dtype, colors=colors, target=target,
                               input_shapes=input_shapes, range_guards=not no_range_guards,
@@ -81,7 +86,8 @@ def diff(model: str, dtype: str, colors: str | None, target: str, input_shapes: 
         iterations=iterations, val_ranges=parse_val_ranges(val_ranges),
         reference_outputs=reference_outputs, save_outputs=save_outputs,
         atol=policy.default.atol, rtol=policy.default.rtol, min_cosine=policy.default.min_cosine,
-        check_stat=policy.default.check_stat, per_output=policy.per_output,
+        check_stat=policy.default.check_stat, max_scale_error=policy.default.max_scale_error,
+        per_output=policy.per_output,
     )
     with stages() as on_stage:
         report = diff_model(config, on_stage=on_stage)

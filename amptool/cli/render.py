@@ -57,24 +57,37 @@ def diff_table(report: DiffReport) -> Table:
     over = f", worst of {count} input sets" if count > 1 else ""
     table = Table(
         title=f"{report.dtype} on {report.target} vs {report.reference_label}{over} "
-        f"(atol {tol.atol:g}, rtol {tol.rtol:g}, min cosine {tol.min_cosine:g}, stat {tol.check_stat})",
+        f"(atol {tol.atol:g}, rtol {tol.rtol:g}, min cosine {tol.min_cosine:g}, "
+        f"max scale error {tol.max_scale_error:g}, stat {tol.check_stat})",
         title_justify="left",
     )
-    columns = ("output", "shape", "max_abs", "mean_abs", "max_rel", "cosine", "snr_db", "top1",
+    # max_rel is in the JSON, not here: against near-zero references it is huge and says little,
+    # and 120 columns hold only the statistics the verdict reads plus a few for context.
+    columns = ("output", "shape", "max_abs", "mean_abs", "cosine", "scale_err", "snr_db", "top1",
                "nan/inf", "of tol", "verdict")
     for column in columns:
         table.add_column(column, justify="left" if column in ("output", "verdict") else "right")
     for o in report.outputs:
         verdict = "[green]pass[/]" if o["passed"] else f"[red]FAIL[/] {o['failed_check']}"
         topk = o.get("topk_agree")
+        unchecked = o.get("unchecked") or ()
         table.add_row(
             escape(o["name"]), "x".join(str(d) for d in o["shape"]) or "scalar",
-            _fmt(o["max_abs"]), _fmt(o["mean_abs"]), _fmt(o["max_rel"]),
-            _fmt(o["cosine"], 7), _fmt(o["snr_db"], 4), _fmt(topk["top1"] if topk else None, 3),
+            _fmt(o["max_abs"]), _fmt(o["mean_abs"]),
+            _unjudged(_fmt(o["cosine"], 7), "cosine" in unchecked),
+            _unjudged(_fmt(o.get("scale_error"), 2), "scale_error" in unchecked),
+            _fmt(o["snr_db"], 4), _fmt(topk["top1"] if topk else None, 3),
             _nonfinite(o),
             _fmt(o.get("tolerance_ratio"), 2), verdict,
         )
+    if any(o.get("unchecked") for o in report.outputs):
+        table.caption = "(…) not judged: the reference or every error is within atol, where direction is noise"
+        table.caption_justify = "left"
     return table
+
+
+def _unjudged(text: str, skipped: bool) -> str:
+    return f"[dim]({text})[/]" if skipped else text
 
 
 def failures(report: DiffReport) -> list[str]:
@@ -129,6 +142,8 @@ def verdict_line(report: DiffReport) -> str:
             detail = f"{check}_abs {_fmt(worst.get(f'{check}_abs'))} = {of_tol}"
         if worst.get("cosine") is not None:
             detail += f", cosine {worst['cosine']:.7f}"
+        if worst.get("scale_error") is not None:
+            detail += f", scale_error {worst['scale_error']:.2g}"
         detail = f"worst output '{worst['name']}': {detail}"
         n = len(report.outputs)
         return f"PASSED | {head} | {n} output{'s' if n != 1 else ''}{sets} | {detail}"

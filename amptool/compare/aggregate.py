@@ -5,8 +5,8 @@ value over the iterations, ``cosine``/``snr_db``/``psnr_db``/``topk_agree`` thei
 NaN/Inf counts their largest; ``max_abs_index``/``max_rel_index`` come from the iteration
 that holds the maximum. An output passes only if it passed in every iteration; its
 ``failure`` and ``failed_check`` are those of its worst iteration (``worst_iteration``):
-failed before passed, then the more basic check failed (shape, NaN/Inf, … before
-tolerance), then the larger ``tolerance_ratio``, then the lower cosine.
+failed before passed, then the more basic check failed (shape, NaN/Inf, …, cosine,
+scale_error before tolerance), then the larger ``tolerance_ratio``, then the lower cosine.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ from typing import Any
 
 HIGHER_IS_WORSE = (
     "max_abs", "mean_abs", "median_abs", "p90_abs", "p99_abs", "std_abs", "max_rel", "mean_rel",
-    "min_tolerance", "tolerance_ratio", "nan", "inf", "nan_reference", "inf_reference",
+    "min_tolerance", "tolerance_ratio", "scale_error", "nan", "inf", "nan_reference", "inf_reference",
 )
 LOWER_IS_WORSE = ("cosine", "snr_db", "psnr_db")
 MEAN_KEYS = HIGHER_IS_WORSE + LOWER_IS_WORSE
-_CHECK_SEVERITY = {"shape": 6, "values": 5, "nonfinite": 4, "exact": 3, "cosine": 2, "tolerance": 1, None: 0}
+_CHECK_SEVERITY = {"shape": 7, "values": 6, "nonfinite": 5, "exact": 4, "cosine": 3, "scale_error": 2, "tolerance": 1,
+                   None: 0}
 
 
 def severity(output: dict[str, Any]) -> tuple[bool, int, float, float]:

@@ -29,7 +29,7 @@ def require_matplotlib(path: str) -> None:
         import matplotlib  # noqa: F401, PLC0415
     except ImportError as err:
         raise UserError("--plot needs matplotlib, which is not installed",
-                        "pip install matplotlib — or install amptool with its 'plot' extra.") from err
+                        "pip install 'amptool[plot]' (or pip install matplotlib).") from err
 
 
 def plot_outputs(
