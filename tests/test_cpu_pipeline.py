@@ -29,8 +29,8 @@ def _weights(*shape: int, seed: int = 0) -> str:
     return ", ".join(f"{v:.6f}" for v in values.ravel())
 
 
-def _conv_model(channels_out: int, group: int = 1, extra: str = "") -> str:
-    cin, k = 8, 3
+def _conv_model(channels_out: int, group: int = 1, extra: str = "", cin: int = 8) -> str:
+    k = 3
     w = _weights(channels_out, cin // group, k, k)
     b = _weights(channels_out, seed=1)
     return f"""
@@ -80,7 +80,7 @@ def test_stage_order_is_pinned() -> None:
         (16, 1, ", dilations = [2, 1]"),  # dilation in the packed kernel
     ],
 )
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_conv_matches_plain_build(tmp_path: Path, channels_out: int, group: int, extra: str, dtype: str) -> None:
     if extra:
         text = _conv_model(channels_out, group, extra).replace("float[1, 16, 6, 5] y", "float[1, 16, 5, 5] y")
@@ -89,8 +89,16 @@ def test_conv_matches_plain_build(tmp_path: Path, channels_out: int, group: int,
     path = _save(tmp_path, text)
     x = np.random.default_rng(2).standard_normal((1, 8, 12, 10)).astype(np.float32)
     ours, plain = _both(path, dtype, {"x": x})
-    tol = 1e-5 if dtype == "float32" else 2e-3
+    tol = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}[dtype]  # bfloat16: 2 ulp of 8 bits
     np.testing.assert_allclose(ours[0], plain[0], rtol=tol, atol=tol)
+
+
+def test_bfloat16_conv_with_odd_input_channels(tmp_path: Path) -> None:
+    """The vdpbf16ps kernel pairs input channels; an odd count gets a zero partner."""
+    path = _save(tmp_path, _conv_model(32, cin=3))
+    x = np.random.default_rng(4).standard_normal((1, 3, 12, 10)).astype(np.float32)
+    ours, plain = _both(path, "bfloat16", {"x": x})
+    np.testing.assert_allclose(ours[0], plain[0], rtol=1.6e-2, atol=1.6e-2)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -135,3 +143,21 @@ def test_conv_weights_are_packed_and_kernels_scheduled(tmp_path: Path) -> None:
     assert f"({packed})" in text
     assert kernels[0].attrs["tirx.is_scheduled"]
     assert "T.parallel" in text and "T.vectorized" in text
+
+
+def test_bfloat16_uses_the_dot_product_instruction(tmp_path: Path) -> None:
+    from amptool.build.cpu_intrinsics import has_bf16_dot
+
+    target = _tvm.make_target({"kind": "llvm", "mcpu": _tvm.host_cpu()})
+    if not has_bf16_dot(target):
+        pytest.skip("this CPU has no AVX512-BF16")
+    path = _save(tmp_path, _conv_model(32))
+    result = build_model(ConvertConfig(model=path, dtype="bfloat16"))
+    assert any("vdpbf16ps" in _assembly(m) for m in [result.executable.mod, *result.executable.mod.imports])
+
+
+def _assembly(module: object) -> str:
+    try:
+        return str(module.inspect_source("asm"))  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - modules without assembly (the VM bytecode)
+        return ""

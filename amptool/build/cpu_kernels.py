@@ -38,6 +38,9 @@ import numpy as np
 #: Block names the schedule rules look for.
 CONV2D_BLOCK = "amp_conv2d"
 MATMUL_BLOCK = "amp_matmul"
+CONV2D_BF16_BLOCK = "amp_conv2d_bf16"
+MATMUL_BF16_BLOCK = "amp_matmul_bf16"
+PAIRS_BLOCK = "amp_pairs"
 CAST_BLOCK = "amp_cast"
 PAD_BLOCK = "amp_pad"
 
@@ -96,6 +99,26 @@ def _current_lanes() -> int:
     return vector_lanes(tvm.target.Target.current(allow_none=True))
 
 
+def _bf16_dot_available() -> bool:
+    import tvm  # noqa: PLC0415
+
+    from amptool.build.cpu_intrinsics import has_bf16_dot  # noqa: PLC0415
+
+    target = tvm.target.Target.current(allow_none=True)
+    return target is not None and has_bf16_dot(target)
+
+
+def _uses_bf16_dot(data: Any, weight: Any, out_dtype: str, channels: int) -> bool:
+    """bfloat16 inputs and weights accumulated in float32, 16-channel blocks, a CPU with vdpbf16ps."""
+    return (str(data.ty.dtype) == "bfloat16" and str(weight.ty.dtype) == "bfloat16"
+            and out_dtype == "float32" and channels % 16 == 0 and _bf16_dot_available())
+
+
+def _bf16_bits(array: np.ndarray) -> np.ndarray:
+    """bfloat16 weights (ml_dtypes) as their uint16 bit patterns."""
+    return np.ascontiguousarray(array).view(np.uint16)
+
+
 def _constant(array: np.ndarray) -> Any:
     import tvm  # noqa: PLC0415
     from tvm import relax  # noqa: PLC0415
@@ -130,16 +153,21 @@ def _legalize_conv2d(bb: Any, call: Any) -> Any:
         return _default(bb, call)
     w = np.asarray(weight.value.numpy())
     out_channels, in_channels, kh, kw = w.shape
+    conv_args = {"strides": [int(s) for s in attrs.strides], "padding": [int(p) for p in attrs.padding],
+                 "dilation": [int(d) for d in attrs.dilation], "out_channels": out_channels}
+    if _uses_bf16_dot(data, weight, out_dtype, out_channels):
+        pairs = -(-in_channels // 2)
+        bits = np.zeros((out_channels, 2 * pairs, kh, kw), dtype=np.uint16)
+        bits[:, :in_channels] = _bf16_bits(w)
+        # [OC/16, 16, IC/2, 2, KH, KW] → [OC/16, IC/2, KH, KW, 16, 2]: one 32-value vector per tap.
+        packed = bits.reshape(out_channels // 16, 16, pairs, 2, kh, kw).transpose(0, 2, 4, 5, 1, 3)
+        return bb.call_te(_conv2d_bf16, data, _constant(packed), **conv_args, primfunc_name_hint=CONV2D_BF16_BLOCK)
     block = _block(out_channels, _current_lanes())
     if block is None:
         return _default(bb, call)
     packed = w.reshape(out_channels // block, block, in_channels, kh, kw).transpose(0, 2, 3, 4, 1)
-    return bb.call_te(
-        _conv2d_packed, data, _constant(packed),
-        strides=[int(s) for s in attrs.strides], padding=[int(p) for p in attrs.padding],
-        dilation=[int(d) for d in attrs.dilation], out_channels=out_channels, out_dtype=out_dtype,
-        primfunc_name_hint=CONV2D_BLOCK,
-    )
+    return bb.call_te(_conv2d_packed, data, _constant(packed), **conv_args, out_dtype=out_dtype,
+                      primfunc_name_hint=CONV2D_BLOCK)
 
 
 def _conv2d_packed(data: Any, packed: Any, *, strides: list[int], padding: list[int], dilation: list[int],
@@ -170,6 +198,48 @@ def _conv2d_packed(data: Any, packed: Any, *, strides: list[int], padding: list[
     )
 
 
+def _conv2d_bf16(data: Any, packed: Any, *, strides: list[int], padding: list[int], dilation: list[int],
+                 out_channels: int) -> Any:
+    """bfloat16 NCHW conv2d for ``vdpbf16ps``: input channels in pairs, padded and packed two to a
+    uint32 (``[N, IC/2, H, W]``), weights ``[OC/16, IC/2, KH, KW, 16, 2]``; float32 accumulation."""
+    from tvm import te, tirx  # noqa: PLC0415
+
+    from amptool.build.cpu_intrinsics import high_bf16, low_bf16, pack_pair, weight_float  # noqa: PLC0415
+
+    batch, in_channels, height, width = (int(d) for d in data.shape)
+    _, pairs, kh, kw, block, _ = (int(d) for d in packed.shape)
+    top, left, bottom, right = padding
+    (sh, sw), (dh, dw) = strides, dilation
+
+    def pair(n: Any, p: Any, y: Any, x: Any) -> Any:
+        yy, xx = y - top, x - left
+        low = data[n, 2 * p, yy, xx]
+        if in_channels % 2:  # the last pair's high half is a zero channel
+            high = data[n, tirx.min(2 * p + 1, in_channels - 1), yy, xx]
+            value = tirx.if_then_else(2 * p + 1 < in_channels, pack_pair(low, high), pack_pair(low, None))
+        else:
+            value = pack_pair(low, data[n, 2 * p + 1, yy, xx])
+        if not any(padding):
+            return value
+        inside = tirx.all(yy >= 0, yy < height, xx >= 0, xx < width)
+        return tirx.if_then_else(inside, value, tirx.const(0, "uint32"))
+
+    src = te.compute((batch, pairs, height + top + bottom, width + left + right), pair, name=PAIRS_BLOCK)
+    out_h = (height + top + bottom - (kh - 1) * dh - 1) // sh + 1
+    out_w = (width + left + right - (kw - 1) * dw - 1) // sw + 1
+    rp = te.reduce_axis((0, pairs), "rp")
+    ry = te.reduce_axis((0, kh), "ry")
+    rx = te.reduce_axis((0, kw), "rx")
+
+    def body(n: Any, c: Any, y: Any, x: Any) -> Any:
+        value = src[n, rp, y * sh + ry * dh, x * sw + rx * dw]
+        w = packed[c // block, rp, ry, rx, c % block]
+        return te.sum(low_bf16(value) * weight_float(w[0]) + high_bf16(value) * weight_float(w[1]),
+                      axis=[rp, ry, rx])
+
+    return te.compute((batch, out_channels, out_h, out_w), body, name=CONV2D_BF16_BLOCK)
+
+
 # --------------------------------------------------------------------------- matmul
 
 
@@ -188,6 +258,10 @@ def _legalize_matmul(bb: Any, call: Any) -> Any:
     if w.ndim != 2:
         return _default(bb, call)
     k, n = w.shape
+    if _uses_bf16_dot(a, b, out_dtype, n) and k % 2 == 0:
+        # [K/2, 2, N/16, 16] → [N/16, K/2, 16, 2]
+        pairs = _bf16_bits(w).reshape(k // 2, 2, n // 16, 16).transpose(2, 0, 3, 1)
+        return bb.call_te(_matmul_bf16, a, _constant(pairs), n=n, primfunc_name_hint=MATMUL_BF16_BLOCK)
     block = _block(n, 2 * _current_lanes()) or _block(n, _current_lanes())
     if block is None:
         return _default(bb, call)
@@ -210,6 +284,28 @@ def _matmul_packed(a: Any, packed: Any, *, n: int, out_dtype: str) -> Any:
         return te.sum(src(*lead, rk) * packed[j // block, rk, j % block].astype(out_dtype), axis=[rk])
 
     return te.compute((*batch, m, n), body, name=MATMUL_BLOCK)
+
+
+def _matmul_bf16(a: Any, packed: Any, *, n: int) -> Any:
+    """bfloat16 ``a @ w`` for ``vdpbf16ps``: ``a``'s ``k`` in pairs packed two to a uint32,
+    weights ``[N/16, K/2, 16, 2]``; float32 accumulation."""
+    from tvm import te  # noqa: PLC0415
+
+    from amptool.build.cpu_intrinsics import high_bf16, low_bf16, pack_pair, weight_float  # noqa: PLC0415
+
+    *batch, m, k = (int(d) for d in a.shape)
+    block = int(packed.shape[-2])
+    src = te.compute((*batch, m, k // 2), lambda *i: pack_pair(a(*i[:-1], 2 * i[-1]), a(*i[:-1], 2 * i[-1] + 1)),
+                     name=PAIRS_BLOCK)
+    rp = te.reduce_axis((0, k // 2), "rp")
+
+    def body(*index: Any) -> Any:
+        *lead, j = index
+        value = src(*lead, rp)
+        w = packed[j // block, rp, j % block]
+        return te.sum(low_bf16(value) * weight_float(w[0]) + high_bf16(value) * weight_float(w[1]), axis=[rp])
+
+    return te.compute((*batch, m, n), body, name=MATMUL_BF16_BLOCK)
 
 
 # --------------------------------------------------------------------------- erf / tanh

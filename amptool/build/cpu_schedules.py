@@ -39,7 +39,15 @@ from tvm.s_tir import dlight
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm.sym import detect_linear_equation
 
-from amptool.build.cpu_kernels import CAST_BLOCK, CONV2D_BLOCK, MATMUL_BLOCK, PAD_BLOCK, vector_lanes
+from amptool.build.cpu_kernels import (
+    CAST_BLOCK,
+    CONV2D_BF16_BLOCK,
+    CONV2D_BLOCK,
+    MATMUL_BF16_BLOCK,
+    MATMUL_BLOCK,
+    PAD_BLOCK,
+    vector_lanes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +97,8 @@ class _Guarded(dlight.ScheduleRule):
 
 def default_rules(tiling: Tiling | None = None) -> list[Any]:
     """The rules in the order they are tried (``tiling=None``: derived from the target)."""
-    return [_Guarded(fn, tiling) for fn in (packed_conv2d, packed_matmul, tiled_reduction, injective,
-                                            row_reduction, parallel_outer)]
+    return [_Guarded(fn, tiling) for fn in (packed_conv2d, packed_matmul, packed_conv2d_bf16, packed_matmul_bf16,
+                                            tiled_reduction, injective, row_reduction, parallel_outer)]
 
 
 def _work(sch: Any) -> int | None:
@@ -258,6 +266,68 @@ def packed_conv2d(sch: Any, tiling: Tiling) -> Any | None:
                 if sch.get(cast).name_hint == CAST_BLOCK:
                     sch.compute_inline(cast)  # cast while padding: one pass over the input
     _finish(sch, conv, epilogue, [n, co, y], rc, xi, ci, "done", tiling)
+    return sch
+
+
+def packed_conv2d_bf16(sch: Any, tiling: Tiling) -> Any | None:
+    """``amp_conv2d_bf16``: ``packed_conv2d``'s tile, each 16-channel × input-pair step one
+    ``vdpbf16ps`` (:mod:`amptool.build.cpu_intrinsics`)."""
+    from amptool.build.cpu_intrinsics import DOT_BF16, LLVM_IR  # noqa: PLC0415
+
+    conv = _find_block(sch, CONV2D_BF16_BLOCK)
+    if conv is None:
+        return None
+    n, c, y, x, rp, ry, rx = sch.get_loops(conv)
+    width = _extent(sch, x)
+    if width is None:
+        return None
+    tile = _column_tile(width, max(1, tiling.accumulators // 2))
+    co, ci = sch.split(c, [None, 16])
+    xo, xi = sch.split(x, [None, tile])
+    sch.reorder(n, co, y, xo, rp, ry, rx, xi, ci)
+    epilogue = _epilogue_at(sch, conv, xo)
+    sch.transform_layout(conv, ("write", 0), lambda b, ch, row, col: (b, row, ch // 16, col, ch % 16))
+    e_loops = sch.get_loops(epilogue)[-4:]
+    if tile % 8 == 0:
+        sch.vectorize(e_loops[-1])
+    else:
+        sch.reorder(e_loops[0], e_loops[2], e_loops[3], e_loops[1])
+        sch.vectorize(e_loops[1])
+    sch.unroll(xi)
+    parallel = _parallel(sch, [n, co, y], tiling)
+    sch.annotate(parallel, "pragma_import_llvm", LLVM_IR)
+    init = sch.decompose_reduction(conv, rp)
+    sch.vectorize(sch.get_loops(init)[-1])
+    _schedule_prologue(sch, conv, parallel, tiling)
+    sch.tensorize(ci, DOT_BF16)  # last: the block is replaced
+    return sch
+
+
+def packed_matmul_bf16(sch: Any, tiling: Tiling) -> Any | None:
+    """``amp_matmul_bf16``: rows × 16 columns, each 16-column × k-pair step one ``vdpbf16ps``."""
+    from amptool.build.cpu_intrinsics import DOT_BF16, LLVM_IR  # noqa: PLC0415
+
+    mm = _find_block(sch, MATMUL_BF16_BLOCK)
+    if mm is None:
+        return None
+    *batch, m, n, rp = sch.get_loops(mm)
+    rows_loop = sch.fuse(*batch, m) if batch else m
+    rows = _extent(sch, rows_loop)
+    if rows is None:
+        return None
+    tile = _divisor(rows, max(1, tiling.accumulators // 2)) or 1
+    ro, ri = sch.split(rows_loop, [None, tile])
+    no, ni = sch.split(n, [None, 16])
+    sch.reorder(no, ro, rp, ri, ni)
+    epilogue = _epilogue_at(sch, mm, ro)
+    sch.vectorize(sch.get_loops(epilogue)[-1])
+    sch.unroll(ri)
+    parallel = _parallel(sch, [no, ro], tiling)
+    sch.annotate(parallel, "pragma_import_llvm", LLVM_IR)
+    init = sch.decompose_reduction(mm, rp)
+    sch.vectorize(sch.get_loops(init)[-1])
+    _schedule_prologue(sch, mm, parallel, tiling)
+    sch.tensorize(ni, DOT_BF16)  # last: the block is replaced
     return sch
 
 
