@@ -76,7 +76,8 @@ class BenchConfig:
 class VariantTiming:
     variant: str
     times_ms: list[float] = field(default_factory=list)
-    build_s: float | None = None
+    build_s: float | None = None  # the whole convert path; None when loaded from an artifact
+    compile_s: float | None = None  # its TVM compile stage
 
     @property
     def median_ms(self) -> float:
@@ -93,6 +94,7 @@ class VariantTiming:
             "p90_ms": round(self.p90_ms, 4),
             "runs": len(self.times_ms),
             "build_s": None if self.build_s is None else round(self.build_s, 3),
+            "compile_s": None if self.compile_s is None else round(self.compile_s, 3),
         }
 
 
@@ -171,8 +173,8 @@ def bench_model(config: BenchConfig, on_stage: StageCallback | None = None,
     notify("onnxruntime session")
     ort_model = pin_shapes(reference_model(model), specs) if (config.batch or config.input_shapes) else model
     runners.append(_onnxruntime_runner(ort_model, threads, feeds))
-    for name, (compiled, build_s) in variants.items():
-        timings.append(VariantTiming(name, build_s=build_s))
+    for name, (compiled, build_s, compile_s) in variants.items():
+        timings.append(VariantTiming(name, build_s=build_s, compile_s=compile_s))
         runners.append(_tvm_runner(compiled, feeds))
 
     notify("timing")
@@ -191,10 +193,10 @@ def bench_model(config: BenchConfig, on_stage: StageCallback | None = None,
 
 
 def _from_onnx(config: BenchConfig, notify: StageCallback) -> tuple[
-        dict[str, tuple[Any, float | None]], list[TensorSpec], onnx.ModelProto, dict[str, np.ndarray]]:
+        dict[str, tuple[Any, float | None, float | None]], list[TensorSpec], onnx.ModelProto, dict[str, np.ndarray]]:
     model = load_model(config.model).model
     shapes = _input_shapes(config, graph_inputs(model))
-    variants: dict[str, tuple[Any, float | None]] = {}
+    variants: dict[str, tuple[Any, float | None, float | None]] = {}
     specs: list[TensorSpec] = []
     fixed: dict[str, np.ndarray] = {}
     for dtype in dict.fromkeys(("float32", *config.dtypes)):
@@ -203,14 +205,14 @@ def _from_onnx(config: BenchConfig, notify: StageCallback) -> tuple[
                                 target=config.target, input_shapes=shapes)
         start = time.perf_counter()
         build = build_model(convert, on_stage=_prefixed(notify, name))
-        variants[name] = (build.compiled(), time.perf_counter() - start)
+        variants[name] = (build.compiled(), time.perf_counter() - start, build.timings_s.get("compile"))
         specs = specs or [TensorSpec(s.name, _declared_dtype(model, s), s.shape) for s in build.inputs]
         fixed = build.fixed_inputs
     return variants, specs, model, fixed
 
 
 def _from_artifact(config: BenchConfig, notify: StageCallback) -> tuple[
-        dict[str, tuple[Any, float | None]], list[TensorSpec], onnx.ModelProto, dict[str, np.ndarray]]:
+        dict[str, tuple[Any, float | None, float | None]], list[TensorSpec], onnx.ModelProto, dict[str, np.ndarray]]:
     """The artifact's build next to a fresh float32 build of its model, at its input shapes."""
     notify("load artifact")
     manifest, compiled = load_artifact(config.model)
@@ -230,12 +232,13 @@ def _from_artifact(config: BenchConfig, notify: StageCallback) -> tuple[
     shapes = tuple(f"{s.name}:{'x'.join(str(d) for d in s.shape or ())}" for s in specs)
     fp32 = ConvertConfig(model=path, dtype="float32", colors=None, target=manifest.get("target", config.target),
                          input_shapes=shapes, fixed_inputs=tuple(f"{n}={_fixed_text(v)}" for n, v in fixed.items()))
-    variants: dict[str, tuple[Any, float | None]] = {}
+    variants: dict[str, tuple[Any, float | None, float | None]] = {}
     if manifest.get("dtype") != "float32":
         start = time.perf_counter()
         build = build_model(fp32, on_stage=_prefixed(notify, amptool_variant("float32")))
-        variants[amptool_variant("float32")] = (build.compiled(), time.perf_counter() - start)
-    variants[amptool_variant(str(manifest.get("dtype")))] = (compiled, None)
+        variants[amptool_variant("float32")] = (build.compiled(), time.perf_counter() - start,
+                                                build.timings_s.get("compile"))
+    variants[amptool_variant(str(manifest.get("dtype")))] = (compiled, None, None)
     return variants, specs, model, fixed
 
 

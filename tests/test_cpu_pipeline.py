@@ -93,6 +93,19 @@ def test_conv_matches_plain_build(tmp_path: Path, channels_out: int, group: int,
     np.testing.assert_allclose(ours[0], plain[0], rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_conv_with_a_prime_output_width(tmp_path: Path, dtype: str) -> None:
+    """17 columns have no register-tile divisor: the kernel computes 24 and crops."""
+    text = _conv_model(16).replace("float[1, 8, 12, 10] x", "float[1, 8, 6, 34] x").replace(
+        "float[1, 16, 6, 5] y", "float[1, 16, 3, 17] y")
+    path = _save(tmp_path, text)
+    x = np.random.default_rng(5).standard_normal((1, 8, 6, 34)).astype(np.float32)
+    ours, plain = _both(path, dtype, {"x": x})
+    assert ours[0].shape == (1, 16, 3, 17)
+    tol = 1e-5 if dtype == "float32" else 1.6e-2
+    np.testing.assert_allclose(ours[0], plain[0], rtol=tol, atol=tol)
+
+
 def test_bfloat16_conv_with_odd_input_channels(tmp_path: Path) -> None:
     """The vdpbf16ps kernel pairs input channels; an odd count gets a zero partner."""
     path = _save(tmp_path, _conv_model(32, cin=3))

@@ -46,6 +46,8 @@ from amptool.build.cpu_kernels import (
     MATMUL_BF16_BLOCK,
     MATMUL_BLOCK,
     PAD_BLOCK,
+    accumulator_budget,
+    column_tile,
     vector_lanes,
 )
 
@@ -71,8 +73,7 @@ class Tiling:
     @staticmethod
     def for_target(target: Any) -> Tiling:
         lanes = vector_lanes(target)
-        # AVX-512 has 32 vector registers, AVX2 16: leave room for weights and broadcasts.
-        return Tiling(lanes=lanes, accumulators=16 if lanes >= 16 else 8)
+        return Tiling(lanes=lanes, accumulators=accumulator_budget(lanes))
 
 
 class _Guarded(dlight.ScheduleRule):
@@ -223,14 +224,9 @@ def _finish(sch: Any, block: Any, epilogue: Any, outer: Sequence[Any], first_red
 
 
 def _column_tile(width: int, cap: int) -> int:
-    """Output columns per register tile: a divisor of ``width`` (a remainder puts a bounds check
-    in the inner loop, measured 10× slower) — the largest up to ``cap``, else the smallest up to
-    ``2 * cap - 2`` (registers allowing), else ``cap`` with the check."""
-    low = _divisor(width, cap, min(4, width))
-    if low is not None:
-        return low
-    high = next((d for d in range(cap + 1, 2 * cap - 1) if width % d == 0), None)
-    return high or min(cap, width)
+    """The kernels compute a width that ``column_tile`` divides; ``cap`` (a bounds check in the
+    inner loop) only for widths they did not plan, such as a different target's."""
+    return column_tile(width, cap) or min(cap, width)
 
 
 def packed_conv2d(sch: Any, tiling: Tiling) -> Any | None:
