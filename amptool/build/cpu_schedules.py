@@ -307,11 +307,11 @@ def packed_matmul_bf16(sch: Any, tiling: Tiling) -> Any | None:
     if mm is None:
         return None
     *batch, m, n, rp = sch.get_loops(mm)
+    m_rows = _extent(sch, m)
     rows_loop = sch.fuse(*batch, m) if batch else m
-    rows = _extent(sch, rows_loop)
-    if rows is None:
+    if m_rows is None or _extent(sch, rows_loop) is None:
         return None
-    tile = _divisor(rows, max(1, tiling.accumulators // 2)) or 1
+    tile = _divisor(m_rows, max(1, tiling.accumulators // 2)) or 1  # never across batch items
     ro, ri = sch.split(rows_loop, [None, tile])
     no, ni = sch.split(n, [None, 16])
     sch.reorder(no, ro, rp, ri, ni)
@@ -334,12 +334,14 @@ def packed_matmul(sch: Any, tiling: Tiling) -> Any | None:
         return None
     *batch, m, n, k = sch.get_loops(mm)
     block = int(sch.get(mm).reads[1].source.shape[-1])
+    m_rows = _extent(sch, m)
     rows_loop = sch.fuse(*batch, m) if batch else m
-    rows = _extent(sch, rows_loop)
-    if rows is None:
+    if m_rows is None or _extent(sch, rows_loop) is None:
         return None
     vectors = max(1, block // tiling.lanes)
-    tile = _divisor(rows, max(1, tiling.accumulators // vectors)) or 1
+    # A tile of the fused batch×rows loop must not straddle two batch items: the epilogue
+    # computed under it then wrote the wrong rows (GPT-2's 2×24-row LM head: cosine 0.92).
+    tile = _divisor(m_rows, max(1, tiling.accumulators // vectors)) or 1
     ro, ri = sch.split(rows_loop, [None, tile])
     no, ni = sch.split(n, [None, block])
     # Column blocks outermost: one packed weight panel stays in L2 while all rows pass.

@@ -1,0 +1,90 @@
+"""The CPU pipeline's own kernels against numpy over shapes that stress tiling.
+
+amptool legalizes matmul/conv2d itself and schedules every kernel (amptool.build); a tiling
+bug there is a silent miscompile that no fp16 statistic can explain. This sweep covers batch
+and row counts that are and are not multiples of the register tiles, widths with remainders
+(1000 = 62·16 + 8) and shapes taken from real models (GPT-2's tied LM head: 2×24 rows × 1000).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from amptool import _tvm
+
+MATMULS = [
+    ((2, 24, 128), (128, 1000), True),   # GPT-2 LM head, left-padded batch of 2
+    ((1, 24, 128), (128, 1000), True),
+    ((2, 16, 128), (128, 1000), True),
+    ((3, 7, 33), (33, 17), True),
+    ((48, 128), (128, 384), True),
+    ((5, 64), (64, 10), True),
+    ((2, 4, 24, 32), (2, 4, 32, 24), False),  # attention scores
+    ((2, 4, 24, 24), (2, 4, 24, 32), False),
+    ((2, 3, 5, 9), (9, 11), True),
+]
+
+
+def _build_and_run(make, args, params):
+    import tvm
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(make()))
+        bb.emit_func_output(out)
+    executable = _tvm.compile_module(bb.get(), {"kind": "llvm", "mcpu": _tvm.host_cpu()})
+    vm = relax.VirtualMachine(executable, tvm.cpu())
+    return vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
+
+
+@pytest.mark.parametrize(("a_shape", "b_shape", "b_constant"), MATMULS, ids=[str(m[:2]) for m in MATMULS])
+def test_matmul_matches_numpy(a_shape, b_shape, b_constant):
+    from tvm import relax
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(a_shape).astype(np.float32)
+    b = rng.standard_normal(b_shape).astype(np.float32)
+    x = relax.Var("x", relax.TensorType(a_shape, "float32"))
+    if b_constant:
+        params, args = [x], [a]
+        weight = relax.const(b)
+    else:
+        weight = relax.Var("w", relax.TensorType(b_shape, "float32"))
+        params, args = [x, weight], [a, b]
+    got = _build_and_run(lambda: relax.op.matmul(x, weight), args, params)
+    np.testing.assert_allclose(got, np.matmul(a, b), rtol=1e-4, atol=1e-4)
+
+
+CONVS = [
+    ((1, 3, 17, 23), (8, 3, 3, 3), 1, 1, 1),
+    ((2, 16, 14, 14), (32, 16, 1, 1), 1, 0, 1),
+    ((1, 24, 27, 27), (24, 1, 3, 3), 2, 1, 24),   # depthwise, stride 2, odd width
+    ((1, 12, 9, 31), (18, 4, 3, 3), 1, 1, 3),     # grouped
+    ((1, 64, 7, 7), (1000, 64, 1, 1), 1, 0, 1),   # 1000-channel head
+]
+
+
+@pytest.mark.parametrize(("x_shape", "w_shape", "stride", "pad", "groups"), CONVS, ids=[str(c[:2]) for c in CONVS])
+def test_conv2d_matches_onnxruntime(x_shape, w_shape, stride, pad, groups):
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+    from tvm import relax
+
+    rng = np.random.default_rng(1)
+    x_np = rng.standard_normal(x_shape).astype(np.float32)
+    w_np = (rng.standard_normal(w_shape) * 0.2).astype(np.float32)
+    x = relax.Var("x", relax.TensorType(x_shape, "float32"))
+    got = _build_and_run(
+        lambda: relax.op.nn.conv2d(x, relax.const(w_np), strides=stride, padding=pad, groups=groups), [x_np], [x]
+    )
+    node = helper.make_node("Conv", ["x", "w"], ["y"], strides=[stride] * 2, pads=[pad] * 4, group=groups)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(w_np, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x_np})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
