@@ -173,16 +173,17 @@ def _epilogue_at(sch: Any, block: Any, loop: Any) -> Any | None:
     return chain[-1]
 
 
-def _schedule_prologue(sch: Any, block: Any, skip: Any, tiling: Tiling) -> None:
-    """Schedule injective producers of ``block`` that sit at the root (pad, cast)."""
+def _schedule_prologue(sch: Any, block: Any, skip: Any, tiling: Tiling, vectorize: bool = True) -> None:
+    """Schedule injective producers of ``block`` that sit at the root (pad, cast, pairs)."""
     for producer in sch.get_producers(block):
         loops = sch.get_loops(producer)
         if loops and not sch.get(loops[0]).same_as(sch.get(skip)):
-            _parallel_vectorized(sch, producer, tiling)
+            _parallel_vectorized(sch, producer, tiling, vectorize)
 
 
-def _parallel_vectorized(sch: Any, block: Any, tiling: Tiling) -> None:
-    """Outer loops fused and parallel, the innermost (≥ 8 elements, fused if needed) vectorized."""
+def _parallel_vectorized(sch: Any, block: Any, tiling: Tiling, vectorize: bool = True) -> None:
+    """Outer loops fused and parallel; the innermost (≥ 8 elements, fused if needed; split into
+    chunks of at most 4 vectors) vectorized. LLVM took minutes on 384-lane vectors of gathers."""
     loops = sch.get_loops(block)
     extents = [_extent(sch, loop) for loop in loops]
     if not loops or None in extents:
@@ -190,20 +191,24 @@ def _parallel_vectorized(sch: Any, block: Any, tiling: Tiling) -> None:
             _parallel(sch, loops[:1], tiling)
         return
     sizes = [int(e) for e in extents if e is not None]
+    widest = 4 * tiling.lanes
     k = len(loops) - 1
-    while k > 0 and sizes[k] < 8 and sizes[k] * sizes[k - 1] <= 512:
+    while k > 0 and sizes[k] < 8 and sizes[k] * sizes[k - 1] <= widest:
         sizes[k - 1] *= sizes[k]
         k -= 1
     inner = sch.fuse(*loops[k:]) if k < len(loops) - 1 else loops[-1]
     outer = list(loops[:k])
-    if sizes[k] > 512:
-        chunk = _divisor(sizes[k], 256, 16)
-        if chunk is not None:
+    if sizes[k] > widest:
+        chunk = _divisor(sizes[k], widest, tiling.lanes) or _divisor(sizes[k], widest, 4)
+        if chunk is None:
+            vectorize = False  # a large prime: leave it to LLVM
+        else:
             head, inner = sch.split(inner, [None, chunk])
             outer.append(head)
     if outer:
         _parallel(sch, outer, tiling)
-    sch.vectorize(inner)
+    if vectorize:
+        sch.vectorize(inner)
 
 
 def _finish(sch: Any, block: Any, epilogue: Any, outer: Sequence[Any], first_reduction: Any,
@@ -322,7 +327,9 @@ def packed_matmul_bf16(sch: Any, tiling: Tiling) -> Any | None:
     sch.annotate(parallel, "pragma_import_llvm", LLVM_IR)
     init = sch.decompose_reduction(mm, rp)
     sch.vectorize(sch.get_loops(init)[-1])
-    _schedule_prologue(sch, mm, parallel, tiling)
+    # The pairs stage gathers every other element of a row; vectorized it took LLVM minutes and
+    # runs no faster than the scalar loop (it is ~5% of the matmul).
+    _schedule_prologue(sch, mm, parallel, tiling, vectorize=False)
     sch.tensorize(ni, DOT_BF16)  # last: the block is replaced
     return sch
 
