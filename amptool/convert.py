@@ -12,6 +12,7 @@ Each stage is timed on its own and reported in ``manifest.json``'s ``timings_s``
 from __future__ import annotations
 
 import collections
+import dataclasses
 import hashlib
 import time
 from collections.abc import Callable, Mapping
@@ -25,7 +26,7 @@ from amptool.artifact import LIBRARY_NAME, write_artifact, write_manifest
 from amptool.calibrate import Calibration, activation_peaks
 from amptool.colors import ColorPolicy, load_policy
 from amptool.errors import UserError
-from amptool.frontend.importer import import_model
+from amptool.frontend.importer import ImportedModel, NodeOrigin, import_model
 from amptool.frontend.load import LoadedModel, load_model
 from amptool.frontend.prepare import prepare_model
 from amptool.frontend.signature import (
@@ -84,6 +85,8 @@ class BuildResult:
     prepare_notes: list[str]
     calibration: Calibration | None = None
     timings_s: dict[str, float] = field(default_factory=dict)
+    prepared: Any = None  # the onnx.ModelProto that was imported (per-layer reports run it)
+    provenance: dict[str, NodeOrigin] = field(default_factory=dict)
 
     def compiled(self) -> CompiledModel:
         return CompiledModel(
@@ -143,6 +146,8 @@ class Rewritten:
     prepare_notes: list[str]
     calibration: Calibration | None
     timings_s: dict[str, float]
+    prepared: Any = None  # the onnx.ModelProto that was imported
+    imported: ImportedModel | None = None  # kept so other colours can be tried without re-importing
 
 
 def rewrite_model(
@@ -176,16 +181,7 @@ def rewrite_model(
     calibration = None
     if config.range_guards and config.dtype != "float32":
         calibration = timed("calibrate", lambda: _calibrate(config, prepared.model, inputs))
-    passes = run_passes(
-        imported.mod,
-        policy,
-        config.dtype,
-        imported.provenance,
-        range_guards=config.range_guards,
-        activation_peaks=calibration.peaks if calibration else None,
-        low_precision_io=config.low_precision_io,
-        on_stage=notify,
-    )
+    passes = _run_passes(config, imported, policy, calibration, notify)
     timings.update(passes.timings_s)
     return Rewritten(
         loaded=loaded,
@@ -197,6 +193,34 @@ def rewrite_model(
         prepare_notes=prepared.notes,
         calibration=calibration,
         timings_s=timings,
+        prepared=prepared.model,
+        imported=imported,
+    )
+
+
+def rewrite_with_policy(
+    rewritten: Rewritten, config: ConvertConfig, policy: ColorPolicy, on_stage: StageCallback | None = None
+) -> Rewritten:
+    """``rewritten`` re-run from its import under other colours (no load, prepare or import)."""
+    if rewritten.imported is None:
+        raise ValueError("rewritten model carries no import to re-run")
+    passes = _run_passes(config, rewritten.imported, policy, rewritten.calibration, on_stage or (lambda _n: None))
+    upstream = {k: v for k, v in rewritten.timings_s.items() if k not in passes.timings_s and k != "compile"}
+    return dataclasses.replace(rewritten, policy=policy, passes=passes,
+                               timings_s={**upstream, **passes.timings_s})
+
+
+def _run_passes(config: ConvertConfig, imported: ImportedModel, policy: ColorPolicy,
+                calibration: Calibration | None, notify: StageCallback) -> PassResult:
+    return run_passes(
+        imported.mod,
+        policy,
+        config.dtype,
+        imported.provenance,
+        range_guards=config.range_guards,
+        activation_peaks=calibration.peaks if calibration else None,
+        low_precision_io=config.low_precision_io,
+        on_stage=notify,
     )
 
 
@@ -206,8 +230,15 @@ def build_model(
     on_stage: StageCallback | None = None,
 ) -> BuildResult:
     """Load, prepare, import, rewrite and compile — in memory. ``arrays`` may pin shapes."""
-    target = get_target(config.target)  # fail fast: before any expensive work
-    rewritten = rewrite_model(config, arrays, on_stage)
+    get_target(config.target)  # fail fast: before any expensive work
+    return compile_rewritten(config, rewrite_model(config, arrays, on_stage), on_stage)
+
+
+def compile_rewritten(
+    config: ConvertConfig, rewritten: Rewritten, on_stage: StageCallback | None = None
+) -> BuildResult:
+    """Compile a rewritten model for ``config.target``."""
+    target = get_target(config.target)
     if on_stage:
         on_stage("compile")
     target_spec = target.build_spec()
@@ -229,6 +260,8 @@ def build_model(
         prepare_notes=rewritten.prepare_notes,
         calibration=rewritten.calibration,
         timings_s=rewritten.timings_s,
+        prepared=rewritten.prepared,
+        provenance=rewritten.imported.provenance if rewritten.imported else {},
     )
 
 
@@ -253,6 +286,19 @@ def convert_model(
 ) -> tuple[BuildResult, dict[str, Any]]:
     """Build and export to ``output_dir`` atomically; returns the build and its manifest."""
     result = build_model(config, on_stage=on_stage)
+    return result, export_build(result, output_dir, on_stage)
+
+
+def export_build(
+    result: BuildResult,
+    output_dir: str,
+    on_stage: StageCallback | None = None,
+    *,
+    extra_manifest: Mapping[str, Any] | None = None,
+    extra_files: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """Write ``result`` (library, manifest plus ``extra_manifest`` keys, ``extra_files`` as
+    name → text) to ``output_dir`` atomically; returns the manifest."""
     if on_stage:
         on_stage("export")
     start = time.perf_counter()
@@ -262,12 +308,16 @@ def convert_model(
         import os  # noqa: PLC0415
 
         _tvm.export_library(result.executable, os.path.join(tmp, LIBRARY_NAME))
+        for name, text in (extra_files or {}).items():
+            with open(os.path.join(tmp, name), "w", encoding="utf-8") as handle:
+                handle.write(text)
         result.timings_s["export"] = time.perf_counter() - start
         manifest.update(result.manifest())
+        manifest.update(extra_manifest or {})
         write_manifest(tmp, manifest)
 
     write_artifact(output_dir, write)
-    return result, manifest
+    return manifest
 
 
 def _compile(mod: Any, target_spec: dict[str, Any]) -> Any:

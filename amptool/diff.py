@@ -63,8 +63,13 @@ class DiffConfig:
     check_stat: str | None = None
     max_scale_error: float | None = None
     per_output: tuple[tuple[str, ToleranceOverride], ...] = ()
+    per_layer: bool = False  # also compare every ONNX node's output (amptool.per_layer)
 
     def __post_init__(self) -> None:
+        if self.per_layer and (self.artifact or self.reference_outputs):
+            flag = "--artifact" if self.artifact else "--reference-outputs"
+            raise UserError(f"--per-layer converts the model itself and runs onnxruntime, so it cannot use {flag}",
+                            f"Drop {flag}; per-layer builds from MODEL with the same conversion flags.")
         if self.iterations < 1:
             raise UserError(f"--iterations {self.iterations}: need at least 1")
         if self.iterations > 1:
@@ -109,6 +114,7 @@ class DiffReport:
     manifest: dict[str, Any] = field(default_factory=dict)
     #: Output name → (reference, converted) arrays of its worst iteration; for plots, not JSON.
     samples: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
+    layers: Any = None  # amptool.per_layer.LayerReport, with --per-layer
 
     @property
     def worst(self) -> dict[str, Any] | None:
@@ -139,6 +145,7 @@ class DiffReport:
             "guarded": self.manifest.get("guarded", []),
             "unknown_ops": self.manifest.get("unknown_ops", {}),
             "timings_s": {k: round(v, 4) for k, v in self.timings_s.items()},
+            **(self.layers.as_json() if self.layers is not None else {}),
         })
 
 
@@ -193,6 +200,14 @@ def diff_model(config: DiffConfig, on_stage: Callable[[str], None] | None = None
     if config.save_outputs:
         write_or_fail(config.save_outputs, lambda: save_outputs(str(config.save_outputs), reference, converted))
 
+    layers = None
+    if config.per_layer:  # on the last input set; --artifact/--reference-outputs are refused above
+        from amptool.per_layer import per_layer_report  # noqa: PLC0415
+
+        start = time.perf_counter()
+        layers = per_layer_report(build, feeds, policy.resolve(dtype), notify)
+        timings["per_layer"] = time.perf_counter() - start
+
     outputs = worst_case(runs)
     return DiffReport(
         passed=all(o["passed"] for o in outputs),
@@ -219,6 +234,7 @@ def diff_model(config: DiffConfig, on_stage: Callable[[str], None] | None = None
         timings_s=timings,
         manifest=manifest,
         samples=samples,
+        layers=layers,
     )
 
 

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
 import click
 
 from amptool.cli.console import handles_user_errors, out, stages
 from amptool.cli.options import calibration_option, fixed_input_option, low_precision_io_option, model_options
+from amptool.errors import EXIT_ACCURACY_FAILED, UserError
+
+if TYPE_CHECKING:
+    from amptool.convert import ConvertConfig
+    from amptool.fallback import FallbackResult
 
 
 @click.command()
@@ -17,11 +26,21 @@ from amptool.cli.options import calibration_option, fixed_input_option, low_prec
 @click.option("-o", "--output", "output_dir", required=True, type=click.Path(file_okay=False),
               help="Artifact directory (library + manifest.json); replaced atomically.")
 @click.option("--json", "json_summary", is_flag=True, help="Print the manifest as JSON instead of tables.")
+@click.option("--auto-fallback", is_flag=True,
+              help="Find ONNX nodes to keep float32 until diff's tolerance holds on seeded inputs; writes "
+              "OUTDIR/fallback.yaml (pass it back with --colors).")
+@click.option("--atol", multiple=True, metavar="[NAME:]VALUE", help="With --auto-fallback: as diff's --atol.")
+@click.option("--rtol", multiple=True, metavar="[NAME:]VALUE", help="With --auto-fallback: as diff's --rtol.")
+@click.option("--min-cosine", multiple=True, metavar="[NAME:]VALUE",
+              help="With --auto-fallback: as diff's --min-cosine.")
+@click.option("--max-compiles", type=int, default=None, metavar="N",
+              help="With --auto-fallback: most compiles the search may use, the final build included (default 10).")
 @handles_user_errors
 def convert(model: str, dtype: str, colors: str | None, target: str, input_shapes: tuple[str, ...],
             no_range_guards: bool, no_prepare: bool, fixed_inputs: tuple[str, ...], calibration: str | None,
             low_precision_io: bool,
-            output_dir: str, json_summary: bool) -> None:
+            output_dir: str, json_summary: bool, auto_fallback: bool = False, atol: tuple[str, ...] = (),
+            rtol: tuple[str, ...] = (), min_cosine: tuple[str, ...] = (), max_compiles: int | None = None) -> None:
     """Convert MODEL.onnx to DTYPE and compile it into OUTPUT."""
     import json  # noqa: PLC0415
 
@@ -32,8 +51,17 @@ def convert(model: str, dtype: str, colors: str | None, target: str, input_shape
                            input_shapes=input_shapes, range_guards=not no_range_guards,
                            prepare=not no_prepare, fixed_inputs=fixed_inputs,
                            calibration=calibration, low_precision_io=low_precision_io)
+    search_flags = [f for f, v in (("--atol", atol), ("--rtol", rtol), ("--min-cosine", min_cosine),
+                                   ("--max-compiles", max_compiles)) if v]
+    if search_flags and not auto_fallback:
+        raise UserError(f"{', '.join(search_flags)}: only used by --auto-fallback",
+                        "Add --auto-fallback, or check a build's accuracy with 'amptool diff'.")
+    fallback = None
     with stages() as on_stage:
-        _result, manifest = convert_model(config, output_dir, on_stage=on_stage)
+        if auto_fallback:
+            fallback, manifest = _auto_fallback(config, output_dir, on_stage, atol, rtol, min_cosine, max_compiles)
+        else:
+            _result, manifest = convert_model(config, output_dir, on_stage=on_stage)
     if json_summary:
         click.echo(json.dumps(manifest, indent=2))
         return
@@ -44,4 +72,28 @@ def convert(model: str, dtype: str, colors: str | None, target: str, input_shape
         out.print(f"[yellow]warning:[/] ops not in any colour list were kept float32: {names}")
     if manifest["ops_converted"] == 0 and dtype != "float32":
         out.print(f"[yellow]warning:[/] no op was converted to {dtype}")
-    out.print(f"wrote {output_dir}/ (model.so, manifest.json)")
+    if fallback is None:
+        out.print(f"wrote {output_dir}/ (model.so, manifest.json)")
+        return
+    out.print(render.fallback_table(manifest["auto_fallback"]))
+    out.print(f"wrote {output_dir}/ (model.so, manifest.json, fallback.yaml)")
+    out.print(render.fallback_line(manifest["auto_fallback"], dtype), markup=False, soft_wrap=True)
+    if not fallback.passed:
+        sys.exit(EXIT_ACCURACY_FAILED)
+
+
+def _auto_fallback(config: ConvertConfig, output_dir: str, on_stage: Callable[[str], None],
+                   atol: tuple[str, ...], rtol: tuple[str, ...], min_cosine: tuple[str, ...],
+                   max_compiles: int | None) -> tuple[FallbackResult, dict[str, Any]]:
+    from amptool.compare.tolerance import parse_tolerance_flags  # noqa: PLC0415
+    from amptool.convert import export_build  # noqa: PLC0415
+    from amptool.fallback import DEFAULT_MAX_COMPILES, FALLBACK_FILE, FallbackConfig, auto_fallback  # noqa: PLC0415
+
+    policy = parse_tolerance_flags(atol=atol, rtol=rtol, min_cosine=min_cosine)
+    search = FallbackConfig(convert=config, tolerance=policy,
+                            max_compiles=DEFAULT_MAX_COMPILES if max_compiles is None else max_compiles)
+    result = auto_fallback(search, on_stage=on_stage)
+    manifest = export_build(result.build, output_dir, on_stage,
+                            extra_manifest={"auto_fallback": result.manifest_section()},
+                            extra_files={FALLBACK_FILE: result.yaml_text})
+    return result, manifest

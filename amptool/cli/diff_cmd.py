@@ -49,6 +49,9 @@ _FILE = click.Path(dir_okay=False)
               help="Write the full report (every statistic of every output) as JSON.")
 @click.option("--plot", "plot_path", type=_FILE, default=None, metavar="PATH.png",
               help="Draw per output the error histogram and a reference-vs-converted scatter (needs amptool[plot]).")
+@click.option("--per-layer", is_flag=True,
+              help="Also compare every ONNX node's output with onnxruntime's and name the node where error "
+              "first jumps (one more compile; not with --artifact or --reference-outputs).")
 @handles_user_errors
 def diff(model: str, dtype: str, colors: str | None, target: str, input_shapes: tuple[str, ...],
          no_range_guards: bool, no_prepare: bool, fixed_inputs: tuple[str, ...], calibration: str | None,
@@ -57,7 +60,7 @@ def diff(model: str, dtype: str, colors: str | None, target: str, input_shapes: 
          reference_outputs: str | None, save_outputs: str | None, atol: tuple[str, ...], rtol: tuple[str, ...],
          min_cosine: tuple[str, ...], check_error_stat: tuple[str, ...], max_scale_error: tuple[str, ...],
          json_path: str | None,
-         plot_path: str | None) -> None:
+         plot_path: str | None, per_layer: bool = False) -> None:
     """Compare MODEL converted to DTYPE with onnxruntime float32 on the same inputs.
 
     Exit 0 when every output passes, 1 when one fails, 2 on bad input, 3 when the target cannot run here.
@@ -87,13 +90,16 @@ def diff(model: str, dtype: str, colors: str | None, target: str, input_shapes: 
         reference_outputs=reference_outputs, save_outputs=save_outputs,
         atol=policy.default.atol, rtol=policy.default.rtol, min_cosine=policy.default.min_cosine,
         check_stat=policy.default.check_stat, max_scale_error=policy.default.max_scale_error,
-        per_output=policy.per_output,
+        per_output=policy.per_output, per_layer=per_layer,
     )
     with stages() as on_stage:
         report = diff_model(config, on_stage=on_stage)
     out.print(render.diff_table(report))
     for line in render.failures(report):
         out.print(line, markup=False, soft_wrap=True)
+    if report.layers is not None:
+        out.print(render.layers_table(report.layers))
+        out.print(render.first_jump_line(report.layers), markup=False, soft_wrap=True)
     means = render.iterations_table(report)
     if means is not None:
         out.print(means)

@@ -156,3 +156,85 @@ def verdict_line(report: DiffReport) -> str:
         f"FAILED | {head} | {failed}/{len(report.outputs)} outputs failed{sets} | "
         f"output '{worst['name']}'{where}: {worst['failure']}"
     )
+
+
+def layers_table(layers: Any, limit: int = 40) -> Table:
+    """Per-layer errors (an ``amptool.per_layer.LayerReport``) in graph order, the first jump
+    highlighted. Beyond ``limit`` rows: the first and last nodes, every jump with the nodes just
+    before it, then the largest errors; gaps are marked. JSON has every node."""
+    rows = layers.layers
+    first = next((i for i, layer in enumerate(rows) if layer["jump"]), None)
+    shown = set(range(len(rows)))
+    if len(rows) > limit:
+        jumps = [i for i, layer in enumerate(rows) if layer["jump"]]
+        wanted = [k for i in jumps for k in (i, i - 1, i - 2)] + [0, len(rows) - 1]
+        wanted += sorted(range(len(rows)), key=lambda i: -(rows[i]["rel_err"] or 0.0))
+        shown = set()
+        for i in wanted:
+            if len(shown) < limit and 0 <= i < len(rows):
+                shown.add(i)
+    table = Table(title=f"per-layer error, {layers.dtype} ({len(rows)} node outputs compared)", title_justify="left")
+    for column in ("#", "node", "op", "dtype", "shape", "max_abs", "rel_err", "growth", "cosine", "nan/inf", "jump"):
+        table.add_column(column, justify="left" if column in ("node", "op", "dtype", "jump") else "right",
+                         overflow="fold" if column in ("node", "op") else "ellipsis")
+    previous = -1
+    for i in sorted(shown):
+        if i > previous + 1:
+            table.add_row("", f"[dim]… {i - previous - 1} more[/]", *[""] * 9)
+        layer = rows[i]
+        style = "bold red" if i == first else ("red" if layer["jump"] else None)
+        table.add_row(
+            str(i), escape(layer["node"]), layer["op_type"], layer["dtype"].replace("float", "f"),
+            "x".join(str(d) for d in layer["shape"]) or "scalar", _fmt(layer["max_abs"]), _fmt(layer["rel_err"], 3),
+            _fmt(layer["growth"], 3), _fmt(layer["cosine"], 7), f"{layer['nan']}/{layer['inf']}",
+            ("FIRST " if i == first else "") + (layer["jump_reason"] or ""), style=style,
+        )
+        previous = i
+    if previous < len(rows) - 1:
+        table.add_row("", f"[dim]… {len(rows) - previous - 1} more[/]", *[""] * 9)
+    skipped = ", ".join(f"{n} {why}" for why, n in layers.skipped.items())
+    table.caption = (f"rel_err = max_abs / (max|ref| + {layers.floor:g}); growth = rel_err over its inputs'; "
+                     f"jump: new NaN/Inf, cosine < {layers.tolerance.min_cosine:g}, or growth and its RMS "
+                     f"counterpart > {layers.growth_limit:g}" + (f"; not compared: {skipped}" if skipped else ""))
+    table.caption_justify = "left"
+    return table
+
+
+def first_jump_line(layers: Any) -> str:
+    """One line naming the node where error first jumped, or saying there was none."""
+    layer = next((layer for layer in layers.layers if layer["jump"]), None)
+    if layer is None:
+        worst = max(layers.layers, key=lambda x: x["rel_err"] or 0.0, default=None)
+        where = f"; largest rel_err {_fmt(worst['rel_err'], 3)} at '{worst['node']}'" if worst else ""
+        return f"per-layer: no jump in {len(layers.layers)} nodes compared{where}"
+    why = {"nonfinite": f"{layer['new_nonfinite']} NaN/Inf where the reference is finite",
+           "cosine": f"cosine {_fmt(layer['cosine'], 7)}",
+           "growth": f"rel_err {_fmt(layer['rel_err'], 3)}, {_fmt(layer['growth'], 3)}× its inputs' "
+                     f"(RMS {_fmt(layer['rms_growth'], 3)}×)"}
+    return f"per-layer: error first jumps at '{layer['node']}' ({layer['op_type']}): {why[layer['jump_reason']]}"
+
+
+def fallback_table(section: dict[str, Any]) -> Table:
+    """The auto-fallback search, one row per build it measured."""
+    table = Table(title=f"auto-fallback search ({section['compiles']} compiles, the final build included)",
+                  title_justify="left")
+    for column in ("build", "kept fp32", "worst output", "of tol", "first jump", "verdict"):
+        table.add_column(column, justify="right" if column in ("build", "kept fp32", "of tol") else "left")
+    for i, attempt in enumerate(section["attempts"], 1):
+        verdict = "[green]pass[/]" if attempt["passed"] else f"[red]FAIL[/] {escape(attempt['failure'] or '')}"
+        table.add_row(str(i), str(attempt["kept"]), escape(attempt["worst_output"]),
+                      _fmt(attempt["tolerance_ratio"], 3), escape(attempt["first_jump"] or "—"), verdict)
+    return table
+
+
+def fallback_line(section: dict[str, Any], dtype: str) -> str:
+    """``PASSED | …`` / ``FAILED | …``: compiles, nodes kept, compute left in the low dtype."""
+    kept = section["nodes_kept_fp32"]
+    names = ", ".join(kept[:5]) + (f", … ({len(kept)} in all)" if len(kept) > 5 else "")
+    final = section["final"] or {}
+    verdict = "PASSED" if section["passed"] else "FAILED"
+    return (f"{verdict} | auto-fallback | {section['compiles']} compiles | {len(kept)} node(s) kept float32"
+            + (f" ({names})" if kept else "")
+            + f" | {section['fraction_low_precision']:.1%} of compute in {dtype} "
+            f"(was {section['fraction_low_precision_before']:.1%}) | worst output '{final.get('name')}': "
+            f"{_fmt(final.get('tolerance_ratio'), 3)}× tolerance")

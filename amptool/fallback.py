@@ -1,0 +1,436 @@
+"""Automatic fp32 fallback: the few ONNX nodes to keep in float32 so the diff tolerance holds.
+
+Blind bisection over node segments (onnxconverter-common's ``auto_convert_mixed_precision``)
+needs one build per probe and, on real models, tens to hundreds of them. Here one compile
+gives both the model outputs, which decide pass/fail, and every node's error
+(``amptool.per_layer``), which ranks what to try next. Pass/fail is read from the unprobed
+``main``: the probed copy is fused differently, and on PP-OCRv4 rec that moved the output's
+max_abs by 0.0027 against a bound of 0.010 — enough to pass a search that the export fails.
+
+    measure(colours)        rewrite (the import is reused) → one compile of ``main`` and,
+                            beside it, the probed copy (``amptool.probe``) → run on seeded
+                            inputs → outputs of ``main`` (the kernels a normal build has) vs
+                            onnxruntime decide pass/fail; the probed copy gives per-layer errors
+    rank(measurement)       nodes computing in the low dtype, by the error they add: new
+                            NaN/Inf first, then ``rms_growth`` (RMS relative error over their
+                            inputs': unlike the max-based growth it is not inflated when an op
+                            shrinks its tensor's range, as a Clip does); a node that is float32
+                            already (a softmax amplifying its inputs' error) passes its score to
+                            the low-precision nodes feeding it, and a probed node shares its
+                            score with unprobed low-precision producers
+    search                  keep the top 1, 2, 4, … ranked nodes (re-ranked on the latest
+                            failing build, which shows where error now comes from) until the
+                            outputs pass; then bisect the last batch for the shortest prefix
+                            that still passes, with plain builds (no ranking follows). With one
+                            measurement left, every remaining candidate is kept, so a budget that
+                            allows ≥ 2 measurements ends passing whenever float32 itself passes.
+    final build             the passing colours compiled normally (a passing plain build from
+                            the bisection is reused) and checked again
+
+``max_compiles`` counts every compile, the final one included (default 10; the doubling
+reaches 127 kept nodes in 8). The result is a colour list — the user's (or builtin:default)
+plus ``nodes: {match: NODE, color: never}`` rules — written as ``fallback.yaml``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+import yaml
+
+from amptool import _tvm
+from amptool.colors.loader import BUILTIN_PREFIX
+from amptool.colors.policy import Color, ColorPolicy, NodeRule
+from amptool.compare.aggregate import severity
+from amptool.compare.stats import compare_output
+from amptool.compare.tolerance import TolerancePolicy
+from amptool.convert import (
+    BuildResult,
+    ConvertConfig,
+    Rewritten,
+    compile_rewritten,
+    rewrite_model,
+    rewrite_with_policy,
+)
+from amptool.errors import UserError
+from amptool.fileio import finite_only
+from amptool.frontend.signature import TensorSpec, graph_inputs
+from amptool.passes.mixed_precision import Decision
+from amptool.per_layer import LayerReport, compare_layers, reference_tensors
+from amptool.probe import compile_probed
+from amptool.runtime.inputs import generate_inputs
+
+FALLBACK_FILE = "fallback.yaml"
+DEFAULT_MAX_COMPILES = 10
+_CONV_OPS = ("relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d", "relax.nn.conv1d_transpose",
+             "relax.nn.conv2d_transpose", "relax.nn.conv3d_transpose")
+
+
+@dataclass(frozen=True)
+class FallbackConfig:
+    convert: ConvertConfig
+    tolerance: TolerancePolicy = TolerancePolicy()
+    max_compiles: int = DEFAULT_MAX_COMPILES
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.convert.dtype == "float32":
+            raise UserError("--auto-fallback needs a low-precision --dtype (float16 or bfloat16)",
+                            "float32 has nothing to fall back from.")
+        if self.max_compiles < 3:
+            raise UserError(f"--max-compiles {self.max_compiles}: auto-fallback needs at least 3 "
+                            "(measure, try, final build)", "Use --max-compiles 3 or more (default 10).")
+
+
+@dataclass
+class Measurement:
+    """One probe build: which nodes were kept float32, and what came out."""
+
+    kept: tuple[str, ...]
+    rewritten: Rewritten
+    outputs: list[dict[str, Any]]
+    layers: LayerReport | None  # None: measured without probes
+    seconds: float
+    build: BuildResult | None = None  # a normal build (no probes), ready to export
+
+    @property
+    def passed(self) -> bool:
+        return all(o["passed"] for o in self.outputs)
+
+    @property
+    def worst(self) -> dict[str, Any]:
+        return max(self.outputs, key=severity)
+
+    def summary(self) -> dict[str, Any]:
+        worst = self.worst
+        return {"kept": len(self.kept), "passed": self.passed, "worst_output": worst["name"],
+                "tolerance_ratio": worst["tolerance_ratio"], "failure": worst["failure"],
+                "first_jump": self.layers.first_jump if self.layers else None, "seconds": round(self.seconds, 3)}
+
+
+@dataclass
+class FallbackResult:
+    build: BuildResult  # the final (normal, probe-free) build
+    kept: list[str]
+    passed: bool
+    compiles: int
+    fraction_low_precision: float
+    fraction_low_precision_before: float
+    fraction_ops_low_precision: float
+    final_outputs: list[dict[str, Any]]
+    attempts: list[dict[str, Any]]
+    yaml_text: str
+    timings_s: dict[str, float] = field(default_factory=dict)
+
+    def manifest_section(self) -> dict[str, Any]:
+        worst = max(self.final_outputs, key=severity)
+        return finite_only({
+            "compiles": self.compiles,
+            "nodes_kept_fp32": self.kept,
+            "fraction_low_precision": self.fraction_low_precision,
+            "fraction_low_precision_before": self.fraction_low_precision_before,
+            "fraction_ops_low_precision": self.fraction_ops_low_precision,
+            "passed": self.passed,
+            "tolerance": self.final_outputs[0]["tolerance"] if self.final_outputs else None,
+            "final": worst,
+            "attempts": self.attempts,
+            "colors_file": FALLBACK_FILE,
+            "timings_s": {k: round(v, 3) for k, v in self.timings_s.items()},
+        })
+
+
+def auto_fallback(config: FallbackConfig, on_stage: Callable[[str], None] | None = None) -> FallbackResult:
+    """Search for the nodes to keep float32; returns the final build and the colour list."""
+    notify = on_stage or (lambda _name: None)
+    start = time.perf_counter()
+    base = rewrite_model(config.convert, on_stage=notify)
+    dtype = config.convert.dtype
+    declared = {s.name: s.dtype for s in graph_inputs(base.loaded.model)}
+    pinned = [TensorSpec(s.name, declared.get(s.name, s.dtype), s.shape) for s in base.inputs]
+    feeds = {**generate_inputs(pinned, base.loaded.model, seed=config.seed), **base.fixed_inputs}
+    notify("reference")
+    reference = reference_tensors(base.prepared, feeds)
+    output_names = [o.name for o in base.prepared.graph.output]
+    config.tolerance.check_names(output_names)
+    search = _Search(config, base, feeds, reference, output_names, notify)
+
+    current = search.measure(())
+    before = compute_fraction(current.rewritten.passes.mod, current.rewritten.passes.report.decisions, dtype)
+    best = current if current.passed else None
+    kept: tuple[str, ...] = ()
+    step = 1
+    while best is None and search.compiles < config.max_compiles - 1:
+        ranked = rank_nodes(current, base.prepared, dtype, exclude=set(kept))
+        if not ranked:
+            break
+        last_chance = search.compiles == config.max_compiles - 2
+        batch = ranked if last_chance else ranked[:step]
+        trial = search.measure(kept + tuple(batch))
+        if trial.passed:
+            best = trial
+            # Bisect the batch: the shortest prefix that still passes, while compiles remain.
+            low, high = 0, len(batch)
+            # No ranking follows, so these builds need no probes, and a passing one is exported.
+            while high - low > 1 and search.compiles < config.max_compiles - (1 if best.build else 0):
+                mid = (low + high) // 2
+                probe = search.measure(kept + tuple(batch[:mid]), probes=False)
+                if probe.passed:
+                    best, high = probe, mid
+                else:
+                    low = mid
+            break
+        kept, current, step = trial.kept, trial, step * 2
+    chosen = best or current
+    yaml_text = fallback_yaml(config, list(chosen.kept), chosen, best is not None)
+    build = chosen.build
+    if build is None:
+        notify("compile")
+        build = compile_rewritten(config.convert, chosen.rewritten)
+        search.compiles += 1
+    final = _check_outputs(build.compiled().run(feeds), reference, output_names, config.tolerance, dtype)
+    passed = all(o["passed"] for o in final)
+    mod, decisions = chosen.rewritten.passes.mod, chosen.rewritten.passes.report.decisions
+    return FallbackResult(
+        build=build,
+        kept=list(chosen.kept),
+        passed=passed,
+        compiles=search.compiles,
+        fraction_low_precision=compute_fraction(mod, decisions, dtype),
+        fraction_low_precision_before=before,
+        fraction_ops_low_precision=_fraction_ops(decisions, dtype),
+        final_outputs=final,
+        attempts=[m.summary() for m in search.history],
+        yaml_text=yaml_text,
+        timings_s={"search": time.perf_counter() - start},
+    )
+
+
+class _Search:
+    """Measurements share one import, one set of inputs and one onnxruntime reference."""
+
+    def __init__(self, config: FallbackConfig, base: Rewritten, feeds: Mapping[str, np.ndarray],
+                 reference: Mapping[str, np.ndarray], output_names: Sequence[str],
+                 notify: Callable[[str], None]) -> None:
+        self.config, self.base, self.feeds, self.reference = config, base, feeds, reference
+        self.output_names, self.notify = list(output_names), notify
+        self.compiles = 0
+        self.history: list[Measurement] = []
+        self.target_spec, self.device = _target(config.convert.target)
+
+    def measure(self, kept: tuple[str, ...], probes: bool = True) -> Measurement:
+        start = time.perf_counter()
+        convert = self.config.convert
+        self.notify(f"auto-fallback: build {self.compiles + 1} ({len(kept)} node(s) kept float32)")
+        rewritten = self.base if not kept else rewrite_with_policy(
+            self.base, convert, with_fp32_nodes(self.base.policy, kept))
+        if not probes:
+            build = compile_rewritten(convert, rewritten)
+            self.compiles += 1
+            results = _check_outputs(build.compiled().run(self.feeds), self.reference, self.output_names,
+                                     self.config.tolerance, convert.dtype)
+            plain = Measurement(kept, rewritten, results, None, time.perf_counter() - start, build)
+            self.history.append(plain)
+            return plain
+        passes = rewritten.passes
+        probed = compile_probed(passes.mod, passes.report.decisions, rewritten.prepared,
+                                rewritten.imported.provenance if rewritten.imported else {},
+                                rewritten.inputs, self.output_names, convert.dtype, self.target_spec, self.device,
+                                beside=True)
+        self.compiles += 1
+        outputs, converted = probed.run(self.feeds)
+        results = _check_outputs(outputs, self.reference, self.output_names, self.config.tolerance, convert.dtype)
+        layers = compare_layers(rewritten.prepared, probed.probes, self.reference, converted, convert.dtype,
+                                self.config.tolerance.resolve(convert.dtype), probed.skipped)
+        measurement = Measurement(kept, rewritten, results, layers, time.perf_counter() - start)
+        self.history.append(measurement)
+        return measurement
+
+
+def _target(name: str) -> tuple[dict[str, Any], str]:
+    from amptool.targets import get_target  # noqa: PLC0415
+
+    target = get_target(name)
+    return target.build_spec(), target.device
+
+
+def _check_outputs(outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray],
+                   names: Sequence[str], tolerance: TolerancePolicy, dtype: str) -> list[dict[str, Any]]:
+    converted = {k: np.asarray(v) for k, v in outputs.items()}
+    converted = {k: v.astype(np.float32) if v.dtype.kind == "V" or str(v.dtype) in ("float16", "bfloat16") else v
+                 for k, v in converted.items()}
+    return [compare_output(n, reference[n], converted[n], tolerance.resolve(dtype, n)) for n in names]
+
+
+# --------------------------------------------------------------------------- ranking
+
+
+def rank_nodes(measurement: Measurement, model: onnx.ModelProto, dtype: str,
+               exclude: set[str] | None = None) -> list[str]:
+    """Low-precision nodes by the error they add (largest first); all of them, so the list
+    ends with those that add none."""
+    assert measurement.layers is not None, "ranking needs a probed measurement"
+    decisions = measurement.rewritten.passes.report.decisions
+    candidates = {d.node for d in decisions if d.node and d.dtype == dtype} - (exclude or set())
+    producer = {t: node.name for node in model.graph.node for t in node.output if t}
+    nodes = {node.name: node for node in model.graph.node}
+    order = {node.name: i for i, node in enumerate(model.graph.node)}
+    probed = {layer["output"] for layer in measurement.layers.layers}
+    score: dict[str, float] = dict.fromkeys(candidates, 0.0)
+
+    def blame(start: str) -> set[str]:
+        """Candidates answerable for error seen at ``start``'s output: itself if it is one, plus
+        unprobed candidates upstream; a float32 node passes it on to the nodes feeding it,
+        probed or not (it did not round, so its inputs brought the error)."""
+        found: set[str] = set()
+        seen: set[str] = set()
+        stack = [(start, True)]
+        while stack:
+            name, through = stack.pop()
+            if name in seen or name not in nodes:
+                continue
+            seen.add(name)
+            if name in candidates:
+                found.add(name)
+                through = False
+            for tensor in nodes[name].input:
+                parent = producer.get(tensor)
+                if parent is not None and (through or tensor not in probed):
+                    stack.append((parent, through))
+        return found
+
+    for layer in measurement.layers.layers:
+        if layer["jump_reason"] == "nonfinite":
+            value = math.inf
+        elif layer["new_nonfinite"]:
+            value = 0.0  # downstream of a NaN/Inf: its finite part says nothing
+        else:
+            value = layer["rms_growth"] or 0.0
+        for name in blame(layer["node"]):
+            score[name] = max(score[name], value)
+    return sorted(candidates, key=lambda n: (-score[n], order.get(n, 0)))
+
+
+def with_fp32_nodes(policy: ColorPolicy, nodes: Sequence[str]) -> ColorPolicy:
+    """``policy`` with a NEVER rule per node, ahead of its own rules."""
+    rules = tuple(NodeRule(literal_pattern(n), Color.NEVER) for n in nodes)
+    return dataclasses.replace(policy, node_rules=rules + policy.node_rules)
+
+
+def literal_pattern(name: str) -> str:
+    """A ``nodes:`` pattern matching exactly ``name``: glob metacharacters bracketed, and a
+    name that would read as ``/regex/`` has its last slash bracketed."""
+    escaped = "".join(f"[{c}]" if c in "*?[" else c for c in name)
+    if len(escaped) >= 2 and escaped.startswith("/") and escaped.endswith("/"):
+        escaped = escaped[:-1] + "[/]"
+    return escaped
+
+
+# --------------------------------------------------------------------------- compute fraction
+
+
+def compute_fraction(mod: Any, decisions: Sequence[Decision], dtype: str) -> float:
+    """Share of the compute (multiply-adds for conv/matmul, output elements otherwise) of the
+    ops the pass decided on that runs in ``dtype``."""
+    weights = _op_weights(mod)
+    total = low = 0.0
+    for d in decisions:
+        weight = weights.get(d.var, 1.0)
+        total += weight
+        if d.dtype == dtype:
+            low += weight
+    return low / total if total else 0.0
+
+
+def _fraction_ops(decisions: Sequence[Decision], dtype: str) -> float:
+    return sum(1 for d in decisions if d.dtype == dtype) / len(decisions) if decisions else 0.0
+
+
+def _op_weights(mod: Any) -> dict[str, float]:
+    from tvm import relax  # noqa: PLC0415
+
+    weights: dict[str, float] = {}
+
+    def visit(seq: Any) -> None:
+        for block in seq.blocks:
+            for binding in block.bindings:
+                value = binding.value
+                if isinstance(value, relax.If):
+                    visit(value.true_branch)
+                    visit(value.false_branch)
+                elif isinstance(value, relax.Call):
+                    weights[_tvm.var_name(binding.var)] = _weight(value, binding.var)
+
+    for _gv, func in _tvm.relax_functions(mod):
+        if isinstance(func.body, relax.SeqExpr):
+            visit(func.body)
+    return weights
+
+
+def _weight(call: Any, var: Any) -> float:
+    elements = _numel(var)
+    name = _tvm.op_name(call)
+    if name in _CONV_OPS and len(call.args) > 1:
+        kernel = _shape(call.args[1])
+        return elements * float(np.prod(kernel[1:])) if kernel else elements
+    if name == "relax.matmul":
+        lhs = _shape(call.args[0])
+        return elements * float(lhs[-1]) if lhs else elements
+    return elements
+
+
+def _shape(expr: Any) -> list[int] | None:
+    shape = getattr(getattr(expr, "ty", None), "shape", None)
+    try:
+        return [int(d) for d in shape] if shape is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _numel(expr: Any) -> float:
+    shape = _shape(expr)
+    return float(np.prod(shape)) if shape else 1.0
+
+
+# --------------------------------------------------------------------------- the colour list
+
+
+def fallback_yaml(config: FallbackConfig, kept: Sequence[str], measurement: Measurement, passed: bool) -> str:
+    """The colour list to pass back with ``--colors``: the user's colours plus one NEVER rule per
+    kept node. A user file is copied (``extends`` only takes built-in presets)."""
+    colors = config.convert.colors
+    rules = [{"match": literal_pattern(n), "color": Color.NEVER.value} for n in kept]
+    if colors and not colors.startswith(BUILTIN_PREFIX):
+        with open(colors, encoding="utf-8") as handle:
+            data = dict(yaml.safe_load(handle) or {})
+        data["nodes"] = rules + list(data.get("nodes") or [])
+    else:
+        data = {"version": 1, "extends": colors or f"{BUILTIN_PREFIX}default", "nodes": rules}
+    flags = [f"--dtype {config.convert.dtype}"]
+    flags += [f"--input-shape {s}" for s in config.convert.input_shapes]
+    flags += [f"--fixed-input {s}" for s in config.convert.fixed_inputs]
+    if not config.convert.range_guards:
+        flags.append("--no-range-guards")
+    if not config.convert.prepare:
+        flags.append("--no-prepare")
+    if config.convert.low_precision_io:
+        flags.append("--low-precision-io")
+    worst = measurement.worst
+    verdict = "passes" if passed else "still FAILS"
+    header = [
+        f"# amptool convert --auto-fallback: {len(kept)} ONNX node(s) kept float32; on seeded inputs "
+        f"(seed {config.seed}) output '{worst['name']}' {verdict} "
+        f"(tolerance ratio {_fmt(worst['tolerance_ratio'])}).",
+        f"# Reproduce: amptool convert MODEL {' '.join(flags)} --colors {FALLBACK_FILE} -o OUTDIR",
+    ]
+    return "\n".join(header) + "\n" + yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=1000)
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
