@@ -176,6 +176,10 @@ def diff_model(config: DiffConfig, on_stage: Callable[[str], None] | None = None
         timings.update(build.timings_s)
         manifest, compiled = build.manifest(), build.compiled()
         dtype, target, pinned = config.convert.dtype, config.convert.target, build.inputs
+    # Inputs are made and checked in the model's own dtypes; a --low-precision-io module
+    # casts its float feeds itself (CompiledModel.run).
+    model_dtypes = {s.name: s.dtype for s in specs}
+    pinned = [TensorSpec(p.name, model_dtypes.get(p.name, p.dtype), p.shape) for p in pinned]
     if arrays is not None:
         check_input_shapes(arrays, pinned, f"--inputs {config.inputs_path}")
 
@@ -263,6 +267,8 @@ class _Iterations:
         start = time.perf_counter()
         converted = self.compiled.run(feeds)
         self.timings["run"] += time.perf_counter() - start
+        # A --low-precision-io module returns fp16/bf16: compare as the floats they are.
+        converted = {k: _as_float32(v) for k, v in converted.items()}
         results = [
             compare_output(name, reference[name], converted[name], self.policy.resolve(self.dtype, name))
             for name in self.compiled.output_names
@@ -274,6 +280,13 @@ class _Iterations:
                 self.samples[name] = (np.asarray(reference[name]), np.asarray(converted[name]))
         self.runs.append(results)
         self.last = (feeds, reference, converted)
+
+
+def _as_float32(array: np.ndarray) -> np.ndarray:
+    array = np.asarray(array)
+    if array.dtype.kind == "V" or str(array.dtype) in ("bfloat16", "float16"):
+        return array.astype(np.float32)
+    return array
 
 
 def write_or_fail(path: str, write: Callable[[], None]) -> None:

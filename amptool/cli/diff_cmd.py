@@ -8,7 +8,7 @@ import sys
 import click
 
 from amptool.cli.console import handles_user_errors, out, stages
-from amptool.cli.options import calibration_option, fixed_input_option, model_options
+from amptool.cli.options import calibration_option, fixed_input_option, low_precision_io_option, model_options
 from amptool.errors import EXIT_ACCURACY_FAILED, EXIT_OK, UserError
 from amptool.fileio import write_json
 
@@ -20,6 +20,7 @@ _FILE = click.Path(dir_okay=False)
 @model_options
 @fixed_input_option
 @calibration_option
+@low_precision_io_option
 @click.option("--artifact", type=click.Path(file_okay=False), default=None,
               help="Compare an existing 'amptool convert' output instead of converting.")
 @click.option("--inputs", "inputs_path", type=_FILE, default=None, metavar="PATH.npz",
@@ -55,6 +56,7 @@ _FILE = click.Path(dir_okay=False)
 @handles_user_errors
 def diff(model: str, dtype: str, colors: str | None, target: str, input_shapes: tuple[str, ...],
          no_range_guards: bool, no_prepare: bool, fixed_inputs: tuple[str, ...], calibration: str | None,
+         low_precision_io: bool,
          artifact: str | None, inputs_path: str | None,
          save_inputs: str | None, seed: int, iterations: int, val_ranges: tuple[str, ...],
          reference_outputs: str | None, save_outputs: str | None, atol: tuple[str, ...], rtol: tuple[str, ...],
@@ -84,7 +86,8 @@ def diff(model: str, dtype: str, colors: str | None, target: str, input_shapes: 
     config = DiffConfig(
         convert=ConvertConfig(model=model, dtype=dtype, colors=colors, target=target,
                               input_shapes=input_shapes, range_guards=not no_range_guards,
-                              prepare=not no_prepare, fixed_inputs=fixed_inputs, calibration=calibration),
+                              prepare=not no_prepare, fixed_inputs=fixed_inputs, calibration=calibration,
+                              low_precision_io=low_precision_io),
         artifact=artifact, inputs_path=inputs_path, save_inputs=save_inputs, seed=seed,
         iterations=iterations, val_ranges=parse_val_ranges(val_ranges),
         reference_outputs=reference_outputs, save_outputs=save_outputs,
