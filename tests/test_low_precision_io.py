@@ -39,3 +39,8 @@ def test_convert_and_diff_with_low_precision_io(zoo_model, run_cli, tmp_path, dt
 def test_float32_ignores_the_flag(zoo_model):
     rewritten = rewrite_model(ConvertConfig(model=zoo_model("tiny_cnn"), dtype="float32", low_precision_io=True))
     assert [s.dtype for s in rewritten.inputs] == ["float32"]
+
+
+def test_diff_accepts_the_flag(zoo_model, run_cli):
+    result = run_cli("diff", zoo_model("tiny_cnn"), "--low-precision-io", "--dtype", "bfloat16")
+    assert result.exit_code == 0, result.output
