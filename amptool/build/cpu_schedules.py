@@ -2,7 +2,8 @@
 
 What: after fusion each kernel is one PrimFunc; the first rule that applies schedules it.
 
-* ``packed_conv2d`` / ``packed_matmul`` — the ``amp_conv2d`` / ``amp_matmul`` blocks of
+* ``packed_conv2d`` / ``packed_matmul`` (and their bfloat16 twins in ``cpu_schedules_bf16``,
+  one ``vdpbf16ps`` per 16 channels × 2 inputs) — the ``amp_conv2d`` / ``amp_matmul`` blocks of
   :mod:`amptool.build.cpu_kernels`: a register tile of ``rows × vector`` accumulators (rows:
   output columns or matrix rows, unrolled; vector: the packed output channels), the reduction
   loops around it, the outer loops fused and parallel, the fused epilogue (bias, residual
@@ -41,9 +42,7 @@ from tvm.sym import detect_linear_equation
 
 from amptool.build.cpu_kernels import (
     CAST_BLOCK,
-    CONV2D_BF16_BLOCK,
     CONV2D_BLOCK,
-    MATMUL_BF16_BLOCK,
     MATMUL_BLOCK,
     PAD_BLOCK,
     accumulator_budget,
@@ -98,6 +97,8 @@ class _Guarded(dlight.ScheduleRule):
 
 def default_rules(tiling: Tiling | None = None) -> list[Any]:
     """The rules in the order they are tried (``tiling=None``: derived from the target)."""
+    from amptool.build.cpu_schedules_bf16 import packed_conv2d_bf16, packed_matmul_bf16  # noqa: PLC0415
+
     return [_Guarded(fn, tiling) for fn in (packed_conv2d, packed_matmul, packed_conv2d_bf16, packed_matmul_bf16,
                                             tiled_reduction, injective, row_reduction, parallel_outer)]
 
@@ -239,99 +240,49 @@ def packed_conv2d(sch: Any, tiling: Tiling) -> Any | None:
     conv = _find_block(sch, CONV2D_BLOCK)
     if conv is None:
         return None
-    n, c, y, x, rc, ry, rx = sch.get_loops(conv)
     block = int(sch.get(conv).reads[1].source.shape[-1])
-    width = _extent(sch, x)
-    if width is None:
-        return None
     cap = max(1, tiling.accumulators // max(1, block // tiling.lanes) // 2)
-    tile = _column_tile(width, cap)
-    co, ci = sch.split(c, [None, block])
-    xo, xi = sch.split(x, [None, tile])
-    sch.reorder(n, co, y, xo, rc, ry, rx, xi, ci)
-    epilogue = _epilogue_at(sch, conv, xo)
-    # Accumulators channel-innermost, so each is one vector in memory: with the NCHW order a
-    # tile is a strided [B, T] patch that LLVM may split into scalars (measured 9× slower).
-    sch.transform_layout(conv, ("write", 0), lambda b, ch, row, col: (b, row, ch // block, col, ch % block))
-    # The accumulators are vectors along channels; the output is contiguous along columns.
-    # Full vectors of columns store best along columns, short rows along channels.
-    e_loops = sch.get_loops(epilogue)[-4:]
-    if tile % 8 == 0:
-        sch.vectorize(e_loops[-1])
-    else:
-        sch.reorder(e_loops[0], e_loops[2], e_loops[3], e_loops[1])
-        sch.vectorize(e_loops[1])
+    tiled = _conv_tile(sch, conv, block, cap)
+    if tiled is None:
+        return None
+    outer, first_reduction, xi, ci, epilogue = tiled
     for producer in sch.get_producers(conv):
         if sch.get(producer).name_hint == PAD_BLOCK:
             for cast in sch.get_producers(producer):
                 if sch.get(cast).name_hint == CAST_BLOCK:
                     sch.compute_inline(cast)  # cast while padding: one pass over the input
-    _finish(sch, conv, epilogue, [n, co, y], rc, xi, ci, "done", tiling)
+    _finish(sch, conv, epilogue, outer, first_reduction, xi, ci, "done", tiling)
     return sch
 
 
-def packed_conv2d_bf16(sch: Any, tiling: Tiling) -> Any | None:
-    """``amp_conv2d_bf16``: ``packed_conv2d``'s tile, each 16-channel × input-pair step one
-    ``vdpbf16ps`` (:mod:`amptool.build.cpu_intrinsics`)."""
-    from amptool.build.cpu_intrinsics import DOT_BF16, LLVM_IR  # noqa: PLC0415
+def _conv_tile(sch: Any, conv: Any, block: int, cap: int) -> tuple[list[Any], Any, Any, Any, Any] | None:
+    """Split an NCHW conv into the register tile shared by both packed conv kernels.
 
-    conv = _find_block(sch, CONV2D_BF16_BLOCK)
-    if conv is None:
-        return None
-    n, c, y, x, rp, ry, rx = sch.get_loops(conv)
+    Loop order ``n, channel block, row, column tile | reductions | T columns, B channels``; the
+    epilogue computed per tile. Returns (outer loops, first reduction loop, column loop, channel
+    loop, epilogue block).
+    """
+    n, c, y, x, *reductions = sch.get_loops(conv)
     width = _extent(sch, x)
     if width is None:
         return None
-    tile = _column_tile(width, max(1, tiling.accumulators // 2))
-    co, ci = sch.split(c, [None, 16])
+    tile = _column_tile(width, cap)
+    co, ci = sch.split(c, [None, block])
     xo, xi = sch.split(x, [None, tile])
-    sch.reorder(n, co, y, xo, rp, ry, rx, xi, ci)
+    sch.reorder(n, co, y, xo, *reductions, xi, ci)
     epilogue = _epilogue_at(sch, conv, xo)
-    sch.transform_layout(conv, ("write", 0), lambda b, ch, row, col: (b, row, ch // 16, col, ch % 16))
+    # Accumulators channel-innermost, so each is one vector in memory: with the NCHW order a
+    # tile is a strided [B, T] patch that LLVM may split into scalars (measured 9× slower).
+    sch.transform_layout(conv, ("write", 0), lambda b, ch, row, col: (b, row, ch // block, col, ch % block))
+    # The output is contiguous along columns: full vectors of columns store along columns
+    # (reading the accumulators transposed, from L1), short rows along channels.
     e_loops = sch.get_loops(epilogue)[-4:]
     if tile % 8 == 0:
         sch.vectorize(e_loops[-1])
     else:
         sch.reorder(e_loops[0], e_loops[2], e_loops[3], e_loops[1])
         sch.vectorize(e_loops[1])
-    sch.unroll(xi)
-    parallel = _parallel(sch, [n, co, y], tiling)
-    sch.annotate(parallel, "pragma_import_llvm", LLVM_IR)
-    init = sch.decompose_reduction(conv, rp)
-    sch.vectorize(sch.get_loops(init)[-1])
-    _schedule_prologue(sch, conv, parallel, tiling)
-    sch.tensorize(ci, DOT_BF16)  # last: the block is replaced
-    return sch
-
-
-def packed_matmul_bf16(sch: Any, tiling: Tiling) -> Any | None:
-    """``amp_matmul_bf16``: rows × 16 columns, each 16-column × k-pair step one ``vdpbf16ps``."""
-    from amptool.build.cpu_intrinsics import DOT_BF16, LLVM_IR  # noqa: PLC0415
-
-    mm = _find_block(sch, MATMUL_BF16_BLOCK)
-    if mm is None:
-        return None
-    *batch, m, n, rp = sch.get_loops(mm)
-    m_rows = _extent(sch, m)
-    rows_loop = sch.fuse(*batch, m) if batch else m
-    if m_rows is None or _extent(sch, rows_loop) is None:
-        return None
-    tile = _divisor(m_rows, max(1, tiling.accumulators // 2)) or 1  # never across batch items
-    ro, ri = sch.split(rows_loop, [None, tile])
-    no, ni = sch.split(n, [None, 16])
-    sch.reorder(no, ro, rp, ri, ni)
-    epilogue = _epilogue_at(sch, mm, ro)
-    sch.vectorize(sch.get_loops(epilogue)[-1])
-    sch.unroll(ri)
-    parallel = _parallel(sch, [no, ro], tiling)
-    sch.annotate(parallel, "pragma_import_llvm", LLVM_IR)
-    init = sch.decompose_reduction(mm, rp)
-    sch.vectorize(sch.get_loops(init)[-1])
-    # The pairs stage gathers every other element of a row; vectorized it took LLVM minutes and
-    # runs no faster than the scalar loop (it is ~5% of the matmul).
-    _schedule_prologue(sch, mm, parallel, tiling, vectorize=False)
-    sch.tensorize(ni, DOT_BF16)  # last: the block is replaced
-    return sch
+    return [n, co, y], reductions[0], xi, ci, epilogue
 
 
 def packed_matmul(sch: Any, tiling: Tiling) -> Any | None:

@@ -1,0 +1,71 @@
+"""Schedule rules for the bfloat16 kernels: ``packed_conv2d``/``packed_matmul``'s register tiles
+with each 16-channel × input-pair step one ``vdpbf16ps`` (:mod:`amptool.build.cpu_intrinsics`).
+
+When not: targets without AVX512-BF16 never produce these blocks (``cpu_kernels`` checks the
+target first). Preserves: values up to the instruction's rounding (see ``cpu_intrinsics``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from amptool.build.cpu_intrinsics import DOT_BF16, LLVM_IR
+from amptool.build.cpu_kernels import CONV2D_BF16_BLOCK, MATMUL_BF16_BLOCK
+from amptool.build.cpu_schedules import (
+    Tiling,
+    _conv_tile,
+    _divisor,
+    _epilogue_at,
+    _extent,
+    _find_block,
+    _parallel,
+    _schedule_prologue,
+)
+
+
+def packed_conv2d_bf16(sch: Any, tiling: Tiling) -> Any | None:
+    """``amp_conv2d_bf16``: ``packed_conv2d``'s tile, each 16-channel × input-pair step one
+    ``vdpbf16ps`` (:mod:`amptool.build.cpu_intrinsics`)."""
+    conv = _find_block(sch, CONV2D_BF16_BLOCK)
+    if conv is None:
+        return None
+    tiled = _conv_tile(sch, conv, 16, max(1, tiling.accumulators // 2))
+    if tiled is None:
+        return None
+    outer, first_reduction, xi, ci, _epilogue = tiled
+    sch.unroll(xi)
+    parallel = _parallel(sch, outer, tiling)
+    sch.annotate(parallel, "pragma_import_llvm", LLVM_IR)
+    init = sch.decompose_reduction(conv, first_reduction)
+    sch.vectorize(sch.get_loops(init)[-1])
+    _schedule_prologue(sch, conv, parallel, tiling)
+    sch.tensorize(ci, DOT_BF16)  # last: the block is replaced
+    return sch
+
+
+def packed_matmul_bf16(sch: Any, tiling: Tiling) -> Any | None:
+    """``amp_matmul_bf16``: rows × 16 columns, each 16-column × k-pair step one ``vdpbf16ps``."""
+    mm = _find_block(sch, MATMUL_BF16_BLOCK)
+    if mm is None:
+        return None
+    *batch, m, n, rp = sch.get_loops(mm)
+    m_rows = _extent(sch, m)
+    rows_loop = sch.fuse(*batch, m) if batch else m
+    if m_rows is None or _extent(sch, rows_loop) is None:
+        return None
+    tile = _divisor(m_rows, max(1, tiling.accumulators // 2)) or 1  # never across batch items
+    ro, ri = sch.split(rows_loop, [None, tile])
+    no, ni = sch.split(n, [None, 16])
+    sch.reorder(no, ro, rp, ri, ni)
+    epilogue = _epilogue_at(sch, mm, ro)
+    sch.vectorize(sch.get_loops(epilogue)[-1])
+    sch.unroll(ri)
+    parallel = _parallel(sch, [no, ro], tiling)
+    sch.annotate(parallel, "pragma_import_llvm", LLVM_IR)
+    init = sch.decompose_reduction(mm, rp)
+    sch.vectorize(sch.get_loops(init)[-1])
+    # The pairs stage gathers every other element of a row; vectorized it took LLVM minutes and
+    # runs no faster than the scalar loop (it is ~5% of the matmul).
+    _schedule_prologue(sch, mm, parallel, tiling, vectorize=False)
+    sch.tensorize(ni, DOT_BF16)  # last: the block is replaced
+    return sch
