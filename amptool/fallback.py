@@ -48,7 +48,7 @@ import yaml
 from amptool import _tvm
 from amptool.colors.loader import BUILTIN_PREFIX
 from amptool.colors.policy import Color, ColorPolicy, NodeRule
-from amptool.compare.aggregate import severity
+from amptool.compare.aggregate import severity, worst_case
 from amptool.compare.stats import compare_output
 from amptool.compare.tolerance import TolerancePolicy
 from amptool.convert import (
@@ -79,11 +79,14 @@ class FallbackConfig:
     tolerance: TolerancePolicy = TolerancePolicy()
     max_compiles: int = DEFAULT_MAX_COMPILES
     seed: int = 0
+    iterations: int = 1  # input sets (seeds seed … seed+N-1) that must all pass, as diff --iterations
 
     def __post_init__(self) -> None:
         if self.convert.dtype == "float32":
             raise UserError("--auto-fallback needs a low-precision --dtype (float16 or bfloat16)",
                             "float32 has nothing to fall back from.")
+        if self.iterations < 1:
+            raise UserError(f"--iterations {self.iterations}: need at least 1")
         if self.max_compiles < 3:
             raise UserError(f"--max-compiles {self.max_compiles}: auto-fallback needs at least 3 "
                             "(measure, try, final build)", "Use --max-compiles 3 or more (default 10).")
@@ -154,12 +157,14 @@ def auto_fallback(config: FallbackConfig, on_stage: Callable[[str], None] | None
     dtype = config.convert.dtype
     declared = {s.name: s.dtype for s in graph_inputs(base.loaded.model)}
     pinned = [TensorSpec(s.name, declared.get(s.name, s.dtype), s.shape) for s in base.inputs]
-    feeds = {**generate_inputs(pinned, base.loaded.model, seed=config.seed), **base.fixed_inputs}
-    notify("reference")
-    reference = reference_tensors(base.prepared, feeds)
     output_names = [o.name for o in base.prepared.graph.output]
     config.tolerance.check_names(output_names)
-    search = _Search(config, base, feeds, reference, output_names, notify)
+    notify("reference")
+    sets = []
+    for seed in range(config.seed, config.seed + config.iterations):
+        feeds = {**generate_inputs(pinned, base.loaded.model, seed=seed), **base.fixed_inputs}
+        sets.append((feeds, reference_tensors(base.prepared, feeds)))
+    search = _Search(config, base, sets, output_names, notify)
 
     current = search.measure(())
     before = compute_fraction(current.rewritten.passes.mod, current.rewritten.passes.report.decisions, dtype)
@@ -194,7 +199,9 @@ def auto_fallback(config: FallbackConfig, on_stage: Callable[[str], None] | None
         notify("compile")
         build = compile_rewritten(config.convert, chosen.rewritten)
         search.compiles += 1
-    final = _check_outputs(build.compiled().run(feeds), reference, output_names, config.tolerance, dtype)
+    compiled = build.compiled()
+    final = worst_case([_check_outputs(compiled.run(feeds), reference, output_names, config.tolerance, dtype)
+                        for feeds, reference in sets])
     passed = all(o["passed"] for o in final)
     mod, decisions = chosen.rewritten.passes.mod, chosen.rewritten.passes.report.decisions
     return FallbackResult(
@@ -215,10 +222,10 @@ def auto_fallback(config: FallbackConfig, on_stage: Callable[[str], None] | None
 class _Search:
     """Measurements share one import, one set of inputs and one onnxruntime reference."""
 
-    def __init__(self, config: FallbackConfig, base: Rewritten, feeds: Mapping[str, np.ndarray],
-                 reference: Mapping[str, np.ndarray], output_names: Sequence[str],
-                 notify: Callable[[str], None]) -> None:
-        self.config, self.base, self.feeds, self.reference = config, base, feeds, reference
+    def __init__(self, config: FallbackConfig, base: Rewritten,
+                 sets: Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]],
+                 output_names: Sequence[str], notify: Callable[[str], None]) -> None:
+        self.config, self.base, self.sets = config, base, list(sets)  # (feeds, reference tensors)
         self.output_names, self.notify = list(output_names), notify
         self.compiles = 0
         self.history: list[Measurement] = []
@@ -233,8 +240,8 @@ class _Search:
         if not probes:
             build = compile_rewritten(convert, rewritten)
             self.compiles += 1
-            results = _check_outputs(build.compiled().run(self.feeds), self.reference, self.output_names,
-                                     self.config.tolerance, convert.dtype)
+            compiled = build.compiled()
+            results = worst_case([self._check(compiled.run(feeds), reference) for feeds, reference in self.sets])
             plain = Measurement(kept, rewritten, results, None, time.perf_counter() - start, build)
             self.history.append(plain)
             return plain
@@ -244,13 +251,19 @@ class _Search:
                                 rewritten.inputs, self.output_names, convert.dtype, self.target_spec, self.device,
                                 beside=True)
         self.compiles += 1
-        outputs, converted = probed.run(self.feeds)
-        results = _check_outputs(outputs, self.reference, self.output_names, self.config.tolerance, convert.dtype)
-        layers = compare_layers(rewritten.prepared, probed.probes, self.reference, converted, convert.dtype,
+        runs = [(probed.run(feeds), reference) for feeds, reference in self.sets]
+        per_set = [self._check(outputs, reference) for (outputs, _), reference in runs]
+        results = worst_case(per_set)
+        # Rank on the input set whose worst output is worst: that is where error must come down.
+        (_, converted), reference = runs[max(range(len(runs)), key=lambda i: severity(max(per_set[i], key=severity)))]
+        layers = compare_layers(rewritten.prepared, probed.probes, reference, converted, convert.dtype,
                                 self.config.tolerance.resolve(convert.dtype), probed.skipped)
         measurement = Measurement(kept, rewritten, results, layers, time.perf_counter() - start)
         self.history.append(measurement)
         return measurement
+
+    def _check(self, outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:
+        return _check_outputs(outputs, reference, self.output_names, self.config.tolerance, self.config.convert.dtype)
 
 
 def _target(name: str) -> tuple[dict[str, Any], str]:
@@ -425,11 +438,16 @@ def fallback_yaml(config: FallbackConfig, kept: Sequence[str], measurement: Meas
     verdict = "passes" if passed else "still FAILS"
     header = [
         f"# amptool convert --auto-fallback: {len(kept)} ONNX node(s) kept float32; on seeded inputs "
-        f"(seed {config.seed}) output '{worst['name']}' {verdict} "
+        f"({_seeds(config)}) output '{worst['name']}' {verdict} "
         f"(tolerance ratio {_fmt(worst['tolerance_ratio'])}).",
         f"# Reproduce: amptool convert MODEL {' '.join(flags)} --colors {FALLBACK_FILE} -o OUTDIR",
     ]
     return "\n".join(header) + "\n" + yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=1000)
+
+
+def _seeds(config: FallbackConfig) -> str:
+    last = config.seed + config.iterations - 1
+    return f"seed {config.seed}" if last == config.seed else f"seeds {config.seed}…{last}"
 
 
 def _fmt(value: Any) -> str:

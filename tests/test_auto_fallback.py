@@ -79,8 +79,9 @@ def test_a_user_colour_file_is_extended_in_place(tmp_path, run_cli):
     onnx.save(model_zoo.scale_beyond_fp16(), model)
     out = tmp_path / "out"
     result = run_cli("convert", str(model), "--no-range-guards", "--colors", str(colors), "--auto-fallback",
-                     "--max-compiles", "4", "-o", str(out))
+                     "--max-compiles", "4", "--iterations", "2", "-o", str(out))
     assert result.exit_code == 0, result.output
+    assert "on seeded inputs (seeds 0…1)" in (out / "fallback.yaml").read_text()
     data = yaml.safe_load((out / "fallback.yaml").read_text())
     assert data["never"] == {"add": ["Relu"]}
     assert data["nodes"] == [{"match": "/scale_up/Mul", "color": "never"}, {"match": "/relu/*", "color": "never"}]
@@ -99,8 +100,8 @@ def test_literal_patterns_match_only_their_node(name):
 def test_bad_combinations_are_one_line_errors(tmp_path, run_cli):
     model = tmp_path / "scale.onnx"
     onnx.save(model_zoo.scale_beyond_fp16(), model)
-    result = run_cli("convert", str(model), "--atol", "1e-2", "-o", str(tmp_path / "o"))
-    assert result.exit_code == 2 and "error: --atol: only used by --auto-fallback" in result.output
+    result = run_cli("convert", str(model), "--atol", "1e-2", "--iterations", "2", "-o", str(tmp_path / "o"))
+    assert result.exit_code == 2 and "error: --atol, --iterations: only used by --auto-fallback" in result.output
     result = run_cli("convert", str(model), "--dtype", "float32", "--auto-fallback", "-o", str(tmp_path / "o"))
     assert result.exit_code == 2 and "--auto-fallback needs a low-precision --dtype" in result.output
     result = run_cli("convert", str(model), "--auto-fallback", "--atol", "nope:1e-2", "-o", str(tmp_path / "o"))

@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 @click.option("--rtol", multiple=True, metavar="[NAME:]VALUE", help="With --auto-fallback: as diff's --rtol.")
 @click.option("--min-cosine", multiple=True, metavar="[NAME:]VALUE",
               help="With --auto-fallback: as diff's --min-cosine.")
+@click.option("--iterations", type=int, default=None, metavar="N",
+              help="With --auto-fallback: N seeded input sets (seeds 0…N-1, as diff's) must all pass (default 1).")
 @click.option("--max-compiles", type=int, default=None, metavar="N",
               help="With --auto-fallback: most compiles the search may use, the final build included (default 10).")
 @handles_user_errors
@@ -40,7 +42,8 @@ def convert(model: str, dtype: str, colors: str | None, target: str, input_shape
             no_range_guards: bool, no_prepare: bool, fixed_inputs: tuple[str, ...], calibration: str | None,
             low_precision_io: bool,
             output_dir: str, json_summary: bool, auto_fallback: bool = False, atol: tuple[str, ...] = (),
-            rtol: tuple[str, ...] = (), min_cosine: tuple[str, ...] = (), max_compiles: int | None = None) -> None:
+            rtol: tuple[str, ...] = (), min_cosine: tuple[str, ...] = (), iterations: int | None = None,
+            max_compiles: int | None = None) -> None:
     """Convert MODEL.onnx to DTYPE and compile it into OUTPUT."""
     import json  # noqa: PLC0415
 
@@ -51,15 +54,17 @@ def convert(model: str, dtype: str, colors: str | None, target: str, input_shape
                            input_shapes=input_shapes, range_guards=not no_range_guards,
                            prepare=not no_prepare, fixed_inputs=fixed_inputs,
                            calibration=calibration, low_precision_io=low_precision_io)
-    search_flags = [f for f, v in (("--atol", atol), ("--rtol", rtol), ("--min-cosine", min_cosine),
-                                   ("--max-compiles", max_compiles)) if v]
+    given = (("--atol", atol), ("--rtol", rtol), ("--min-cosine", min_cosine), ("--iterations", iterations),
+             ("--max-compiles", max_compiles))
+    search_flags = [flag for flag, value in given if value not in (None, ())]
     if search_flags and not auto_fallback:
         raise UserError(f"{', '.join(search_flags)}: only used by --auto-fallback",
                         "Add --auto-fallback, or check a build's accuracy with 'amptool diff'.")
     fallback = None
     with stages() as on_stage:
         if auto_fallback:
-            fallback, manifest = _auto_fallback(config, output_dir, on_stage, atol, rtol, min_cosine, max_compiles)
+            fallback, manifest = _auto_fallback(config, output_dir, on_stage, atol, rtol, min_cosine, iterations,
+                                                max_compiles)
         else:
             _result, manifest = convert_model(config, output_dir, on_stage=on_stage)
     if json_summary:
@@ -84,13 +89,13 @@ def convert(model: str, dtype: str, colors: str | None, target: str, input_shape
 
 def _auto_fallback(config: ConvertConfig, output_dir: str, on_stage: Callable[[str], None],
                    atol: tuple[str, ...], rtol: tuple[str, ...], min_cosine: tuple[str, ...],
-                   max_compiles: int | None) -> tuple[FallbackResult, dict[str, Any]]:
+                   iterations: int | None, max_compiles: int | None) -> tuple[FallbackResult, dict[str, Any]]:
     from amptool.compare.tolerance import parse_tolerance_flags  # noqa: PLC0415
     from amptool.convert import export_build  # noqa: PLC0415
     from amptool.fallback import DEFAULT_MAX_COMPILES, FALLBACK_FILE, FallbackConfig, auto_fallback  # noqa: PLC0415
 
     policy = parse_tolerance_flags(atol=atol, rtol=rtol, min_cosine=min_cosine)
-    search = FallbackConfig(convert=config, tolerance=policy,
+    search = FallbackConfig(convert=config, tolerance=policy, iterations=1 if iterations is None else iterations,
                             max_compiles=DEFAULT_MAX_COMPILES if max_compiles is None else max_compiles)
     result = auto_fallback(search, on_stage=on_stage)
     manifest = export_build(result.build, output_dir, on_stage,
