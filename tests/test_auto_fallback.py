@@ -97,6 +97,19 @@ def test_literal_patterns_match_only_their_node(name):
             assert not policy.node_rules[0].matches(other)
 
 
+def test_a_search_that_cannot_pass_exits_1_and_still_writes_everything(zoo_model, run_cli, tmp_path):
+    """atol = rtol = 0: not even float32 matches onnxruntime bit for bit (reassociation)."""
+    out = tmp_path / "out"
+    result = run_cli("convert", zoo_model("tiny_cnn"), "--auto-fallback", "--atol", "0", "--rtol", "0",
+                     "--max-compiles", "3", "-o", str(out))
+    assert result.exit_code == 1, result.output
+    assert _last(result).startswith("FAILED | auto-fallback | 3 compiles | ")
+    assert "0.0% of compute in float16" in _last(result) and "max_abs" in _last(result)
+    section = read_json(out / "manifest.json")["auto_fallback"]
+    assert section["passed"] is False and section["final"]["passed"] is False
+    assert "still FAILS" in (out / "fallback.yaml").read_text()
+
+
 def test_bad_combinations_are_one_line_errors(tmp_path, run_cli):
     model = tmp_path / "scale.onnx"
     onnx.save(model_zoo.scale_beyond_fp16(), model)

@@ -67,9 +67,10 @@ def convert(model: str, dtype: str, colors: str | None, target: str, input_shape
                                                 max_compiles)
         else:
             _result, manifest = convert_model(config, output_dir, on_stage=on_stage)
+    failed = fallback is not None and not fallback.passed  # exit 1 like diff; the artifact is still written
     if json_summary:
         click.echo(json.dumps(manifest, indent=2))
-        return
+        sys.exit(EXIT_ACCURACY_FAILED if failed else 0)
     for table in render.convert_summary(manifest):
         out.print(table)
     if manifest["unknown_ops"]:
@@ -83,7 +84,7 @@ def convert(model: str, dtype: str, colors: str | None, target: str, input_shape
     out.print(render.fallback_table(manifest["auto_fallback"]))
     out.print(f"wrote {output_dir}/ (model.so, manifest.json, fallback.yaml)")
     out.print(render.fallback_line(manifest["auto_fallback"], dtype), markup=False, soft_wrap=True)
-    if not fallback.passed:
+    if failed:
         sys.exit(EXIT_ACCURACY_FAILED)
 
 

@@ -237,4 +237,5 @@ def fallback_line(section: dict[str, Any], dtype: str) -> str:
             + (f" ({names})" if kept else "")
             + f" | {section['fraction_low_precision']:.1%} of compute in {dtype} "
             f"(was {section['fraction_low_precision_before']:.1%}) | worst output '{final.get('name')}': "
-            f"{_fmt(final.get('tolerance_ratio'), 3)}× tolerance")
+            + (f"{_fmt(final.get('tolerance_ratio'), 3)}× tolerance" if final.get("passed") else
+               str(final.get("failure"))))
