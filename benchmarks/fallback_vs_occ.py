@@ -103,7 +103,8 @@ def _occ(model: onnx.ModelProto, feeds: dict[str, np.ndarray], reference: dict[s
         except Exception as err:  # it raises when even its final model fails
             return {"tool": "onnxconverter-common", "seconds": time.perf_counter() - start,
                     "attempts": calls["n"] - 1, "kept": None, "nodes_fp16": None, "compute_fp16": None,
-                    "worst": {"name": "-", "passed": False, "failure": str(err)[:60], "tolerance_ratio": None}}
+                    "worst": {"name": "-", "passed": False, "failure": f"raised: {err}".splitlines()[0],
+                              "tolerance_ratio": None}}
     seconds = time.perf_counter() - start
     outputs = run_onnxruntime(converted, feeds)
     results = [compare_output(n, reference[n], outputs[n].astype(np.float32), tol) for n in names]
@@ -141,9 +142,13 @@ def _print(model: str, rows: list[dict[str, Any]]) -> None:
         table.add_row(
             row["tool"], f"{row['seconds']:.1f}", str(row["attempts"]), _text(row["kept"]),
             _pct(row["nodes_fp16"]), _pct(row["compute_fp16"]), worst["name"], _text(worst.get("tolerance_ratio")),
-            "pass" if worst["passed"] else f"FAIL {worst.get('failure') or ''}",
+            "pass" if worst["passed"] else "FAIL",
         )
-    Console(width=140).print(table)
+    console = Console(width=140)
+    console.print(table)
+    for row in rows:
+        if not row["worst"]["passed"]:
+            console.print(f"{row['tool']}: {row['worst'].get('failure')}", markup=False, soft_wrap=True)
 
 
 def _pct(value: float | None) -> str:
