@@ -30,6 +30,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from amptool.frontend.unroll import unroll_loops
+from amptool.frontend.unroll_body import constant_value
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +139,7 @@ def _fold_node(
     ir_version: int,
 ) -> Iterable[onnx.NodeProto]:
     if node.op_type == "Constant":
-        value = _constant_value(node)
+        value = constant_value(node)
         if value is not None:
             known[node.output[0]] = value
         return [node]
@@ -220,16 +221,6 @@ def _constant_node(origin: onnx.NodeProto, output: str, value: np.ndarray) -> on
     if len(origin.output) > 1:
         name = f"{name}:{output}"
     return helper.make_node("Constant", [], [output], name=name, value=numpy_helper.from_array(value, output))
-
-
-def _constant_value(node: onnx.NodeProto) -> np.ndarray | None:
-    for attr in node.attribute:
-        if attr.name == "value":
-            return numpy_helper.to_array(attr.t)
-        if attr.name in ("value_float", "value_int", "value_floats", "value_ints"):
-            dtype = np.float32 if attr.name.startswith("value_float") else np.int64
-            return np.array(helper.get_attribute_value(attr), dtype=dtype)
-    return None  # sparse or string constants: leave them
 
 
 def _shape_value(node: onnx.NodeProto, shape: tuple[int, ...]) -> np.ndarray:

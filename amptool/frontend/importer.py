@@ -28,7 +28,7 @@ import onnx
 
 from amptool.errors import UserError, error_summary
 from amptool.frontend.converters import CONVERTERS
-from amptool.frontend.load import default_opset, iter_nodes
+from amptool.frontend.load import Names, default_opset, iter_nodes
 from amptool.frontend.signature import TensorSpec
 
 #: Node types the frontend handles outside its converter map.
@@ -125,19 +125,11 @@ def _make_importer(shape_dict: dict[str, list[int]], dtype_dict: dict[str, str])
         def __init__(self) -> None:
             super().__init__(shape_dict, dtype_dict, keep_params_in_input=False, sanitize=True)
             self.named: dict[str, NodeOrigin] = {}
-            self._taken: set[str] = set()
+            self._names = Names(set())
 
         def _check_for_unsupported_ops(self, graph: Any) -> None:
             """Done already, and better, by ``check_supported`` — which also knows amptool's
             own converters (the frontend's check would reject LSTM/GRU)."""
-
-        def _unique(self, base: str) -> str:
-            name, k = base, 1
-            while name in self._taken:
-                k += 1
-                name = f"{base}_{k}"
-            self._taken.add(name)
-            return name
 
         def _convert_operator(self, op_name: str, inputs: Any, attrs: dict, opset: int) -> Any:
             node_name = str(attrs.get("tvm_custom", {}).get("name", "") or op_name)
@@ -159,14 +151,14 @@ def _make_importer(shape_dict: dict[str, list[int]], dtype_dict: dict[str, str])
         def _bind(self, result: Any, node_name: str, op_type: str) -> Any:
             origin = NodeOrigin(node_name, op_type)
             if isinstance(result, relax.Call):
-                var = self.bb.emit(result, name_hint=self._unique(identifier(node_name)))
+                var = self.bb.emit(result, name_hint=self._names.fresh(identifier(node_name)))
                 self.named[str(var.name)] = origin
                 return var
             if isinstance(result, relax.Tuple):
                 fields = []
                 for i, item in enumerate(result.fields):
                     if isinstance(item, relax.Call):
-                        item = self.bb.emit(item, name_hint=self._unique(f"{identifier(node_name)}_{i}"))
+                        item = self.bb.emit(item, name_hint=self._names.fresh(f"{identifier(node_name)}_{i}"))
                         self.named[str(item.name)] = origin
                     fields.append(item)
                 return relax.Tuple(fields)

@@ -105,6 +105,21 @@ def _onnxruntime_accepts(model: onnx.ModelProto) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class Names:
+    """Names already used anywhere in the model, and fresh ones derived from a base."""
+
+    taken: set[str]
+
+    def fresh(self, base: str) -> str:
+        name, k = base, 1
+        while name in self.taken:
+            k += 1
+            name = f"{base}_{k}"
+        self.taken.add(name)
+        return name
+
+
 def default_opset(model: onnx.ModelProto) -> int:
     for imp in model.opset_import:
         if imp.domain in STANDARD_DOMAINS:

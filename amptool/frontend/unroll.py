@@ -36,10 +36,9 @@ import onnx
 from onnx import helper, numpy_helper
 
 from amptool.errors import error_summary
-from amptool.frontend.load import iter_nodes
+from amptool.frontend.load import Names, iter_nodes
 from amptool.frontend.unroll_body import (
     BodyCopier,
-    Names,
     attr_graph,
     attr_int,
     attr_ints,

@@ -12,32 +12,16 @@ initializers and `Constant` nodes are emitted once per loop, not once per copy.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from amptool.frontend.load import iter_nodes
+from amptool.frontend.load import Names, iter_nodes
 
 #: ``(copy index, previous copy's outputs or None, names the live body reads) → body inputs``.
 Feed = Callable[[int, "list[str] | None", "set[str]"], list[str]]
-
-
-@dataclass(frozen=True)
-class Names:
-    """Names already used anywhere in the model, and fresh ones derived from a base."""
-
-    taken: set[str]
-
-    def fresh(self, base: str) -> str:
-        name, k = base, 1
-        while name in self.taken:
-            k += 1
-            name = f"{base}_{k}"
-        self.taken.add(name)
-        return name
 
 
 class BodyCopier:
