@@ -203,6 +203,23 @@ def _legalize_conv2d(bb: Any, call: Any) -> Any:
                       primfunc_name_hint=CONV2D_BLOCK)
 
 
+def _conv_geometry(
+    height: int, width: int, kh: int, kw: int, padding: list[int], strides: list[int], dilation: list[int]
+) -> tuple[int, int, int, int, int, int, int]:
+    """(top, left, bottom, right padding, out_h, out_w, computed width) of an NCHW conv.
+
+    The kernels compute ``wide`` ≥ ``out_w`` columns (a multiple of the register tile) and crop;
+    the extra columns read extra zero padding on the right.
+    """
+    top, left, bottom, right = padding
+    (sh, sw), (dh, dw) = strides, dilation
+    out_h = (height + top + bottom - (kh - 1) * dh - 1) // sh + 1
+    out_w = (width + left + right - (kw - 1) * dw - 1) // sw + 1
+    wide = _conv_columns(out_w)
+    right += (wide - out_w) * sw
+    return top, left, bottom, right, out_h, out_w, wide
+
+
 def _conv2d_packed(data: Any, packed: Any, *, strides: list[int], padding: list[int], dilation: list[int],
                    out_channels: int, out_dtype: str) -> Any:
     """NCHW conv2d over a ``[OC/B, IC, KH, KW, B]`` weight; same sum order as TOPI's conv2d_nchw."""
@@ -210,12 +227,8 @@ def _conv2d_packed(data: Any, packed: Any, *, strides: list[int], padding: list[
 
     batch, in_channels, height, width = (int(d) for d in data.shape)
     _, _, kh, kw, block = (int(d) for d in packed.shape)
-    top, left, bottom, right = padding
+    top, left, bottom, right, out_h, out_w, wide = _conv_geometry(height, width, kh, kw, padding, strides, dilation)
     (sh, sw), (dh, dw) = strides, dilation
-    out_h = (height + top + bottom - (kh - 1) * dh - 1) // sh + 1
-    out_w = (width + left + right - (kw - 1) * dw - 1) // sw + 1
-    wide = _conv_columns(out_w)
-    right += (wide - out_w) * sw  # extra zero columns: computed, then cropped
     src = _cast_input(data, out_dtype)
     if top or left or bottom or right:
         src = topi.nn.pad(src, [0, 0, top, left], [0, 0, bottom, right], name=PAD_BLOCK)
@@ -244,12 +257,8 @@ def _conv2d_bf16(data: Any, packed: Any, *, strides: list[int], padding: list[in
 
     batch, in_channels, height, width = (int(d) for d in data.shape)
     _, pairs, kh, kw, block, _ = (int(d) for d in packed.shape)
-    top, left, bottom, right = padding
+    top, left, bottom, right, out_h, out_w, wide = _conv_geometry(height, width, kh, kw, padding, strides, dilation)
     (sh, sw), (dh, dw) = strides, dilation
-    out_h = (height + top + bottom - (kh - 1) * dh - 1) // sh + 1
-    out_w = (width + left + right - (kw - 1) * dw - 1) // sw + 1
-    wide = _conv_columns(out_w)
-    right += (wide - out_w) * sw  # extra zero columns: computed, then cropped
 
     def pair(n: Any, p: Any, y: Any, x: Any) -> Any:
         yy, xx = y - top, x - left
