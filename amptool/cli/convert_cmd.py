@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from amptool.cli.console import handles_user_errors, out, stages
-from amptool.cli.options import calibration_option, fixed_input_option, low_precision_io_option, model_options
+from amptool.cli.options import model_options
 from amptool.errors import EXIT_ACCURACY_FAILED, UserError
 
 if TYPE_CHECKING:
@@ -20,9 +20,6 @@ if TYPE_CHECKING:
 @click.command()
 @click.argument("model", type=click.Path(dir_okay=False))
 @model_options
-@fixed_input_option
-@calibration_option
-@low_precision_io_option
 @click.option("-o", "--output", "output_dir", required=True, type=click.Path(file_okay=False),
               help="Artifact directory (library + manifest.json); replaced atomically.")
 @click.option("--json", "json_summary", is_flag=True, help="Print the manifest as JSON instead of tables.")

@@ -8,7 +8,7 @@ import sys
 import click
 
 from amptool.cli.console import handles_user_errors, out, stages
-from amptool.cli.options import calibration_option, fixed_input_option, low_precision_io_option, model_options
+from amptool.cli.options import model_options
 from amptool.errors import EXIT_ACCURACY_FAILED, EXIT_OK, UserError
 from amptool.fileio import write_json
 
@@ -18,9 +18,6 @@ _FILE = click.Path(dir_okay=False)
 @click.command()
 @click.argument("model", type=click.Path(dir_okay=False))
 @model_options
-@fixed_input_option
-@calibration_option
-@low_precision_io_option
 @click.option("--artifact", type=click.Path(file_okay=False), default=None,
               help="Compare an existing 'amptool convert' output instead of converting.")
 @click.option("--inputs", "inputs_path", type=_FILE, default=None, metavar="PATH.npz",

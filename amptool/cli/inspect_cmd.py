@@ -9,15 +9,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from amptool.cli.console import handles_user_errors, out, stages
-from amptool.cli.options import calibration_option, fixed_input_option, low_precision_io_option, model_options
+from amptool.cli.options import model_options
 
 
 @click.command()
 @click.argument("model", type=click.Path(dir_okay=False))
 @model_options
-@fixed_input_option
-@calibration_option
-@low_precision_io_option
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, metavar="PATH",
               help="Write nodes, unknown_ops, guarded_constants, casts_inserted, timings_s … as JSON.")
 @click.option("--nodes", "show_nodes", is_flag=True, help="Also print one row per ONNX node.")

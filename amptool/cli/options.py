@@ -1,4 +1,4 @@
-"""Options shared by commands that build a model (convert, diff)."""
+"""Options shared by commands that build a model (convert, diff, inspect)."""
 
 from __future__ import annotations
 
@@ -8,28 +8,6 @@ from typing import Any
 import click
 
 from amptool.convert import DTYPES
-
-
-def model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """--dtype, --colors, --target, --input-shape, --no-range-guards, --no-prepare."""
-    decorators = [
-        click.option("--dtype", type=click.Choice(DTYPES), default="float16", show_default=True,
-                     help="Low-precision dtype (float32: the unconverted baseline)."),
-        click.option("--colors", metavar="FILE.yaml|builtin:NAME", default=None,
-                     help="Colour lists (ALWAYS/FOLLOW/NEVER); default builtin:default."),
-        click.option("--target", default="llvm", show_default=True, metavar="llvm|cuda|vulkan",
-                     help="Compilation target."),
-        click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME:1x3x224x224",
-                     help="Pin an input's shape (repeatable); needed for dynamic dims."),
-        click.option("--no-range-guards", is_flag=True,
-                     help="Cast constants even when they overflow/underflow the low dtype."),
-        click.option("--no-prepare", is_flag=True,
-                     help="Skip onnxruntime's fp32 constant/BatchNorm folding before import."),
-    ]
-    for decorator in reversed(decorators):
-        fn = decorator(fn)
-    return fn
-
 
 fixed_input_option = click.option(
     "--fixed-input", "fixed_inputs", multiple=True, metavar="NAME=VALUE",
@@ -47,3 +25,27 @@ low_precision_io_option = click.option(
     "--low-precision-io", is_flag=True,
     help="Take and return float32 tensors in the low dtype (the caller holds fp16/bf16 data).",
 )
+
+
+def model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Every option that decides what gets built, shared by convert, diff and inspect."""
+    decorators = [
+        click.option("--dtype", type=click.Choice(DTYPES), default="float16", show_default=True,
+                     help="Low-precision dtype (float32: the unconverted baseline)."),
+        click.option("--colors", metavar="FILE.yaml|builtin:NAME", default=None,
+                     help="Colour lists (ALWAYS/FOLLOW/NEVER); default builtin:default."),
+        click.option("--target", default="llvm", show_default=True, metavar="llvm|cuda|vulkan",
+                     help="Compilation target."),
+        click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME:1x3x224x224",
+                     help="Pin an input's shape (repeatable); needed for dynamic dims."),
+        fixed_input_option,
+        calibration_option,
+        low_precision_io_option,
+        click.option("--no-range-guards", is_flag=True,
+                     help="Cast constants even when they overflow/underflow the low dtype."),
+        click.option("--no-prepare", is_flag=True,
+                     help="Skip onnxruntime's fp32 constant/BatchNorm folding before import."),
+    ]
+    for decorator in reversed(decorators):
+        fn = decorator(fn)
+    return fn
