@@ -212,7 +212,39 @@ def compile_module(mod: Any, target_spec: dict[str, Any], *, pipeline: str = "am
 
             executable, _timings = cpu.build(mod, target)
             return executable
+        if pipeline == "amptool" and str(target.kind.name) in GPU_KINDS:
+            from amptool.build import gpu  # noqa: PLC0415
+
+            executable, _timings = gpu.build(mod, target)
+            return executable
         return tvm.compile(mod, target=target)
+
+
+#: Target kinds built by ``amptool.build.gpu`` (TVM's default CUDA pipeline segfaults on fp16).
+GPU_KINDS = ("cuda", "vulkan")
+
+
+def lower_module(mod: Any, target_spec: dict[str, Any]) -> Any:
+    """The scheduled IRModule that codegen would take for ``target_spec`` (``--lower-only``):
+    Relax lowered to VM calls, every PrimFunc scheduled. Needs no codegen for the target, so a
+    Vulkan or CUDA target can be checked on a machine whose TVM cannot build for it."""
+    import tvm  # noqa: PLC0415
+
+    target = make_target(target_spec)
+    kind = str(target.kind.name)
+    with quiet_native_stderr():
+        if kind == "llvm":
+            from amptool.build import cpu  # noqa: PLC0415
+
+            with target:
+                for _name, passes in cpu.stage_passes(target):
+                    mod = tvm.transform.Sequential(passes)(mod)
+            return mod
+        if kind in GPU_KINDS:
+            from amptool.build import gpu  # noqa: PLC0415
+
+            return gpu.lower(mod, target)
+    raise ValueError(f"no lowering for target kind {kind!r}")
 
 
 def set_num_threads(count: int) -> int:
