@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -27,6 +27,7 @@ from amptool.compare.tolerance import Tolerance, ToleranceOverride, TolerancePol
 from amptool.convert import ConvertConfig, build_model
 from amptool.errors import UserError
 from amptool.fileio import finite_only
+from amptool.frontend.gradient import has_gradients
 from amptool.frontend.load import load_model
 from amptool.frontend.prepare import reference_model
 from amptool.frontend.signature import TensorSpec, graph_inputs, graph_outputs, parse_fixed_inputs
@@ -124,7 +125,11 @@ class DiffReport:
 
     @property
     def reference_label(self) -> str:
-        return f"reference {self.reference['path']}" if self.reference.get("path") else "onnxruntime float32"
+        if self.reference.get("path"):
+            return f"reference {self.reference['path']}"
+        if self.reference.get("source") == "onnxruntime+finite-differences":
+            return "onnxruntime float32 + float64 finite differences"
+        return "onnxruntime float32"
 
     def as_json(self) -> dict[str, Any]:
         """The report as JSON-safe data: non-finite statistics (an SNR of identical outputs,
@@ -163,6 +168,9 @@ def diff_model(config: DiffConfig, on_stage: Callable[[str], None] | None = None
     specs = [s for s in specs if s.name not in fixed]  # fixed inputs are constants of the build
     arrays = load_inputs(config.inputs_path, specs) if config.inputs_path else None
     stored = load_reference_outputs(config.reference_outputs, output_names) if config.reference_outputs else None
+    if config.per_layer and has_gradients(loaded.model):
+        raise UserError("--per-layer runs every node in onnxruntime, which cannot run Gradient nodes",
+                        "Drop --per-layer; diff compares the gradients against float64 finite differences.")
 
     if config.artifact:
         manifest, compiled = load_artifact(config.artifact)
@@ -187,7 +195,7 @@ def diff_model(config: DiffConfig, on_stage: Callable[[str], None] | None = None
     if stored is None:
         notify("reference")
         start = time.perf_counter()
-        runner = OnnxruntimeRunner(reference_model(loaded.model))
+        runner = _reference_runner(loaded.model)
         timings["reference"] += time.perf_counter() - start
 
     seeds: list[int | None] = [None] if arrays is not None else [config.seed + i for i in range(config.iterations)]
@@ -221,7 +229,8 @@ def diff_model(config: DiffConfig, on_stage: Callable[[str], None] | None = None
         outputs=outputs,
         seed=None if arrays is not None else config.seed,
         model=config.convert.model,
-        reference={"source": "file" if stored is not None else "onnxruntime", "path": config.reference_outputs},
+        reference={"source": "file" if stored is not None else _reference_source(loaded.model),
+                   "path": config.reference_outputs},
         inputs={
             "source": "file" if arrays is not None else "generated",
             "path": config.inputs_path,
@@ -242,10 +251,28 @@ def diff_model(config: DiffConfig, on_stage: Callable[[str], None] | None = None
     )
 
 
+class _Reference(Protocol):
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+
+def _reference_runner(model: Any) -> _Reference:
+    """onnxruntime float32; for models with Gradient nodes (which onnxruntime cannot run), its
+    forward outputs plus float64 central finite differences for the gradients."""
+    if has_gradients(model):
+        from amptool.gradient_reference import GradientReference  # noqa: PLC0415
+
+        return GradientReference(model)
+    return OnnxruntimeRunner(reference_model(model))
+
+
+def _reference_source(model: Any) -> str:
+    return "onnxruntime+finite-differences" if has_gradients(model) else "onnxruntime"
+
+
 class _Iterations:
     """Runs both sides on one input set at a time; keeps each output's worst arrays (for plots)."""
 
-    def __init__(self, compiled: CompiledModel, runner: OnnxruntimeRunner | None,
+    def __init__(self, compiled: CompiledModel, runner: _Reference | None,
                  stored: Mapping[str, np.ndarray] | None, policy: TolerancePolicy, dtype: str,
                  notify: Callable[[str], None], timings: dict[str, float]) -> None:
         self.compiled, self.runner, self.stored = compiled, runner, stored

@@ -28,6 +28,7 @@ import onnx
 
 from amptool.errors import UserError, error_summary
 from amptool.frontend.converters import CONVERTERS
+from amptool.frontend.gradient import check_gradients, is_gradient, lower_gradient
 from amptool.frontend.load import Names, default_opset, iter_nodes
 from amptool.frontend.signature import TensorSpec
 
@@ -60,7 +61,7 @@ def check_supported(model: onnx.ModelProto) -> None:
     supported = supported_op_types()
     missing: dict[str, list[str]] = collections.defaultdict(list)
     for node in iter_nodes(model.graph):
-        if node.op_type not in supported:
+        if node.op_type not in supported and not is_gradient(node):  # Gradient: lowered by gradient.py
             label = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
             missing[label].append(node.name)
     if missing:
@@ -100,6 +101,7 @@ def import_model(model: onnx.ModelProto, inputs: Sequence[TensorSpec]) -> Import
     importer = _make_importer(
         shape_dict={s.name: [int(d) for d in (s.shape or ())] for s in inputs},
         dtype_dict={s.name: s.dtype for s in inputs},
+        model=model,
     )
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
@@ -117,7 +119,7 @@ def import_model(model: onnx.ModelProto, inputs: Sequence[TensorSpec]) -> Import
     return ImportedModel(mod=mod, provenance=provenance)
 
 
-def _make_importer(shape_dict: dict[str, list[int]], dtype_dict: dict[str, str]) -> Any:
+def _make_importer(shape_dict: dict[str, list[int]], dtype_dict: dict[str, str], model: onnx.ModelProto) -> Any:
     from tvm import relax  # noqa: PLC0415
     from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter  # noqa: PLC0415
 
@@ -126,6 +128,7 @@ def _make_importer(shape_dict: dict[str, list[int]], dtype_dict: dict[str, str])
             super().__init__(shape_dict, dtype_dict, keep_params_in_input=False, sanitize=True)
             self.named: dict[str, NodeOrigin] = {}
             self._names = Names(set())
+            self._gradients = check_gradients(model)  # Gradient node name → what it differentiates
 
         def _check_for_unsupported_ops(self, graph: Any) -> None:
             """Done already, and better, by ``check_supported`` — which also knows amptool's
@@ -134,6 +137,8 @@ def _make_importer(shape_dict: dict[str, list[int]], dtype_dict: dict[str, str])
         def _convert_operator(self, op_name: str, inputs: Any, attrs: dict, opset: int) -> Any:
             node_name = str(attrs.get("tvm_custom", {}).get("name", "") or op_name)
             try:
+                if op_name == "Gradient" and node_name in self._gradients:
+                    return self._gradient(node_name, list(inputs))
                 result = CONVERTERS[op_name](self.bb, list(inputs), attrs) if op_name in CONVERTERS else None
                 if result is None:  # not ours, or ours declined this instance
                     result = super()._convert_operator(op_name, inputs, attrs, opset)
@@ -147,6 +152,13 @@ def _make_importer(shape_dict: dict[str, list[int]], dtype_dict: dict[str, str])
                     "Pin input shapes with --input-shape; dynamic shape chains are the usual cause.",
                 ) from err
             return self._bind(result, node_name, op_name)
+
+        def _gradient(self, node_name: str, inputs: list[Any]) -> Any:
+            """A Gradient node needs its forward graph, not only its inputs: gradient.py lowers it."""
+            spec = self._gradients[node_name]
+            lowered = lower_gradient(self.bb, model, spec, inputs, self._names.fresh, import_model)
+            self.named.update({var: NodeOrigin(*origin) for var, origin in lowered.named.items()})
+            return lowered.outputs[0] if len(lowered.outputs) == 1 else relax.Tuple(lowered.outputs)
 
         def _bind(self, result: Any, node_name: str, op_type: str) -> Any:
             origin = NodeOrigin(node_name, op_type)

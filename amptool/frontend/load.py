@@ -89,6 +89,9 @@ def load_model(path: str) -> LoadedModel:
     _refuse_quantized(model, path)
     _refuse_strings(model, path)
     name_nodes(model.graph)
+    from amptool.frontend.gradient import check_gradients  # noqa: PLC0415 (gradient imports load)
+
+    check_gradients(model)  # an unsupported Gradient is a user error now, not after prepare
     return LoadedModel(model=model, path=path, opset=default_opset(model))
 
 

@@ -25,6 +25,7 @@ import onnx
 
 from amptool.errors import error_summary
 from amptool.frontend.fold import fold_model
+from amptool.frontend.gradient import has_gradients
 from amptool.frontend.load import default_opset, name_nodes
 from amptool.frontend.signature import TensorSpec
 
@@ -113,7 +114,13 @@ def prepare_model(
             "upgrade-opset",
             lambda m: drop_weight_inputs(upgrade_opset(m)),
         )
-    if optimize:
+    if optimize and has_gradients(prepared.model):
+        # Folding could fold a path from xs to y into a constant, cutting the differentiated
+        # graph, and onnxruntime cannot load the training domain at all.
+        for step in ("fold-subgraphs", "onnxruntime-fold", "check-numerics"):
+            prepared.steps.append(f"{step}-skipped")
+            prepared.notes.append(f"{step}: the model has Gradient nodes (ai.onnx.preview.training)")
+    elif optimize:
         unfolded = prepared.model
         # amptool's folder first: it inlines If nodes whose condition is now constant, which
         # onnxruntime's own If inlining gets wrong on nested branches (seen: silero-vad with
