@@ -49,16 +49,24 @@ class GradientReference:
             if output.name not in kept and output.name not in grads:
                 raise UserError(f"Output '{output.name}' is computed from a Gradient output; the "
                                 "finite-difference reference covers gradients themselves only", _HINT)
+        known = {v.name for v in forward.graph.input} | {t.name for t in forward.graph.initializer}
+        known |= {o for n in forward.graph.node for o in n.output}
+        for spec in self.specs:
+            late = [name for name in spec.inputs if name not in known]
+            if late:
+                raise UserError(f"Gradient '{spec.node}' is evaluated at '{late[0]}', which is computed from a "
+                                "Gradient output; the finite-difference reference cannot follow it", _HINT)
         self.output_names = [o.name for o in model.graph.output]
         self._ort = OnnxruntimeRunner(reference_model(forward)) if kept else None
         self._forward64 = as_float64(forward)
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         outputs: dict[str, np.ndarray] = self._ort.run(feeds) if self._ort is not None else {}
-        needed = sorted({name for s in self.specs for name in (*s.xs, *s.zs)})
+        needed = sorted({name for s in self.specs for name in s.inputs})
         values = _values64(self._forward64, feeds, needed)
         for spec in self.specs:
-            grads = finite_difference_gradients(self.model, spec, values)
+            at = {name: values[value] for name, value in zip((*spec.xs, *spec.zs), spec.inputs, strict=True)}
+            grads = finite_difference_gradients(self.model, spec, at)
             outputs.update({name: g for name, g in zip(spec.outputs, grads) if name})
         return outputs
 

@@ -140,6 +140,23 @@ def test_zs_are_held_constant(tmp_path):
     assert {"grad", "mm", "tanh"} <= origins
 
 
+def test_gradient_is_taken_at_the_values_fed_to_the_node(tmp_path):
+    """Gradient(xs=[X, W]) fed (2·X, W): the derivative at 2·X, not at X."""
+    from amptool.convert import ConvertConfig, build_model
+
+    double = helper.make_node("Mul", ["X", "two"], ["X2"], name="double")
+    model = _mlp_model(["X", "W"], grad_inputs=["X2", "W"], extra_nodes=(double,))
+    model.graph.initializer.append(numpy_helper.from_array(np.array(2.0, np.float32), "two"))
+    built = build_model(ConvertConfig(model=_save(model, tmp_path), dtype="float32"))
+    got = built.compiled().run({"X": X})
+    reference = GradientReference(model).run({"X": X})
+    exact = _analytic(2 * X)
+    for name in ("dX", "dW"):
+        np.testing.assert_allclose(reference[name], exact[name], atol=1e-8, rtol=0, err_msg=name)
+        np.testing.assert_allclose(got[name], exact[name], atol=1e-4, rtol=0, err_msg=name)
+    assert not np.allclose(exact["dW"], _analytic(X)["dW"], atol=1e-2)  # the two points differ
+
+
 def test_diff_compares_against_finite_differences(run_cli, tmp_path):
     path = _save(_mlp_model(["X", "W"]), tmp_path)
     report_path = tmp_path / "r.json"

@@ -51,6 +51,7 @@ class GradientSpec:
     xs: tuple[str, ...]
     zs: tuple[str, ...]
     y: str
+    inputs: tuple[str, ...]  # the values at which to differentiate: one per xs, then per zs
     outputs: tuple[str, ...]
     cone: tuple[int, ...]  # indices into graph.node of the forward nodes computing y
 
@@ -105,7 +106,7 @@ def _spec(graph: onnx.GraphProto, node: onnx.NodeProto, dtypes: dict[str, int]) 
     if missing:
         raise UserError(f"{where}: x '{missing[0]}' does not reach y '{y}' (its gradient would be "
                         "undefined, not zero)", "Remove it from xs or differentiate a y that uses it.")
-    return GradientSpec(node.name, xs, zs, y, tuple(node.output), cone)
+    return GradientSpec(node.name, xs, zs, y, tuple(node.input), tuple(node.output), cone)
 
 
 def _cone(graph: onnx.GraphProto, grad: onnx.NodeProto, xs: Sequence[str], zs: Sequence[str],
