@@ -94,6 +94,18 @@ def is_tuple_type(ty: Any) -> bool:
     return isinstance(ty, relax.TupleType)
 
 
+def is_tuple_expr(expr: Any) -> bool:
+    """Whether ``expr`` is a ``relax.Tuple`` literal (not a tuple-typed variable)."""
+    return isinstance(expr, _relax_classes().Tuple)
+
+
+@functools.cache
+def _relax_classes() -> Any:
+    from tvm import relax  # noqa: PLC0415
+
+    return relax
+
+
 def is_constant(expr: Any) -> bool:
     import tvm  # noqa: PLC0415
 
@@ -123,13 +135,31 @@ def var_name(var: Any) -> str:
 
 
 def op_name(call: Any) -> str | None:
-    """'relax.nn.conv2d' for a call to a registered op; None for calls to functions."""
+    """'relax.nn.conv2d' for a call to a registered op; None for calls to functions.
+
+    Hot (once or more per binding in the mixed-precision pass): ops are interned, so each
+    op's name is read once and memoised by handle, the op kept alive with it."""
+    op = getattr(call, "op", None)
+    if op is None:
+        return None
+    hit = _OP_NAMES.get(op.__chandle__())
+    if hit is not None:
+        return hit[1]
+    if not isinstance(op, _ir_op_type()):
+        return None
+    _OP_NAMES[op.__chandle__()] = (op, str(op.name))
+    return _OP_NAMES[op.__chandle__()][1]
+
+
+#: Op handle → (the Op, its name).
+_OP_NAMES: dict[int, tuple[Any, str]] = {}
+
+
+@functools.cache
+def _ir_op_type() -> Any:
     import tvm  # noqa: PLC0415
 
-    op = getattr(call, "op", None)
-    if isinstance(op, tvm.ir.Op):
-        return str(op.name)
-    return None
+    return tvm.ir.Op
 
 
 def registered_relax_ops() -> list[str]:
@@ -417,6 +447,11 @@ def call_with_args(call: Any, args: list[Any]) -> Any:
     return _constructors().call(tvm.ir.Type.missing(), call.op, args, call.attrs, call.ty_args, call.span)
 
 
+def astype(expr: Any, dtype: str) -> Any:
+    """``relax.op.astype`` through its FFI constructor (one per cast the pass emits)."""
+    return _constructors().astype(expr, dtype)
+
+
 def new_var(name: str, ty: Any, *, dataflow: bool) -> Any:
     """A ``relax.DataflowVar`` (or ``relax.Var``) named ``name`` of type ``ty``."""
     ctors = _constructors()
@@ -428,6 +463,7 @@ class _Constructors:
     call: Any
     var: Any
     dataflow_var: Any
+    astype: Any
 
 
 @functools.cache
@@ -441,5 +477,6 @@ def _constructors() -> _Constructors:
     """
     from tvm.ir import _ffi_api as ir_api  # noqa: PLC0415
     from tvm.relax import _ffi_api as relax_api  # noqa: PLC0415
+    from tvm.relax.op import _ffi_api as op_api  # noqa: PLC0415
 
-    return _Constructors(call=ir_api.Call, var=ir_api.Var, dataflow_var=relax_api.DataflowVar)
+    return _Constructors(call=ir_api.Call, var=ir_api.Var, dataflow_var=relax_api.DataflowVar, astype=op_api.astype)
