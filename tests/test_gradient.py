@@ -193,8 +193,10 @@ def test_forward_only_drops_gradients_and_their_consumers():
          "x 'K' is int64"),
         (lambda: _mlp_model(["W"]), "depends on graph input 'X', which is in neither xs nor zs"),
         (lambda: _mlp_model(["X"], y="nowhere"), "y 'nowhere' is not a tensor of the graph"),
+        (lambda: _mlp_model(["X"], y="E", extra_nodes=(helper.make_node("Erf", ["L"], ["E"], name="erf"),)),
+         "no gradient rule for relax.erf (ONNX node 'erf', Erf)"),
     ],
-    ids=["x-not-reaching-y", "integer-x", "free-input", "unknown-y"],
+    ids=["x-not-reaching-y", "integer-x", "free-input", "unknown-y", "no-gradient-rule"],
 )
 def test_unsupported_gradients_are_one_line_user_errors(run_cli, tmp_path, model, message):
     out = tmp_path / "out"

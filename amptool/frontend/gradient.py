@@ -246,10 +246,26 @@ def lower_gradient(bb: Any, model: onnx.ModelProto, spec: GradientSpec, args: Se
     try:
         mod = relax.transform.Gradient("main", require_grads=params[: len(spec.xs)])(mod)
     except Exception as err:
-        raise UserError(f"Relax cannot differentiate {where}: {error_summary(err, last=True)}",
+        reason = _no_gradient_rule(mod, imported.provenance) or error_summary(err, last=True)
+        raise UserError(f"Relax cannot differentiate {where}: {reason}",
                         "The graph between xs and y must be If/Loop-free and use ops Relax's AD knows.") from err
     forward = {str(b.var.name) for block in mod["main"].body.blocks for b in block.bindings}
     return _inline(bb, mod["main_adjoint"], args, spec, forward, imported.provenance, fresh)
+
+
+def _no_gradient_rule(mod: Any, provenance: dict[str, Any]) -> str | None:
+    """'no gradient rule for relax.erf (ONNX node 'f', Erf)' for the first such binding, if any."""
+    from tvm import relax  # noqa: PLC0415
+
+    body = mod["main"].body
+    for block in getattr(body, "blocks", []):
+        for binding in block.bindings:
+            op = _tvm.op_name(binding.value) if isinstance(binding.value, relax.Call) else None
+            if op and binding.value.op.get_attr("FPrimalGradient") is None:
+                origin = provenance.get(str(binding.var.name))
+                where = f" (ONNX node '{origin.node}', {origin.op_type})" if origin else ""
+                return f"no gradient rule for {op}{where}"
+    return None
 
 
 def _inline(bb: Any, adjoint: Any, args: Sequence[Any], spec: GradientSpec, forward: set[str],
