@@ -1,6 +1,6 @@
 """``convert``: ONNX → mixed-precision Relax → compiled library + manifest (library API).
 
-    load → prepare → import → calibrate → prefold → mixed_precision → fold → compile → export
+    load → prepare → import → calibrate → concretize → prefold → mixed_precision → fold → compile → export
 
 ``calibrate`` runs the prepared fp32 model in onnxruntime to find activations the low dtype
 cannot hold (the activation range guard); it is skipped for float32 and --no-range-guards.
@@ -61,6 +61,7 @@ class ConvertConfig:
     fixed_inputs: tuple[str, ...] = ()  # NAME=VALUE: inputs baked in as constants
     calibration: str | None = None  # .npz of inputs for the activation guard; None = seeded
     low_precision_io: bool = False  # float32 inputs/outputs become the low dtype
+    concretize: bool = True  # ConcretizeLike before the mixed-precision pass (--no-concretize)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -128,6 +129,7 @@ class BuildResult:
                 if self.calibration is not None else None
             ),
             "weight_bytes": dict(self.passes.weight_bytes),
+            "concretize_like": self.passes.concretize.as_json() if self.passes.concretize else None,
             "timings_s": {k: round(v, 4) for k, v in self.timings_s.items()},
             "versions": {"amptool": __version__, **_tvm.versions(), **_other_versions()},
         }
@@ -220,6 +222,7 @@ def _run_passes(config: ConvertConfig, imported: ImportedModel, policy: ColorPol
         range_guards=config.range_guards,
         activation_peaks=calibration.peaks if calibration else None,
         low_precision_io=config.low_precision_io,
+        concretize=config.concretize,
         on_stage=notify,
     )
 
@@ -228,10 +231,42 @@ def build_model(
     config: ConvertConfig,
     arrays: Mapping[str, np.ndarray] | None = None,
     on_stage: StageCallback | None = None,
+    *,
+    emit_ir: str | None = None,
 ) -> BuildResult:
-    """Load, prepare, import, rewrite and compile — in memory. ``arrays`` may pin shapes."""
+    """Load, prepare, import, rewrite and compile — in memory. ``arrays`` may pin shapes;
+    ``emit_ir`` names a file for the final Relax module as TVMScript, written before compiling."""
     get_target(config.target)  # fail fast: before any expensive work
-    return compile_rewritten(config, rewrite_model(config, arrays, on_stage), on_stage)
+    if emit_ir:
+        check_ir_path(emit_ir)
+    rewritten = rewrite_model(config, arrays, on_stage)
+    if emit_ir:
+        write_ir(rewritten.passes.mod, emit_ir)
+    return compile_rewritten(config, rewritten, on_stage)
+
+
+def check_ir_path(path: str) -> None:
+    """Refuse an ``--emit-ir`` path that cannot be written, before anything is built."""
+    import os  # noqa: PLC0415
+
+    parent = os.path.dirname(os.path.abspath(path)) or "."
+    existing = parent
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if os.path.isdir(path) or not os.path.isdir(existing) or not os.access(existing, os.W_OK):
+        why = "is a directory" if os.path.isdir(path) else f"cannot be created in {existing}"
+        raise UserError(f"--emit-ir {path}: {why}", "Name a file in a writable directory, e.g. out/model.relax.py.")
+
+
+def write_ir(mod: Any, path: str) -> None:
+    """Write ``mod`` as TVMScript to ``path`` atomically (constants as metadata references)."""
+    from amptool.fileio import atomic_path  # noqa: PLC0415
+
+    try:
+        with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(_tvm.module_script(mod))
+    except OSError as err:
+        raise UserError(f"--emit-ir {path}: {err.strerror or err}", "Name a file in a writable directory.") from err
 
 
 def compile_rewritten(
@@ -282,10 +317,10 @@ def _calibrate(config: ConvertConfig, model: Any, inputs: list[TensorSpec]) -> C
 
 
 def convert_model(
-    config: ConvertConfig, output_dir: str, on_stage: StageCallback | None = None
+    config: ConvertConfig, output_dir: str, on_stage: StageCallback | None = None, *, emit_ir: str | None = None
 ) -> tuple[BuildResult, dict[str, Any]]:
     """Build and export to ``output_dir`` atomically; returns the build and its manifest."""
-    result = build_model(config, on_stage=on_stage)
+    result = build_model(config, on_stage=on_stage, emit_ir=emit_ir)
     return result, export_build(result, output_dir, on_stage)
 
 

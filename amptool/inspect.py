@@ -10,7 +10,8 @@ if any binding is ALWAYS, else FOLLOW if any is, else NEVER; its dtype is the on
 bindings compute in, or "mixed" (a Softmax whose reshapes follow into float16 around a
 float32 softmax). Nodes that bind no floating-point op (shape arithmetic, integer
 indexing) have no colour and are not listed. ``guard`` says why a range guard overruled the
-colour lists for that node.
+colour lists for that node. ``concretize_like`` says which like-ops ConcretizeLike rewrote
+and why it left the others alone.
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ class InspectReport:
             "ops_converted": report.converted,
             "ops_considered": len(report.decisions),
             "weight_bytes": dict(passes.weight_bytes),
+            "concretize_like": passes.concretize.as_json() if passes.concretize else None,
             "prepare": self.rewritten.prepare_steps,
             "colors": self.rewritten.policy.as_json(),
             "timings_s": {k: round(v, 4) for k, v in self.rewritten.timings_s.items()},

@@ -202,7 +202,7 @@ def test_float32_is_a_no_op():
 
 
 def test_pass_order_is_pinned():
-    assert PASS_ORDER == ("lower_io", "prefold", "mixed_precision", "fold")
+    assert PASS_ORDER == ("lower_io", "concretize", "prefold", "mixed_precision", "fold")
     model = _model(CONV_RELU_SOFTMAX, w=RNG.standard_normal((4, 3, 3, 3)).astype(np.float32))
     specs = pin_input_specs(graph_inputs(model))
     imported = import_model(model, specs)

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 @click.option("-o", "--output", "output_dir", required=True, type=click.Path(file_okay=False),
               help="Artifact directory (library + manifest.json); replaced atomically.")
 @click.option("--json", "json_summary", is_flag=True, help="Print the manifest as JSON instead of tables.")
+@click.option("--emit-ir", "emit_ir", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="Also write the final Relax module (after every pass, before compiling) as TVMScript.")
 @click.option("--auto-fallback", is_flag=True,
               help="Find ONNX nodes to keep float32 until diff's tolerance holds on seeded inputs; writes "
               "OUTDIR/fallback.yaml (pass it back with --colors).")
@@ -37,33 +39,38 @@ if TYPE_CHECKING:
 @handles_user_errors
 def convert(model: str, dtype: str, colors: str | None, target: str, input_shapes: tuple[str, ...],
             no_range_guards: bool, no_prepare: bool, fixed_inputs: tuple[str, ...], calibration: str | None,
-            low_precision_io: bool,
+            low_precision_io: bool, no_concretize: bool,
             output_dir: str, json_summary: bool, auto_fallback: bool = False, atol: tuple[str, ...] = (),
             rtol: tuple[str, ...] = (), min_cosine: tuple[str, ...] = (), iterations: int | None = None,
-            max_compiles: int | None = None) -> None:
+            max_compiles: int | None = None, emit_ir: str | None = None) -> None:
     """Convert MODEL.onnx to DTYPE and compile it into OUTPUT."""
     import json  # noqa: PLC0415
 
     from amptool.cli import render  # noqa: PLC0415
-    from amptool.convert import ConvertConfig, convert_model  # noqa: PLC0415
+    from amptool.convert import ConvertConfig, check_ir_path, convert_model, write_ir  # noqa: PLC0415
 
     config = ConvertConfig(model=model, dtype=dtype, colors=colors, target=target,
                            input_shapes=input_shapes, range_guards=not no_range_guards,
                            prepare=not no_prepare, fixed_inputs=fixed_inputs,
-                           calibration=calibration, low_precision_io=low_precision_io)
+                           calibration=calibration, low_precision_io=low_precision_io,
+                           concretize=not no_concretize)
     given = (("--atol", atol), ("--rtol", rtol), ("--min-cosine", min_cosine), ("--iterations", iterations),
              ("--max-compiles", max_compiles))
     search_flags = [flag for flag, value in given if value not in (None, ())]
     if search_flags and not auto_fallback:
         raise UserError(f"{', '.join(search_flags)}: only used by --auto-fallback",
                         "Add --auto-fallback, or check a build's accuracy with 'amptool diff'.")
+    if emit_ir:
+        check_ir_path(emit_ir)
     fallback = None
     with stages() as on_stage:
         if auto_fallback:
             fallback, manifest = _auto_fallback(config, output_dir, on_stage, atol, rtol, min_cosine, iterations,
                                                 max_compiles)
+            if emit_ir:
+                write_ir(fallback.build.passes.mod, emit_ir)
         else:
-            _result, manifest = convert_model(config, output_dir, on_stage=on_stage)
+            _result, manifest = convert_model(config, output_dir, on_stage=on_stage, emit_ir=emit_ir)
     failed = fallback is not None and not fallback.passed  # exit 1 like diff; the artifact is still written
     if json_summary:
         click.echo(json.dumps(manifest, indent=2))
@@ -75,6 +82,8 @@ def convert(model: str, dtype: str, colors: str | None, target: str, input_shape
         out.print(f"[yellow]warning:[/] ops not in any colour list were kept float32: {names}")
     if manifest["ops_converted"] == 0 and dtype != "float32":
         out.print(f"[yellow]warning:[/] no op was converted to {dtype}")
+    if emit_ir:
+        out.print(f"wrote {emit_ir} (final Relax module)")
     if fallback is None:
         out.print(f"wrote {output_dir}/ (model.so, manifest.json)")
         return

@@ -53,7 +53,7 @@ _FILE = click.Path(dir_okay=False)
 @handles_user_errors
 def diff(model: str, dtype: str, colors: str | None, target: str, input_shapes: tuple[str, ...],
          no_range_guards: bool, no_prepare: bool, fixed_inputs: tuple[str, ...], calibration: str | None,
-         low_precision_io: bool,
+         low_precision_io: bool, no_concretize: bool,
          artifact: str | None, inputs_path: str | None,
          save_inputs: str | None, seed: int, iterations: int, val_ranges: tuple[str, ...],
          reference_outputs: str | None, save_outputs: str | None, atol: tuple[str, ...], rtol: tuple[str, ...],
@@ -84,7 +84,8 @@ def diff(model: str, dtype: str, colors: str | None, target: str, input_shapes: 
         convert=ConvertConfig(model=model, dtype=dtype, colors=colors, target=target,
                               input_shapes=input_shapes, range_guards=not no_range_guards,
                               prepare=not no_prepare, fixed_inputs=fixed_inputs, calibration=calibration,
-                              low_precision_io=low_precision_io),
+                              low_precision_io=low_precision_io,
+                              concretize=not no_concretize),
         artifact=artifact, inputs_path=inputs_path, save_inputs=save_inputs, seed=seed,
         iterations=iterations, val_ranges=parse_val_ranges(val_ranges),
         reference_outputs=reference_outputs, save_outputs=save_outputs,

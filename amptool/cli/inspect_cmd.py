@@ -16,12 +16,12 @@ from amptool.cli.options import model_options
 @click.argument("model", type=click.Path(dir_okay=False))
 @model_options
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, metavar="PATH",
-              help="Write nodes, unknown_ops, guarded_constants, casts_inserted, timings_s … as JSON.")
+              help="Write nodes, unknown_ops, guarded_constants, casts_inserted, concretize_like, timings_s … as JSON.")
 @click.option("--nodes", "show_nodes", is_flag=True, help="Also print one row per ONNX node.")
 @handles_user_errors
 def inspect(model: str, dtype: str, colors: str | None, target: str, input_shapes: tuple[str, ...],
             no_range_guards: bool, no_prepare: bool, fixed_inputs: tuple[str, ...], calibration: str | None,
-            low_precision_io: bool,
+            low_precision_io: bool, no_concretize: bool,
             json_path: str | None, show_nodes: bool) -> None:
     """Show what converting MODEL to DTYPE would do: colour and dtype per op, casts, guards."""
     from amptool.convert import ConvertConfig  # noqa: PLC0415
@@ -31,7 +31,8 @@ def inspect(model: str, dtype: str, colors: str | None, target: str, input_shape
     config = ConvertConfig(model=model, dtype=dtype, colors=colors, target=target,
                            input_shapes=input_shapes, range_guards=not no_range_guards,
                            prepare=not no_prepare, fixed_inputs=fixed_inputs, calibration=calibration,
-                           low_precision_io=low_precision_io)
+                           low_precision_io=low_precision_io,
+                           concretize=not no_concretize)
     with stages() as on_stage:
         report = inspect_model(config, on_stage=on_stage)
     data = report.as_json()
@@ -44,6 +45,8 @@ def inspect(model: str, dtype: str, colors: str | None, target: str, input_shape
 
 
 def _tables(data: dict[str, Any], show_nodes: bool) -> list[Table]:
+    from amptool.cli import render  # noqa: PLC0415
+
     low = data["dtype"]
     by_type = Table(title=f"ONNX op type → colour → compute dtype ({low})", title_justify="left")
     for column in ("op type", "colour", "dtype", "nodes"):
@@ -61,7 +64,11 @@ def _tables(data: dict[str, Any], show_nodes: bool) -> list[Table]:
     facts.add_row("ops guarded by activation range", str(len(data["guarded_activations"])))
     unknown = ", ".join(f"{k} ×{v}" for k, v in data["unknown_ops"].items()) or "none"
     facts.add_row("unknown ops (kept fp32)", escape(unknown))
+    facts.add_row("like-ops concretized", escape(render.concretize_summary(data["concretize_like"])))
     tables.append(facts)
+    left_alone = render.concretize_table(data["concretize_like"])
+    if left_alone is not None:
+        tables.append(left_alone)
 
     guarded = data["guarded_constants"] + data["guarded_activations"]
     if guarded:

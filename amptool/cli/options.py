@@ -45,6 +45,8 @@ def model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="Cast constants even when they overflow/underflow the low dtype."),
         click.option("--no-prepare", is_flag=True,
                      help="Skip onnxruntime's fp32 constant/BatchNorm folding before import."),
+        click.option("--no-concretize", is_flag=True,
+                     help="Keep *_like ops and shape_of patterns as imported (skip ConcretizeLike)."),
     ]
     for decorator in reversed(decorators):
         fn = decorator(fn)

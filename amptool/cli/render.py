@@ -41,6 +41,7 @@ def convert_summary(manifest: dict[str, Any]) -> list[Table]:
     facts.add_row("ops kept fp32 by range guards", str(len(manifest["guarded"])))
     facts.add_row("unknown ops (kept fp32)", str(sum(manifest["unknown_ops"].values())))
     facts.add_row("prepare", ", ".join(manifest["prepare"]) or "—")
+    facts.add_row("like-ops concretized", concretize_summary(manifest.get("concretize_like")))
 
     times = Table(title="time per stage", title_justify="left")
     times.add_column("stage")
@@ -48,6 +49,30 @@ def convert_summary(manifest: dict[str, Any]) -> list[Table]:
     for stage, seconds in manifest["timings_s"].items():
         times.add_row(stage, f"{seconds:.3f}")
     return [ops, facts, times]
+
+
+def concretize_summary(section: dict[str, Any] | None) -> str:
+    """``3 (eye_like ×1, zeros_like ×2); 1 left alone`` — or ``off`` under --no-concretize."""
+    if section is None:
+        return "off (--no-concretize)"
+    done = section["concretized"]
+    text = str(sum(done.values()))
+    if done:
+        text += " (" + ", ".join(f"{op} ×{n}" for op, n in done.items()) + ")"
+    left = sum(s["count"] for s in section["skipped"])
+    return text + (f"; {left} left alone" if left else "")
+
+
+def concretize_table(section: dict[str, Any] | None) -> Table | None:
+    """Like-ops ConcretizeLike left alone, with why; None when there are none."""
+    if not section or not section["skipped"]:
+        return None
+    table = Table(title="like-ops not concretized", title_justify="left")
+    for column in ("op", "why", "count"):
+        table.add_column(column, justify="right" if column == "count" else "left")
+    for s in section["skipped"]:
+        table.add_row(escape(s["op"]), escape(s["reason"]), str(s["count"]))
+    return table
 
 
 def diff_table(report: DiffReport) -> Table:

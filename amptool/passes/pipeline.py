@@ -2,6 +2,9 @@
 
     imported fp32 module
       → lower_io              (--low-precision-io) float32 inputs/outputs become the low dtype
+      → ConcretizeLike        (off with --no-concretize) *_like ops and shape_of patterns with
+                              static shapes become creation/shape ops; dead code and unused
+                              parameters of internal functions dropped
       → FoldConstant (fp32)   weight reshapes/transposes become plain constants, so the
                               mixed-precision pass sees them as castable constants and the
                               range guard can read their values
@@ -24,10 +27,12 @@ from amptool.colors.policy import ColorPolicy
 from amptool.errors import UserError, error_summary
 from amptool.frontend.importer import NodeOrigin
 from amptool.passes import stats
+from amptool.passes.concretize_like import ConcretizeReport, concretize_like
 from amptool.passes.low_precision_io import lower_io
 from amptool.passes.mixed_precision import MixedPrecisionReport, to_mixed_precision
 
-PASS_ORDER = ("lower_io", "prefold", "mixed_precision", "fold")  # lower_io: only with --low-precision-io
+#: lower_io runs only with --low-precision-io; concretize is skipped under --no-concretize.
+PASS_ORDER = ("lower_io", "concretize", "prefold", "mixed_precision", "fold")
 #: Stages that run TVM's own passes (stage → TVM pass): their failures on a model are
 #: reported as user errors; a failure of amptool's own pass is a bug.
 TVM_PASSES = {"prefold": "FoldConstant", "fold": "FoldConstant"}
@@ -39,6 +44,7 @@ class PassResult:
     report: MixedPrecisionReport
     timings_s: dict[str, float] = field(default_factory=dict)
     weight_bytes: dict[str, int] = field(default_factory=dict)
+    concretize: ConcretizeReport | None = None  # None: ConcretizeLike was turned off
 
 
 def run_passes(
@@ -50,6 +56,7 @@ def run_passes(
     range_guards: bool = True,
     activation_peaks: Mapping[str, float] | None = None,
     low_precision_io: bool = False,
+    concretize: bool = True,
     on_stage: Callable[[str], None] | None = None,
 ) -> PassResult:
     """Run PASS_ORDER on ``mod``; time each pass on its own."""
@@ -76,6 +83,11 @@ def run_passes(
         return out
 
     report_box: dict[str, MixedPrecisionReport] = {}
+    like_box: dict[str, ConcretizeReport] = {}
+
+    def concretized(current: Any) -> Any:
+        new, like_box["report"] = concretize_like(current, dtype)
+        return new
 
     def mixed(current: Any) -> Any:
         new, report = to_mixed_precision(
@@ -86,6 +98,8 @@ def run_passes(
 
     if low_precision_io and dtype != "float32":
         mod = stage("lower_io", lambda m: lower_io(m, dtype), mod)
+    if concretize:
+        mod = stage("concretize", concretized, mod)
     mod = stage("prefold", _tvm.fold_constant, mod)
     before = stats.constant_bytes(mod)
     mod = stage("mixed_precision", mixed, mod)
@@ -96,5 +110,6 @@ def run_passes(
         report=report_box["report"],
         timings_s=timings,
         weight_bytes={"before": before, "after": after},
+        concretize=like_box.get("report"),
     )
 
