@@ -51,7 +51,7 @@ def test_wheel_gradient_models_match_stored_outputs_and_finite_differences(run_c
     inputs = _read_tensors(folder / "test_data_set_0", "input")
     expected = _read_tensors(folder / "test_data_set_0", "output")
     manifest, got = _convert_and_run(run_cli, model_path, tmp_path / "out", dtype, inputs)
-    assert {"fold-subgraphs-skipped", "onnxruntime-fold-skipped"} <= set(manifest["prepare"])
+    assert {"fold-subgraphs", "onnxruntime-fold-skipped", "check-numerics-skipped"} <= set(manifest["prepare"])
     assert set(got) == set(expected)
     for output, want in expected.items():
         np.testing.assert_allclose(got[output], want, atol=1e-4, rtol=0, err_msg=output)
@@ -75,7 +75,8 @@ def _mlp_model(xs: list[str], y: str = "L", zs: tuple[str, ...] = (), grad_input
     grads = [f"d{x}" for x in xs]
     attrs = {"xs": xs, "y": y, **({"zs": list(zs)} if zs else {})}
     nodes.append(helper.make_node("Gradient", grad_inputs or [*xs, *zs], grads, name="grad", domain=TRAINING, **attrs))
-    shapes = {"X": [4, 8], "W": [8, 16], "H": [4, 16], "T": [4, 16], **{n: s for n, _t, s in extra_inputs}}
+    shapes = {"X": [4, 8], "W": [8, 16], "W_T": [16, 8], "H": [4, 16], "T": [4, 16],
+              **{n: s for n, _t, s in extra_inputs}}
     graph = helper.make_graph(
         nodes, "mlp",
         [helper.make_tensor_value_info("X", TensorProto.FLOAT, [4, 8]),
@@ -138,6 +139,24 @@ def test_zs_are_held_constant(tmp_path):
     # backward bindings belong to the Gradient node; recomputed forward ones to their own nodes
     origins = {o.node for o in built.provenance.values()}
     assert {"grad", "mm", "tanh"} <= origins
+
+
+def test_prepare_folds_around_a_constant_x_without_cutting_it(tmp_path):
+    """xs = [a weight read only through Transpose]: a plain constant folder would fold the
+    Transpose into a constant, leaving the weight unreachable from y."""
+    from amptool.convert import ConvertConfig, build_model
+
+    transpose = helper.make_node("Transpose", ["W_T"], ["W"], name="untranspose", perm=[1, 0])
+    model = _mlp_model(["W_T"], zs=("X",))
+    grad = model.graph.node.pop()
+    del model.graph.initializer[:]
+    model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(W.T), "W_T"))
+    model.graph.node.insert(0, transpose)
+    model.graph.node.append(grad)
+    built = build_model(ConvertConfig(model=_save(model, tmp_path), dtype="float32"))
+    assert "fold-subgraphs" in built.prepare_steps
+    got = built.compiled().run({"X": X})
+    np.testing.assert_allclose(got["dW_T"], _analytic(X)["dW"].T, atol=1e-4, rtol=0)
 
 
 def test_gradient_is_taken_at_the_values_fed_to_the_node(tmp_path):

@@ -104,8 +104,8 @@ def _spec(graph: onnx.GraphProto, node: onnx.NodeProto, dtypes: dict[str, int]) 
     cone, reached = _cone(graph, node, xs, zs, y)
     missing = [x for x in xs if x not in reached]
     if missing:
-        raise UserError(f"{where}: x '{missing[0]}' does not reach y '{y}' (its gradient would be "
-                        "undefined, not zero)", "Remove it from xs or differentiate a y that uses it.")
+        raise UserError(f"{where}: x '{missing[0]}' does not reach y '{y}' (xs must be tensors y is "
+                        "computed from)", "Remove it from xs or differentiate a y that uses it.")
     return GradientSpec(node.name, xs, zs, y, tuple(node.input), tuple(node.output), cone)
 
 
@@ -165,6 +165,46 @@ def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
     types = {v.name: v.type.tensor_type.elem_type for v in [*graph.input, *graph.value_info, *graph.output]}
     types.update({t.name: t.data_type for t in graph.initializer})
     return {k: v for k, v in types.items() if v}
+
+
+def fold_protected(model: onnx.ModelProto,
+                   fold: Callable[[onnx.ModelProto], onnx.ModelProto]) -> onnx.ModelProto:
+    """``fold(model)`` with every tensor named in a Gradient's xs/zs held as a graph input.
+
+    Constant folding would otherwise fold a path from a constant x (a weight) to y into a
+    constant — the differentiated graph cut, the gradient silently zero — or fold through a z
+    that the node evaluates at another value. Initializers and Constant nodes so named become
+    graph inputs for the rewrite and initializers again afterwards.
+    """
+    protected = {name for node in model.graph.node if is_gradient(node)
+                 for attr in node.attribute if attr.name in ("xs", "zs") for name in (s.decode() for s in attr.strings)}
+    held = onnx.ModelProto()
+    held.CopyFrom(model)
+    graph = held.graph
+    values = {t.name: t for t in graph.initializer if t.name in protected}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and node.output[0] in protected:
+            from amptool.frontend.unroll_body import constant_value  # noqa: PLC0415
+
+            value = constant_value(node)
+            if value is not None:
+                values[node.output[0]] = onnx.numpy_helper.from_array(value, node.output[0])
+    if not values:
+        return fold(held)
+    kept_nodes = [n for n in graph.node if not (n.op_type == "Constant" and n.output and n.output[0] in values)]
+    kept_weights = [t for t in graph.initializer if t.name not in values]
+    del graph.node[:], graph.initializer[:]
+    graph.node.extend(kept_nodes)
+    graph.initializer.extend(kept_weights)
+    inputs = {v.name for v in graph.input}
+    graph.input.extend(helper.make_tensor_value_info(n, t.data_type, list(t.dims))
+                       for n, t in values.items() if n not in inputs)
+    folded = fold(held)
+    real = [v for v in folded.graph.input if v.name not in values or v.name in inputs]
+    del folded.graph.input[:]
+    folded.graph.input.extend(real)
+    folded.graph.initializer.extend(values.values())
+    return folded
 
 
 def forward_only(model: onnx.ModelProto) -> onnx.ModelProto:

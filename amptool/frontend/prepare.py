@@ -25,7 +25,7 @@ import onnx
 
 from amptool.errors import error_summary
 from amptool.frontend.fold import fold_model
-from amptool.frontend.gradient import has_gradients
+from amptool.frontend.gradient import fold_protected, has_gradients
 from amptool.frontend.load import default_opset, name_nodes
 from amptool.frontend.signature import TensorSpec
 
@@ -115,9 +115,11 @@ def prepare_model(
             lambda m: drop_weight_inputs(upgrade_opset(m)),
         )
     if optimize and has_gradients(prepared.model):
-        # Folding could fold a path from xs to y into a constant, cutting the differentiated
-        # graph, and onnxruntime cannot load the training domain at all.
-        for step in ("fold-subgraphs", "onnxruntime-fold", "check-numerics"):
+        # amptool's folder, with xs/zs held as inputs so no differentiated path folds away;
+        # onnxruntime cannot load the training domain (nor could it keep the tensor names
+        # Gradient refers to), so its folding and the before/after check are skipped.
+        _try(prepared, "fold-subgraphs", lambda m: fold_protected(m, lambda x: _fold_everywhere(x, prepared.notes)))
+        for step in ("onnxruntime-fold", "check-numerics"):
             prepared.steps.append(f"{step}-skipped")
             prepared.notes.append(f"{step}: the model has Gradient nodes (ai.onnx.preview.training)")
     elif optimize:
