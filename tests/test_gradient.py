@@ -189,6 +189,47 @@ def test_diff_compares_against_finite_differences(run_cli, tmp_path):
     assert per_layer.exit_code == 2 and "Gradient" in per_layer.output
 
 
+def _cross_entropy_model() -> onnx.ModelProto:
+    """A training step's loss: Gemm → Relu → Softmax → −mean(Σ labels·log p); d/dW, d/dB."""
+    weights = [numpy_helper.from_array((RNG.normal(size=(10, 16)) * 0.3).astype(np.float32), "W"),
+               numpy_helper.from_array((RNG.normal(size=(10,)) * 0.1).astype(np.float32), "B"),
+               numpy_helper.from_array(np.array([1], np.int64), "axis1")]
+    nodes = [
+        helper.make_node("Gemm", ["X", "W", "B"], ["logits"], name="fc", transB=1),
+        helper.make_node("Relu", ["logits"], ["r"], name="relu"),
+        helper.make_node("Softmax", ["r"], ["p"], name="softmax", axis=1),
+        helper.make_node("Log", ["p"], ["log_p"], name="log"),
+        helper.make_node("Mul", ["labels", "log_p"], ["m"], name="mul"),
+        helper.make_node("ReduceSum", ["m", "axis1"], ["s"], name="row_sum", keepdims=0),
+        helper.make_node("ReduceMean", ["s"], ["mean"], name="mean", keepdims=0),
+        helper.make_node("Neg", ["mean"], ["loss"], name="neg"),
+        helper.make_node("Gradient", ["W", "B", "X", "labels"], ["dW", "dB"], name="grad", domain=TRAINING,
+                         xs=["W", "B"], zs=["X", "labels"], y="loss"),
+    ]
+    graph = helper.make_graph(
+        nodes, "cross_entropy",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [8, 16]),
+         helper.make_tensor_value_info("labels", TensorProto.FLOAT, [8, 10])],
+        [helper.make_tensor_value_info("loss", TensorProto.FLOAT, []),
+         helper.make_tensor_value_info("dW", TensorProto.FLOAT, [10, 16]),
+         helper.make_tensor_value_info("dB", TensorProto.FLOAT, [10])],
+        initializer=weights,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid(TRAINING, 1)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_cross_entropy_gradients_pass_diff(run_cli, tmp_path, dtype):
+    report_path = tmp_path / "r.json"
+    result = run_cli("diff", _save(_cross_entropy_model(), tmp_path), "--dtype", dtype, "--json", str(report_path))
+    assert result.exit_code == 0, result.output
+    outputs = {o["name"]: o for o in read_json(report_path)["outputs"]}
+    bound = 1e-4 if dtype == "float32" else 2e-3
+    assert outputs["dW"]["max_abs"] < bound and outputs["dB"]["max_abs"] < bound
+
+
 def test_forward_only_drops_gradients_and_their_consumers():
     update = helper.make_node("Sub", ["X", "dX"], ["X_next"], name="step")
     model = _mlp_model(["X"], extra_nodes=())
