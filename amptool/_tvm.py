@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -310,20 +311,117 @@ def export_library(executable: Any, path: str) -> None:
 
 
 def load_vm(path: str, device: str = "cpu") -> Any:
-    """A Relax VirtualMachine over an exported library."""
-    import tvm  # noqa: PLC0415
-    from tvm import relax  # noqa: PLC0415
+    """A VirtualMachine over an exported library.
 
+    Runtime only (``tvm.runtime.vm``, not ``tvm.relax``): an artifact loads under a TVM without
+    the compiler library (no ``lib/libtvm_compiler.so``, or ``TVM_USE_RUNTIME_LIB=1``)."""
+    import tvm  # noqa: PLC0415
+    from tvm.runtime.vm import VirtualMachine  # noqa: PLC0415
+
+    dev = open_device(device)
     with quiet_native_stderr():
         lib = tvm.runtime.load_module(path)
-        return relax.VirtualMachine(lib, _device(device))
+        return VirtualMachine(lib, dev)
+
+
+def runtime_only() -> bool:
+    """Whether this TVM runs without its compiler library (a deployment install)."""
+    import tvm  # noqa: PLC0415
+
+    return bool(tvm.base._RUNTIME_ONLY)
+
+
+def open_device(device: str) -> Any:
+    """The TVM device for ``cpu``, ``cuda:1``…; LookupError saying what is missing when it is
+    not there (no driver, no such GPU)."""
+    import tvm  # noqa: PLC0415
+
+    kind, _, index = device.partition(":")
+    if kind != "cpu":
+        _load_device_runtime(kind)
+    dev = tvm.device(kind, int(index or 0))
+    if kind != "cpu" and not dev.exist:
+        raise LookupError(f"no {kind} device {int(index or 0)} is visible to TVM")
+    return dev
+
+
+def _load_device_runtime(kind: str) -> None:
+    """A runtime-only TVM does not autoload its device backends: load ``libtvm_runtime_<kind>``
+    (its DeviceAPI) and, for CUDA, the nvcc/NVRTC callback that JIT-compiles kernels shipped
+    as source."""
+    import tvm  # noqa: PLC0415
+
+    if kind == "cuda":
+        import tvm.support.nvcc  # noqa: F401,PLC0415
+    if has_global_func(f"device_api.{kind}"):
+        return
+    from pathlib import Path  # noqa: PLC0415
+
+    from tvm_ffi.libinfo import load_lib_ctypes  # noqa: PLC0415
+
+    loaded = tvm.base._LOADED_LIBS
+    runtime_dir = Path(loaded["tvm_runtime"]._name).resolve().parent
+    try:
+        loaded[f"tvm_runtime_{kind}"] = load_lib_ctypes("tvm", f"tvm_runtime_{kind}", "RTLD_LOCAL",
+                                                        extra_lib_paths=[runtime_dir])
+    except (OSError, RuntimeError, TypeError) as err:
+        raise LookupError(f"TVM's {kind} runtime does not load here ({error_line(err)})") from err
+
+
+def error_line(err: BaseException) -> str:
+    """The last non-empty line of an exception's text (TVM puts the message after a backtrace)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[-1] if lines else type(err).__name__
+
+
+def cuda_compute_version() -> str | None:
+    """The first CUDA GPU's compute capability ('9.0'), or None without a GPU or driver."""
+    try:
+        dev = open_device("cuda:0")
+    except LookupError:
+        return None
+    return str(dev.compute_version)
+
+
+def device_info(device: str) -> tuple[str, str]:
+    """(name, compute version) of a GPU device, e.g. ('NVIDIA H200', '9.0')."""
+    dev = open_device(device)
+    return str(dev.device_name), str(dev.compute_version)
+
+
+def llvm_is_valid_cpu(cpu: str, triple: str | None = None) -> bool:
+    import tvm  # noqa: PLC0415
+
+    codegen = tvm.target.codegen
+    return bool(codegen.llvm_is_valid_cpu(cpu, triple or codegen.llvm_get_system_triple()))
+
+
+def llvm_unknown_features(spec: dict[str, Any]) -> list[str]:
+    """Features in ``spec['mattr']`` LLVM does not know. LLVM only warns on stderr
+    ("'+x' is not a recognized feature for this target") and ignores them; read that warning."""
+    import tempfile  # noqa: PLC0415
+
+    import tvm  # noqa: PLC0415
+
+    target = make_target(spec)
+    with tempfile.TemporaryFile(mode="w+b") as capture:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(capture.fileno(), 2)
+        try:
+            tvm.target.codegen.llvm_get_cpu_features(target)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        capture.seek(0)
+        text = capture.read().decode(errors="replace")
+    return re.findall(r"'[+-]?([^']+)' is not a recognized feature", text)
 
 
 def vm_from_executable(executable: Any, device: str = "cpu") -> Any:
-    import tvm  # noqa: F401,PLC0415
-    from tvm import relax  # noqa: PLC0415
+    from tvm.runtime.vm import VirtualMachine  # noqa: PLC0415
 
-    return relax.VirtualMachine(executable, _device(device))
+    return VirtualMachine(executable, open_device(device))
 
 
 def _device(device: str) -> Any:
@@ -384,6 +482,28 @@ def versions() -> dict[str, str]:
         found["apache-tvm-ffi"] = str(getattr(tvm_ffi, "__version__", "unknown"))
     except ImportError:  # pragma: no cover
         pass
+    return found
+
+
+def count_prim_funcs(mod: Any) -> int:
+    """Kernels (TIR PrimFuncs) in a lowered module."""
+    import tvm  # noqa: PLC0415
+
+    return sum(1 for _gv, func in mod.functions_items() if isinstance(func, tvm.tirx.PrimFunc))
+
+
+def toolchain_versions(target_spec: dict[str, Any]) -> dict[str, str]:
+    """The code generator's toolchain for a build: LLVM's major version, the CUDA toolkit's."""
+    import tvm  # noqa: PLC0415
+
+    found = {"llvm": str(tvm.target.codegen.llvm_version_major(allow_none=True))}
+    if target_spec.get("kind") == "cuda":
+        try:
+            from tvm.support import nvcc  # noqa: PLC0415
+
+            found["cuda"] = ".".join(str(part) for part in nvcc.get_cuda_version())
+        except Exception:  # no toolkit: the library carries CUDA source, JIT-compiled on load
+            found["cuda"] = "not found"
     return found
 
 

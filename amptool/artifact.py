@@ -1,8 +1,10 @@
 """The artifact directory: compiled library + manifest.json, written atomically.
 
 Layout of OUTDIR:
-  model.so        the exported library (a Relax VM executable); loads without the compiler
+  model.so        the exported library (a Relax VM executable); loads without the compiler:
+                  ``load_artifact`` uses only the TVM runtime (see README "Deploying")
   manifest.json   what was built, how, and what it cost (see README "manifest.json")
+  lowered.py      instead of model.so after ``convert --lower-only``: the scheduled module
 
 Everything is written into a temporary sibling directory first and renamed into place, so
 a failed or interrupted run never leaves a half-written OUTDIR (an existing OUTDIR is only
@@ -19,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from amptool import _tvm
-from amptool.errors import UserError
+from amptool.errors import TargetUnavailableError, UserError
 from amptool.runtime.tvm_runner import CompiledModel
 
 LIBRARY_NAME = "model.so"
@@ -59,6 +61,9 @@ def write_manifest(directory: str, manifest: dict[str, Any]) -> None:
 
 
 def read_manifest(directory: str) -> dict[str, Any]:
+    if not os.path.isdir(directory):
+        raise UserError(f"Artifact directory not found: {directory}",
+                        "Pass a directory written by 'amptool convert -o DIR'.")
     path = os.path.join(directory, MANIFEST_NAME)
     if not os.path.isfile(path):
         raise UserError(
@@ -70,23 +75,64 @@ def read_manifest(directory: str) -> dict[str, Any]:
             manifest: dict[str, Any] = json.load(handle)
     except (OSError, json.JSONDecodeError) as err:
         raise UserError(f"{path} is not readable JSON ({err})") from err
+    missing = [key for key in ("inputs", "outputs") if not isinstance(manifest.get(key), list)]
+    if missing:
+        raise UserError(f"{path} has no {' or '.join(repr(k) for k in missing)} list: not an amptool manifest")
     return manifest
 
 
-def load_artifact(directory: str) -> tuple[dict[str, Any], CompiledModel]:
+def load_artifact(directory: str, device: str | None = None) -> tuple[dict[str, Any], CompiledModel]:
+    """The manifest and the loaded library, on ``device`` (default: the one it was built for).
+
+    Loads through the TVM runtime alone, so this works under a runtime-only TVM."""
     manifest = read_manifest(directory)
-    library = os.path.join(directory, manifest.get("library", LIBRARY_NAME))
+    check_runnable(directory, manifest)
+    library = os.path.join(directory, manifest.get("library") or LIBRARY_NAME)
     if not os.path.isfile(library):
         raise UserError(f"{directory} has a manifest but no library {os.path.basename(library)}")
-    vm = _tvm.load_vm(library, device=manifest.get("device", "cpu"))
+    built_for = str(manifest.get("device", "cpu"))
+    use = check_device(device, built_for) if device else built_for
+    try:
+        vm = _tvm.load_vm(library, device=use)
+    except LookupError as err:
+        raise TargetUnavailableError(f"Cannot run {directory} on {use}: {err}",
+                                     "Run it on a machine with that device, or pick another with --device.") from err
+    except (RuntimeError, OSError) as err:
+        raise UserError(f"{library} does not load: {_tvm.error_line(err)}",
+                        "Was it built by another TVM version? Convert again with this one.") from err
     model = CompiledModel(
         vm=vm,
         input_names=[i["name"] for i in manifest["inputs"]],
         output_names=[o["name"] for o in manifest["outputs"]],
-        device=manifest.get("device", "cpu"),
+        device=use,
         input_dtypes=[i["dtype"] for i in manifest["inputs"]],
     )
     return manifest, model
+
+
+def check_runnable(directory: str, manifest: dict[str, Any]) -> None:
+    """A --lower-only artifact has no library: say so before anything else is checked."""
+    if manifest.get("lower_only"):
+        raise UserError(
+            f"{directory} was written by 'convert --lower-only': it holds the lowered module, no library",
+            f"Convert again without --lower-only, with a TVM that can build for {manifest.get('target')}.",
+        )
+
+
+#: Device kinds an artifact can name (``--device KIND[:INDEX]``).
+DEVICE_KINDS = ("cpu", "cuda", "vulkan")
+
+
+def check_device(device: str, built_for: str) -> str:
+    """``device`` if it is ``KIND[:INDEX]`` of the kind the library was built for; else UserError."""
+    kind, sep, index = device.partition(":")
+    if kind not in DEVICE_KINDS or (sep and not index.isdigit()) or (kind == "cpu" and index not in ("", "0")):
+        raise UserError(f"--device '{device}' is not a device like cpu, cuda:0 or vulkan:0",
+                        f"Device kinds: {', '.join(DEVICE_KINDS)}; an index after ':' picks one GPU.")
+    if kind != built_for.partition(":")[0]:
+        raise UserError(f"--device {device}: this library was built for {built_for}, not {kind}",
+                        f"Use --device {built_for}, or convert again with the --target for {kind}.")
+    return device
 
 
 def _json_default(value: Any) -> Any:

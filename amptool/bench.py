@@ -10,6 +10,11 @@ in the same rounds do not, so reports lead with ratios.
 
 Threads: TVM's pool and onnxruntime's intra-op pool get the same count, set before anything
 runs (TVM sizes its pool once per thread).
+
+GPU targets: inputs are copied to the device once; every timed call ends with a device
+synchronize, so a time covers the kernels finishing, not just their launch. onnxruntime uses
+its CUDAExecutionProvider when that is installed (its times include copying the inputs to
+the GPU), else the CPU; the report names which.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ class BenchConfig:
     model: str
     dtypes: tuple[str, ...] = ("float16",)
     target: str = "llvm"
+    cuda_arch: str | None = None  # --cuda-arch for --target cuda; None: the local GPU's
     batch: int | None = None
     threads: int | None = None  # None: every CPU this process may run on
     input_shapes: tuple[str, ...] = ()
@@ -109,6 +115,8 @@ class BenchReport:
     host: dict[str, str]
     versions: dict[str, str]
     date: str
+    onnxruntime_provider: str = "CPUExecutionProvider"
+    clock: str = "wall clock per call"
 
     def timing(self, variant: str) -> VariantTiming | None:
         return next((r for r in self.results if r.variant == variant), None)
@@ -144,6 +152,8 @@ class BenchReport:
             "target": self.target,
             "inputs": [s.as_json() for s in self.inputs],
             "host": self.host,
+            "onnxruntime_provider": self.onnxruntime_provider,
+            "clock": self.clock,
             "versions": self.versions,
             "date": self.date,
         }
@@ -172,7 +182,9 @@ def bench_model(config: BenchConfig, on_stage: StageCallback | None = None,
     feeds = {**generate_inputs(specs, model, seed=config.seed), **fixed}
     notify("onnxruntime session")
     ort_model = pin_shapes(reference_model(model), specs) if (config.batch or config.input_shapes) else model
-    runners.append(_onnxruntime_runner(ort_model, threads, feeds))
+    provider = _onnxruntime_provider(config.target)
+    runners.append(_onnxruntime_runner(ort_model, threads, feeds, provider))
+    devices = {compiled.device for compiled, _b, _c in variants.values()}
     for name, (compiled, build_s, compile_s) in variants.items():
         timings.append(VariantTiming(name, build_s=build_s, compile_s=compile_s))
         runners.append(_tvm_runner(compiled, feeds))
@@ -186,9 +198,11 @@ def bench_model(config: BenchConfig, on_stage: StageCallback | None = None,
         tvm_threads=tvm_threads,
         inputs=specs,
         results=timings,
-        host=host_info(),
+        host={**host_info(), **_gpu_info(devices)},
         versions={"amptool": __version__, **_tvm.versions(), **_runtime_versions()},
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        onnxruntime_provider=provider,
+        clock="wall clock per call" if devices == {"cpu"} else "wall clock per call, device synchronised after each",
     )
 
 
@@ -202,7 +216,7 @@ def _from_onnx(config: BenchConfig, notify: StageCallback) -> tuple[
     for dtype in dict.fromkeys(("float32", *config.dtypes)):
         name = amptool_variant(dtype)
         convert = ConvertConfig(model=config.model, dtype=dtype, colors=config.colors,
-                                target=config.target, input_shapes=shapes)
+                                target=config.target, cuda_arch=config.cuda_arch, input_shapes=shapes)
         start = time.perf_counter()
         build = build_model(convert, on_stage=_prefixed(notify, name))
         variants[name] = (build.compiled(), time.perf_counter() - start, build.timings_s.get("compile"))
@@ -231,6 +245,7 @@ def _from_artifact(config: BenchConfig, notify: StageCallback) -> tuple[
              if n in declared}
     shapes = tuple(f"{s.name}:{'x'.join(str(d) for d in s.shape or ())}" for s in specs)
     fp32 = ConvertConfig(model=path, dtype="float32", colors=None, target=manifest.get("target", config.target),
+                         cuda_arch=manifest.get("arch"), target_options=tuple(manifest.get("target_options", ())),
                          input_shapes=shapes, fixed_inputs=tuple(f"{n}={_fixed_text(v)}" for n, v in fixed.items()))
     variants: dict[str, tuple[Any, float | None, float | None]] = {}
     if manifest.get("dtype") != "float32":
@@ -272,7 +287,17 @@ def _input_shapes(config: BenchConfig, declared: Sequence[TensorSpec]) -> tuple[
     return tuple(shapes)
 
 
-def _onnxruntime_runner(model: onnx.ModelProto, threads: int, feeds: Mapping[str, np.ndarray]) -> Callable[[], Any]:
+def _onnxruntime_provider(target: str) -> str:
+    """onnxruntime's CUDA provider for a CUDA bench when it is installed; the CPU otherwise."""
+    import onnxruntime as ort  # noqa: PLC0415
+
+    if target == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
+        return "CUDAExecutionProvider"
+    return "CPUExecutionProvider"
+
+
+def _onnxruntime_runner(model: onnx.ModelProto, threads: int, feeds: Mapping[str, np.ndarray],
+                        provider: str = "CPUExecutionProvider") -> Callable[[], Any]:
     import onnxruntime as ort  # noqa: PLC0415
 
     options = ort.SessionOptions()
@@ -280,7 +305,8 @@ def _onnxruntime_runner(model: onnx.ModelProto, threads: int, feeds: Mapping[str
     options.inter_op_num_threads = 1
     options.log_severity_level = 4
     try:
-        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(model.SerializeToString(), options,
+                                       providers=list(dict.fromkeys([provider, "CPUExecutionProvider"])))
     except Exception as err:
         text = str(err).strip().splitlines()
         raise UserError(f"onnxruntime cannot run the model: {text[0][:300] if text else err!r}") from err
@@ -337,6 +363,15 @@ def host_info() -> dict[str, str]:
     except OSError:  # pragma: no cover - not Linux
         pass
     return {"cpu": name, "llvm_cpu": _tvm.host_cpu(), "cpus": str(default_threads()), "machine": platform.machine()}
+
+
+def _gpu_info(devices: set[str]) -> dict[str, str]:
+    """The GPU's name and compute capability when a variant runs on one."""
+    gpu = next((d for d in sorted(devices) if d != "cpu"), None)
+    if gpu is None:
+        return {}
+    name, version = _tvm.device_info(gpu)
+    return {"gpu": name, "gpu_compute": version}
 
 
 def _runtime_versions() -> dict[str, str]:

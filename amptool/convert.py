@@ -25,7 +25,7 @@ from amptool import __version__, _tvm
 from amptool.artifact import LIBRARY_NAME, write_artifact, write_manifest
 from amptool.calibrate import Calibration, activation_peaks
 from amptool.colors import ColorPolicy, load_policy
-from amptool.errors import UserError
+from amptool.errors import TargetUnavailableError, UserError
 from amptool.frontend.importer import ImportedModel, NodeOrigin, import_model
 from amptool.frontend.load import LoadedModel, load_model
 from amptool.frontend.prepare import prepare_model
@@ -41,7 +41,7 @@ from amptool.passes import stats
 from amptool.passes.pipeline import PassResult, run_passes
 from amptool.runtime.inputs import check_input_shapes, generate_inputs, load_inputs
 from amptool.runtime.tvm_runner import CompiledModel
-from amptool.targets import get_target
+from amptool.targets import ResolvedTarget, check_target_flags, resolve_target
 
 DTYPES = ("float16", "bfloat16", "float32")
 StageCallback = Callable[[str], None]
@@ -61,11 +61,14 @@ class ConvertConfig:
     fixed_inputs: tuple[str, ...] = ()  # NAME=VALUE: inputs baked in as constants
     calibration: str | None = None  # .npz of inputs for the activation guard; None = seeded
     low_precision_io: bool = False  # float32 inputs/outputs become the low dtype
+    cuda_arch: str | None = None  # --cuda-arch sm_XX; None: the local GPU's, else targets.DEFAULT_CUDA_ARCH
+    target_options: tuple[str, ...] = ()  # --target-options for llvm: -mcpu=NAME -mattr=+f,-g
     concretize: bool = True  # ConcretizeLike before the mixed-precision pass (--no-concretize)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise UserError(f"Unknown dtype '{self.dtype}'. Choose one of: {', '.join(DTYPES)}.")
+        check_target_flags(self.target, self.cuda_arch, self.target_options)
 
 
 @dataclass
@@ -88,10 +91,16 @@ class BuildResult:
     timings_s: dict[str, float] = field(default_factory=dict)
     prepared: Any = None  # the onnx.ModelProto that was imported (per-layer reports run it)
     provenance: dict[str, NodeOrigin] = field(default_factory=dict)
+    arch: str | None = None  # CUDA arch built for
 
     def compiled(self) -> CompiledModel:
+        try:
+            vm = _tvm.vm_from_executable(self.executable, self.device)
+        except LookupError as err:
+            raise TargetUnavailableError(f"Cannot run the {self.config.target} build here: {err}",
+                                         "Build here and run on a machine that has the device (amptool run).") from err
         return CompiledModel(
-            vm=_tvm.vm_from_executable(self.executable, self.device),
+            vm=vm,
             input_names=[s.name for s in self.inputs],
             output_names=[s.name for s in self.outputs],
             device=self.device,
@@ -108,6 +117,8 @@ class BuildResult:
             "target": self.config.target,
             "target_spec": self.target_spec,
             "device": self.device,
+            "arch": self.arch,
+            "target_options": list(self.config.target_options),
             "library": LIBRARY_NAME,
             "inputs": [s.as_json() for s in self.inputs],
             "fixed_inputs": {name: value.tolist() for name, value in self.fixed_inputs.items()},
@@ -131,7 +142,8 @@ class BuildResult:
             "weight_bytes": dict(self.passes.weight_bytes),
             "concretize_like": self.passes.concretize.as_json() if self.passes.concretize else None,
             "timings_s": {k: round(v, 4) for k, v in self.timings_s.items()},
-            "versions": {"amptool": __version__, **_tvm.versions(), **_other_versions()},
+            "versions": {"amptool": __version__, **_tvm.versions(), **_tvm.toolchain_versions(self.target_spec),
+                         **_other_versions()},
         }
 
 
@@ -236,7 +248,7 @@ def build_model(
 ) -> BuildResult:
     """Load, prepare, import, rewrite and compile — in memory. ``arrays`` may pin shapes;
     ``emit_ir`` names a file for the final Relax module as TVMScript, written before compiling."""
-    get_target(config.target)  # fail fast: before any expensive work
+    resolve(config)  # fail fast: before any expensive work
     if emit_ir:
         check_ir_path(emit_ir)
     rewritten = rewrite_model(config, arrays, on_stage)
@@ -273,10 +285,10 @@ def compile_rewritten(
     config: ConvertConfig, rewritten: Rewritten, on_stage: StageCallback | None = None
 ) -> BuildResult:
     """Compile a rewritten model for ``config.target``."""
-    target = get_target(config.target)
+    target = resolve(config)
     if on_stage:
         on_stage("compile")
-    target_spec = target.build_spec()
+    target_spec = target.spec
     start = time.perf_counter()
     executable = _compile(rewritten.passes.mod, target_spec)
     rewritten.timings_s["compile"] = time.perf_counter() - start
@@ -297,7 +309,13 @@ def compile_rewritten(
         timings_s=rewritten.timings_s,
         prepared=rewritten.prepared,
         provenance=rewritten.imported.provenance if rewritten.imported else {},
+        arch=target.arch,
     )
+
+
+def resolve(config: ConvertConfig, *, lower_only: bool = False) -> ResolvedTarget:
+    """The target ``config`` builds for; exit 3 when this TVM cannot (unless ``lower_only``)."""
+    return resolve_target(config.target, config.cuda_arch, config.target_options, lower_only=lower_only)
 
 
 def _io_specs(specs: list[TensorSpec], config: ConvertConfig) -> list[TensorSpec]:

@@ -229,7 +229,7 @@ class _Search:
         self.output_names, self.notify = list(output_names), notify
         self.compiles = 0
         self.history: list[Measurement] = []
-        self.target_spec, self.device = _target(config.convert.target)
+        self.target_spec, self.device = _target(config.convert)
 
     def measure(self, kept: tuple[str, ...], probes: bool = True) -> Measurement:
         start = time.perf_counter()
@@ -266,11 +266,12 @@ class _Search:
         return _check_outputs(outputs, reference, self.output_names, self.config.tolerance, self.config.convert.dtype)
 
 
-def _target(name: str) -> tuple[dict[str, Any], str]:
-    from amptool.targets import get_target  # noqa: PLC0415
+def _target(config: ConvertConfig) -> tuple[dict[str, Any], str]:
+    """The spec and device ``config`` builds for (with --cuda-arch / --target-options)."""
+    from amptool.convert import resolve  # noqa: PLC0415
 
-    target = get_target(name)
-    return target.build_spec(), target.device
+    target = resolve(config)
+    return target.spec, target.device
 
 
 def _check_outputs(outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray],

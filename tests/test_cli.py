@@ -155,7 +155,7 @@ def _invalid_model(path: Path) -> str:
         ("custom_op", 2, "custom.x::FooBar ×2 ('foo1', 'foo2')"),
         ("quantized", 2, "already quantized (QuantizeLinear ×1)"),
         ("bad_dtype", 2, "Invalid value for '--dtype'"),
-        ("unknown_target", 2, "Unknown target 'cuda11'. Available here: llvm."),
+        ("unknown_target", 2, "Unknown target 'cuda11'. Available here: llvm, cuda."),
         ("vulkan", 3, "Target 'vulkan' is not available here"),
         ("misspelt_op", 2, "did you mean 'Softmax'"),
         ("two_colours", 2, "is in both 'always' and 'never'"),

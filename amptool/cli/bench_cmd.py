@@ -17,6 +17,8 @@ from amptool.convert import DTYPES
 @click.option("--dtype", "dtypes", type=click.Choice(DTYPES), multiple=True, default=("float16",),
               show_default=True, help="Low-precision dtype to time next to float32 (repeatable).")
 @click.option("--target", default="llvm", show_default=True, metavar="llvm|cuda|vulkan", help="Compilation target.")
+@click.option("--cuda-arch", default=None, metavar="sm_XX",
+              help="CUDA architecture for --target cuda  [default: the local GPU's].")
 @click.option("--batch", type=int, default=None, help="Batch size: the first dim of every input.")
 @click.option("--threads", type=int, default=None,
               help="Threads for TVM and onnxruntime alike  [default: every CPU available].")
@@ -28,18 +30,19 @@ from amptool.convert import DTYPES
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write results as JSON.")
 @handles_user_errors
 def bench(model: str, dtypes: tuple[str, ...], target: str, batch: int | None, threads: int | None,
-          input_shapes: tuple[str, ...], colors: str | None, rounds: int, runs: int, json_path: str | None) -> None:
+          input_shapes: tuple[str, ...], colors: str | None, rounds: int, runs: int, json_path: str | None,
+          cuda_arch: str | None = None) -> None:
     """Time MODEL (.onnx, or an 'amptool convert' output directory) under onnxruntime float32,
     amptool float32 and amptool in each DTYPE, interleaved in one run; print time ratios.
 
     \b
     Ratios are what to read: variants are timed in the same rounds, so load from other
-    processes slows them alike.
+    processes slows them alike. On a GPU every timed call ends with a device synchronize.
     """
     from amptool.bench import BenchConfig, bench_model  # noqa: PLC0415
     from amptool.fileio import write_json  # noqa: PLC0415
 
-    config = BenchConfig(model=model, dtypes=dtypes, target=target, batch=batch, threads=threads,
+    config = BenchConfig(model=model, dtypes=dtypes, target=target, cuda_arch=cuda_arch, batch=batch, threads=threads,
                          input_shapes=input_shapes, colors=colors, rounds=rounds, runs=runs)
     with _progress() as (on_stage, on_progress):
         report = bench_model(config, on_stage=on_stage, on_progress=on_progress)
@@ -86,8 +89,10 @@ def _table(report: Any) -> Any:
 
     from amptool.bench import ONNXRUNTIME, amptool_variant  # noqa: PLC0415
 
-    table = Table(title=f"{report.model} on {report.target}, {report.threads} thread(s), "
-                        f"{report.host['cpu']} ({report.host['llvm_cpu']})", title_justify="left")
+    where = (f"{report.host['gpu']} (compute {report.host['gpu_compute']}), onnxruntime on "
+             f"{report.onnxruntime_provider.removesuffix('ExecutionProvider')}" if "gpu" in report.host
+             else f"{report.threads} thread(s), {report.host['cpu']} ({report.host['llvm_cpu']})")
+    table = Table(title=f"{report.model} on {report.target}, {where}", title_justify="left")
     for column in ("variant", "median ms", "p90 ms", "× onnxruntime fp32", "× amptool fp32", "build s"):
         table.add_column(column, justify="left" if column == "variant" else "right")
     fp32 = amptool_variant("float32")

@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 @click.option("-o", "--output", "output_dir", required=True, type=click.Path(file_okay=False),
               help="Artifact directory (library + manifest.json); replaced atomically.")
 @click.option("--json", "json_summary", is_flag=True, help="Print the manifest as JSON instead of tables.")
+@click.option("--lower-only", is_flag=True,
+              help="Lower and schedule for --target without code generation (works where its codegen is "
+              "missing); OUTDIR gets lowered.py and manifest.json, no library.")
 @click.option("--emit-ir", "emit_ir", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="Also write the final Relax module (after every pass, before compiling) as TVMScript.")
 @click.option("--auto-fallback", is_flag=True,
@@ -42,7 +45,8 @@ def convert(model: str, dtype: str, colors: str | None, target: str, input_shape
             low_precision_io: bool, no_concretize: bool,
             output_dir: str, json_summary: bool, auto_fallback: bool = False, atol: tuple[str, ...] = (),
             rtol: tuple[str, ...] = (), min_cosine: tuple[str, ...] = (), iterations: int | None = None,
-            max_compiles: int | None = None, emit_ir: str | None = None) -> None:
+            max_compiles: int | None = None, emit_ir: str | None = None,
+            cuda_arch: str | None = None, target_options: tuple[str, ...] = (), lower_only: bool = False) -> None:
     """Convert MODEL.onnx to DTYPE and compile it into OUTPUT."""
     import json  # noqa: PLC0415
 
@@ -50,6 +54,7 @@ def convert(model: str, dtype: str, colors: str | None, target: str, input_shape
     from amptool.convert import ConvertConfig, check_ir_path, convert_model, write_ir  # noqa: PLC0415
 
     config = ConvertConfig(model=model, dtype=dtype, colors=colors, target=target,
+                           cuda_arch=cuda_arch, target_options=target_options,
                            input_shapes=input_shapes, range_guards=not no_range_guards,
                            prepare=not no_prepare, fixed_inputs=fixed_inputs,
                            calibration=calibration, low_precision_io=low_precision_io,
@@ -62,6 +67,12 @@ def convert(model: str, dtype: str, colors: str | None, target: str, input_shape
                         "Add --auto-fallback, or check a build's accuracy with 'amptool diff'.")
     if emit_ir:
         check_ir_path(emit_ir)
+    if lower_only:
+        if auto_fallback:
+            raise UserError("--lower-only and --auto-fallback: the search runs each build; a lowered module "
+                            "cannot run", "Drop one of them.")
+        _lower_only(config, output_dir, json_summary, emit_ir)
+        return
     fallback = None
     with stages() as on_stage:
         if auto_fallback:
@@ -92,6 +103,29 @@ def convert(model: str, dtype: str, colors: str | None, target: str, input_shape
     out.print(render.fallback_line(manifest["auto_fallback"], dtype), markup=False, soft_wrap=True)
     if failed:
         sys.exit(EXIT_ACCURACY_FAILED)
+
+
+def _lower_only(config: ConvertConfig, output_dir: str, json_summary: bool, emit_ir: str | None) -> None:
+    import json  # noqa: PLC0415
+
+    from amptool.cli import render  # noqa: PLC0415
+    from amptool.convert import write_ir  # noqa: PLC0415
+    from amptool.lower import LOWERED_NAME, lower_model  # noqa: PLC0415
+
+    with stages() as on_stage:
+        rewritten, manifest = lower_model(config, output_dir, on_stage=on_stage)
+    if emit_ir:
+        write_ir(rewritten.passes.mod, emit_ir)
+    if json_summary:
+        click.echo(json.dumps(manifest, indent=2))
+        return
+    for table in render.convert_summary(manifest):
+        out.print(table)
+    missing = manifest["codegen_missing"]
+    out.print(f"wrote {output_dir}/ ({LOWERED_NAME}, manifest.json): {manifest['kernels']} kernels lowered and "
+              f"scheduled for {config.target}, no library (--lower-only)", markup=False, soft_wrap=True)
+    if missing:
+        out.print(f"note: building for {config.target} here needs: {missing}", markup=False, soft_wrap=True)
 
 
 def _auto_fallback(config: ConvertConfig, output_dir: str, on_stage: Callable[[str], None],

@@ -59,7 +59,8 @@ def diff(model: str, dtype: str, colors: str | None, target: str, input_shapes: 
          reference_outputs: str | None, save_outputs: str | None, atol: tuple[str, ...], rtol: tuple[str, ...],
          min_cosine: tuple[str, ...], check_error_stat: tuple[str, ...], max_scale_error: tuple[str, ...],
          json_path: str | None,
-         plot_path: str | None, per_layer: bool = False) -> None:
+         plot_path: str | None, per_layer: bool = False,
+         cuda_arch: str | None = None, target_options: tuple[str, ...] = ()) -> None:
     """Compare MODEL converted to DTYPE with onnxruntime float32 on the same inputs.
 
     Exit 0 when every output passes, 1 when one fails, 2 on bad input, 3 when the target cannot run here.
@@ -82,6 +83,7 @@ def diff(model: str, dtype: str, colors: str | None, target: str, input_shapes: 
                                    max_scale_error=max_scale_error)
     config = DiffConfig(
         convert=ConvertConfig(model=model, dtype=dtype, colors=colors, target=target,
+                              cuda_arch=cuda_arch, target_options=target_options,
                               input_shapes=input_shapes, range_guards=not no_range_guards,
                               prepare=not no_prepare, fixed_inputs=fixed_inputs, calibration=calibration,
                               low_precision_io=low_precision_io,

@@ -22,12 +22,13 @@ def cli(verbose: int) -> None:
 
 
 def _register() -> None:
-    from amptool.cli import bench_cmd, convert_cmd, diff_cmd, inspect_cmd  # noqa: PLC0415
+    from amptool.cli import bench_cmd, convert_cmd, diff_cmd, inspect_cmd, run_cmd  # noqa: PLC0415
 
     cli.add_command(convert_cmd.convert)
     cli.add_command(diff_cmd.diff)
     cli.add_command(inspect_cmd.inspect)
     cli.add_command(bench_cmd.bench)
+    cli.add_command(run_cmd.run)
 
 
 _register()

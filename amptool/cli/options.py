@@ -26,6 +26,16 @@ low_precision_io_option = click.option(
     help="Take and return float32 tensors in the low dtype (the caller holds fp16/bf16 data).",
 )
 
+cuda_arch_option = click.option(
+    "--cuda-arch", "cuda_arch", metavar="sm_XX", default=None,
+    help="CUDA architecture for --target cuda  [default: the local GPU's, else sm_90].",
+)
+
+target_options_option = click.option(
+    "--target-options", "target_options", multiple=True, metavar="'-mcpu=NAME -mattr=+F,-G'",
+    help="LLVM options for --target llvm  [default: -mcpu of this host's CPU].",
+)
+
 
 def model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Every option that decides what gets built, shared by convert, diff and inspect."""
@@ -36,6 +46,8 @@ def model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="Colour lists (ALWAYS/FOLLOW/NEVER); default builtin:default."),
         click.option("--target", default="llvm", show_default=True, metavar="llvm|cuda|vulkan",
                      help="Compilation target."),
+        cuda_arch_option,
+        target_options_option,
         click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME:1x3x224x224",
                      help="Pin an input's shape (repeatable); needed for dynamic dims."),
         fixed_input_option,

@@ -1,0 +1,33 @@
+"""``amptool run``: run an artifact on an .npz of inputs and write its outputs."""
+
+from __future__ import annotations
+
+import click
+
+from amptool.cli.console import handles_user_errors, out
+
+
+@click.command()
+@click.argument("artifact", metavar="OUTDIR", type=click.Path(file_okay=False))
+@click.option("--inputs", "inputs_path", required=True, metavar="X.npz", type=click.Path(dir_okay=False),
+              help="One array per model input, with the dtype and shape the manifest lists.")
+@click.option("-o", "--output", "output_path", required=True, metavar="Y.npz", type=click.Path(dir_okay=False),
+              help="Where to write the outputs (one array per model output); written atomically.")
+@click.option("--device", default=None, metavar="cpu|cuda[:N]|vulkan[:N]",
+              help="Device to run on  [default: the one the artifact was built for].")
+@handles_user_errors
+def run(artifact: str, inputs_path: str, output_path: str, device: str | None) -> None:
+    """Run the library in OUTDIR (from 'amptool convert') on X.npz and write Y.npz.
+
+    \b
+    Needs only the TVM runtime: works with a TVM installed without its compiler library.
+    Exit 2 for a bad OUTDIR or inputs, 3 when the device is not there.
+    """
+    from amptool.runtime.deploy import RunConfig, run_artifact  # noqa: PLC0415
+
+    result = run_artifact(RunConfig(artifact=artifact, inputs=inputs_path, output=output_path, device=device))
+    shapes = ", ".join(f"{name} {value.dtype.name}{list(value.shape)}" for name, value in result.outputs.items())
+    runtime = "TVM runtime only" if result.runtime_only else "TVM with compiler"
+    out.print(f"wrote {output_path}: {shapes} | {result.manifest.get('dtype')} on {result.device} | "
+              f"load {result.load_s * 1e3:.0f} ms, run {result.run_s * 1e3:.1f} ms | {runtime}",
+              markup=False, soft_wrap=True)

@@ -1,0 +1,82 @@
+"""Run an artifact on stored inputs (``amptool run``): .npz in, .npz out.
+
+This is the deployment path, so it loads nothing that needs TVM's compiler: the library
+goes through ``tvm.runtime.load_module`` and the runtime's VirtualMachine, never
+``tvm.relax``. A host with a runtime-only TVM (no ``lib/libtvm_compiler.so``, or
+``TVM_USE_RUNTIME_LIB=1``) runs what a build host converted.
+
+Inputs are checked against the manifest before the library is loaded: exactly one array per
+input, the dtype and shape it was built for. ``.npz`` cannot hold bfloat16, so a bfloat16
+input (``--low-precision-io``) is given as float32 and rounded on the way in, and a bfloat16
+output is written as float32 (exact).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from amptool import _tvm
+from amptool.artifact import check_runnable, load_artifact, read_manifest
+from amptool.errors import UserError
+from amptool.frontend.signature import TensorSpec
+from amptool.runtime.inputs import check_input_shapes, load_inputs, save_arrays
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    artifact: str  # an 'amptool convert' output directory
+    inputs: str  # .npz, one array per model input
+    output: str  # .npz to write, one array per model output
+    device: str | None = None  # None: the device the library was built for
+
+
+@dataclass
+class RunResult:
+    outputs: dict[str, np.ndarray]
+    device: str
+    manifest: dict[str, Any]
+    load_s: float
+    run_s: float
+    runtime_only: bool  # whether TVM ran without its compiler library
+
+
+def run_artifact(config: RunConfig) -> RunResult:
+    """Check the inputs, load the library, run it once and write the outputs atomically."""
+    _check_output_path(config.output)
+    manifest = read_manifest(config.artifact)
+    check_runnable(config.artifact, manifest)
+    specs = [TensorSpec(i["name"], i["dtype"], tuple(i["shape"])) for i in manifest["inputs"]]
+    feeds = load_inputs(config.inputs, [_npz_spec(s) for s in specs])
+    check_input_shapes(feeds, specs, f"--inputs {config.inputs}")
+    start = time.perf_counter()
+    manifest, compiled = load_artifact(config.artifact, device=config.device)
+    loaded = time.perf_counter()
+    outputs = compiled.run(feeds)
+    ran = time.perf_counter()
+    save_arrays(config.output, {name: _npz_array(value) for name, value in outputs.items()})
+    return RunResult(outputs=outputs, device=compiled.device, manifest=manifest, load_s=loaded - start,
+                     run_s=ran - loaded, runtime_only=_tvm.runtime_only())
+
+
+def _npz_spec(spec: TensorSpec) -> TensorSpec:
+    """The dtype the .npz holds for ``spec``: float32 for bfloat16."""
+    return TensorSpec(spec.name, "float32", spec.shape) if spec.dtype == "bfloat16" else spec
+
+
+def _npz_array(value: np.ndarray) -> np.ndarray:
+    array = np.asarray(value)
+    return array.astype(np.float32) if array.dtype.name == "bfloat16" else array
+
+
+def _check_output_path(path: str) -> None:
+    """Refuse an output that cannot be written before anything runs."""
+    if os.path.isdir(path):
+        raise UserError(f"-o {path}: is a directory", "Name a file, e.g. -o outputs.npz.")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+        raise UserError(f"-o {path}: directory {parent} does not exist or is not writable")
