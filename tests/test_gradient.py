@@ -230,6 +230,48 @@ def test_cross_entropy_gradients_pass_diff(run_cli, tmp_path, dtype):
     assert outputs["dW"]["max_abs"] < bound and outputs["dB"]["max_abs"] < bound
 
 
+def _if_model() -> onnx.ModelProto:
+    """y = If(c, tanh(X), sigmoid(X)); Gradient(xs=[X], zs=[c])."""
+    then = helper.make_graph([helper.make_node("Tanh", ["X"], ["a"])], "then", [],
+                             [helper.make_tensor_value_info("a", TensorProto.FLOAT, [3])])
+    other = helper.make_graph([helper.make_node("Sigmoid", ["X"], ["b"])], "else", [],
+                              [helper.make_tensor_value_info("b", TensorProto.FLOAT, [3])])
+    nodes = [helper.make_node("If", ["c"], ["Y"], name="if", then_branch=then, else_branch=other),
+             helper.make_node("Gradient", ["X", "c"], ["dX"], name="grad", domain=TRAINING, xs=["X"], zs=["c"], y="Y")]
+    graph = helper.make_graph(nodes, "branch",
+                              [helper.make_tensor_value_info("X", TensorProto.FLOAT, [3]),
+                               helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+                              [helper.make_tensor_value_info("dX", TensorProto.FLOAT, [3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid(TRAINING, 1)])
+    model.ir_version = 8
+    return model
+
+
+def test_control_flow_in_the_forward_graph_needs_a_fixed_condition(run_cli, tmp_path):
+    path = _save(_if_model(), tmp_path)
+    refused = run_cli("convert", path, "-o", str(tmp_path / "no"))
+    assert refused.exit_code == 2
+    assert "the graph from xs to y contains If 'if'" in refused.output and "--fixed-input" in refused.output
+    x = np.array([0.1, -0.5, 2.0], np.float32)
+    result = run_cli("convert", path, "--fixed-input", "c=1", "--dtype", "float32", "-o", str(tmp_path / "out"))
+    assert result.exit_code == 0, result.output
+    _manifest, compiled = load_artifact(str(tmp_path / "out"))
+    np.testing.assert_allclose(compiled.run({"X": x})["dX"], 1 - np.tanh(x) ** 2, atol=1e-6, rtol=0)
+
+
+def test_higher_order_gradients_are_refused(run_cli, tmp_path):
+    nodes = [helper.make_node("Mul", ["X", "X"], ["Y"], name="square"),
+             helper.make_node("Gradient", ["X"], ["dX"], name="g1", domain=TRAINING, xs=["X"], y="Y"),
+             helper.make_node("Gradient", ["X"], ["ddX"], name="g2", domain=TRAINING, xs=["X"], y="dX")]
+    graph = helper.make_graph(nodes, "second", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [3])],
+                              [helper.make_tensor_value_info("ddX", TensorProto.FLOAT, [3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid(TRAINING, 1)])
+    model.ir_version = 8
+    result = run_cli("convert", _save(model, tmp_path), "-o", str(tmp_path / "out"))
+    assert result.exit_code == 2
+    assert "y 'dX' depends on Gradient 'g1'; higher-order gradients are not supported" in result.output
+
+
 def test_forward_only_drops_gradients_and_their_consumers():
     update = helper.make_node("Sub", ["X", "dX"], ["X_next"], name="step")
     model = _mlp_model(["X"], extra_nodes=())

@@ -173,11 +173,17 @@ def fold_protected(model: onnx.ModelProto,
 
     Constant folding would otherwise fold a path from a constant x (a weight) to y into a
     constant — the differentiated graph cut, the gradient silently zero — or fold through a z
-    that the node evaluates at another value. Initializers and Constant nodes so named become
+    that the node evaluates at another value (a z fed as itself may fold: that is what lets a
+    --fixed-input condition inline an If). Initializers and Constant nodes so named become
     graph inputs for the rewrite and initializers again afterwards.
     """
-    protected = {name for node in model.graph.node if is_gradient(node)
-                 for attr in node.attribute if attr.name in ("xs", "zs") for name in (s.decode() for s in attr.strings)}
+    protected: set[str] = set()
+    for node in model.graph.node:
+        if is_gradient(node):
+            names = {a.name: [s.decode() for s in a.strings] for a in node.attribute}
+            xs, zs = names.get("xs", []), names.get("zs", [])
+            protected.update(xs)
+            protected.update(z for z, fed in zip(zs, node.input[len(xs):]) if z != fed)
     held = onnx.ModelProto()
     held.CopyFrom(model)
     graph = held.graph
@@ -269,6 +275,12 @@ def lower_gradient(bb: Any, model: onnx.ModelProto, spec: GradientSpec, args: Se
     from amptool.frontend.signature import TensorSpec  # noqa: PLC0415
 
     where = f"Gradient '{spec.node}'"
+    flow = [model.graph.node[i] for i in spec.cone if model.graph.node[i].op_type in ("If", "Loop", "Scan")]
+    if flow:  # checked here, after prepare, which may have inlined or unrolled them
+        raise UserError(f"{where}: the graph from xs to y contains {flow[0].op_type} '{flow[0].name}'; Relax's AD "
+                        "differentiates straight-line code only",
+                        "Pin what the condition or trip count reads with --fixed-input or --input-shape, so "
+                        "prepare inlines or unrolls it.")
     specs, types = [], []
     for name, arg in zip([*spec.xs, *spec.zs], args, strict=True):
         shape, dtype = _static_type(arg, where, name)
