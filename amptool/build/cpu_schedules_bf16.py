@@ -50,17 +50,19 @@ def packed_matmul_bf16(sch: Any, tiling: Tiling) -> Any | None:
         return None
     *batch, m, n, rp = sch.get_loops(mm)
     m_rows = _extent(sch, m)
-    rows_loop = sch.fuse(*batch, m) if batch else m
-    if m_rows is None or _extent(sch, rows_loop) is None:
+    if m_rows is None or any(_extent(sch, loop) is None for loop in batch):
         return None
-    tile = _divisor(m_rows, max(1, tiling.accumulators // 2)) or 1  # never across batch items
-    ro, ri = sch.split(rows_loop, [None, tile])
+    tile = _divisor(m_rows, max(1, tiling.accumulators // 2)) or 1
+    # Batch loops stay separate from the rows (packed_matmul fuses them): tensorize blockizes
+    # the tile, which fails on the // and % bindings a fused batch×rows split leaves (BERT's
+    # [2, 16, 128] projections then fell back to a scalar kernel, 10× slower than float32).
+    ro, ri = sch.split(m, [None, tile])
     no, ni = sch.split(n, [None, 16])
-    sch.reorder(no, ro, rp, ri, ni)
+    sch.reorder(no, *batch, ro, rp, ri, ni)
     epilogue = _epilogue_at(sch, mm, ro)
     sch.vectorize(sch.get_loops(epilogue)[-1])
     sch.unroll(ri)
-    parallel = _parallel(sch, [no, ro], tiling)
+    parallel = _parallel(sch, [no, *batch, ro], tiling)
     sch.annotate(parallel, "pragma_import_llvm", LLVM_IR)
     init = sch.decompose_reduction(mm, rp)
     sch.vectorize(sch.get_loops(init)[-1])
