@@ -126,6 +126,26 @@ def test_a_shape_of_used_elsewhere_survives():
     assert dict(report.concretized) == {"broadcast_to(shape_of)": 1}
 
 
+def test_values_used_only_for_their_shape_are_dropped():
+    @I.ir_module
+    class ShapeOnly:
+        @R.function
+        def main(x: R.Tensor((2, 3), "float32"), v: R.Tensor((3,), "float32")):
+            with R.dataflow():
+                big = R.exp(x)  # read only for its shape
+                z = R.ones_like(big)
+                y = R.add(x, z)
+                R.output(y)
+            s = R.shape_of(y)
+            b = R.broadcast_to(v, s)
+            return (y, b)
+
+    after, report = concretize_like(ShapeOnly)
+    script = _tvm.module_script(after)
+    assert "R.exp" not in script and "shape_of" not in script and "R.ones(R.shape([2, 3])" in script
+    assert dict(report.concretized) == {"ones_like": 1, "broadcast_to(shape_of)": 1}
+
+
 # --------------------------------------------------------------------------- when it must not fire
 
 

@@ -10,7 +10,8 @@
                               range guard can read their values
       → MixedPrecision        colour lists → casts, accumulation dtypes
       → FoldConstant          weight casts become low-precision constants
-      → well-formedness check after each step (a failure is a bug, not a user error)
+      → well-formedness check after each step that changed the module (a failure is a bug,
+        not a user error; an ill-formed import is left for TVM's own passes to refuse)
 
 ``tests/test_pipeline.py`` pins this order.
 """
@@ -70,7 +71,8 @@ def run_passes(
         try:
             out = fn(current)
             timings[name] = time.perf_counter() - start
-            _tvm.assert_well_formed(out, TVM_PASSES.get(name, name))
+            if not out.same_as(current):  # unchanged: the importer's module, right or wrong
+                _tvm.assert_well_formed(out, TVM_PASSES.get(name, name))
         except UserError:
             raise
         except Exception as err:
