@@ -13,7 +13,7 @@
       → well-formedness check after each step that changed the module (a failure is a bug,
         not a user error; an ill-formed import is left for TVM's own passes to refuse)
 
-``tests/test_pipeline.py`` pins this order.
+``tests/test_mixed_precision.py::test_pass_order_is_pinned`` pins this order.
 """
 
 from __future__ import annotations
