@@ -5,11 +5,14 @@ fed to the node (inputs: one per name in ``xs``, then one per name in ``zs``, wh
 constant). Neither onnxruntime's default build nor TVM's ONNX frontend imports it, so
 amptool lowers it itself:
 
+This module is the ONNX side (what a node differentiates, the forward-only model for
+onnxruntime, folding that keeps xs); ``gradient_lower`` is the Relax side.
+
 1. ``check_gradients`` (at load): the attributes are well-formed; the forward cone of ``y``
    stops at ``xs ∪ zs`` and initializers (no other graph input may reach ``y``: the node would
    not say at which value to hold it); every ``x`` reaches ``y``; ``xs`` are floats; no
    ``Gradient`` inside the cone (higher order is not supported).
-2. ``lower_gradient`` (at import, from the importer's converter hook): the cone becomes an
+2. ``gradient_lower.lower_gradient`` (at import, from the importer's hook): the cone becomes an
    ONNX sub-model ``xs, zs → ReduceSum(y)`` imported with amptool's own importer (so every
    converter applies), ``relax.transform.Gradient`` derives ``main_adjoint`` from it, and the
    adjoint's bindings are inlined into the caller's ``main`` with fresh names. The backward
@@ -29,13 +32,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import onnx
 from onnx import helper
 
-from amptool import _tvm
-from amptool.errors import UserError, error_summary
+from amptool.errors import UserError
 from amptool.frontend.load import TRAINING_DOMAIN, iter_nodes
 
 _FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
@@ -257,137 +258,3 @@ def forward_model(model: onnx.ModelProto, spec: GradientSpec,
     forward.ir_version = model.ir_version
     forward.functions.extend(model.functions)
     return forward
-
-
-@dataclass
-class Lowered:
-    """What one Gradient node became in ``main``: its outputs, and var name → (node, op)."""
-
-    outputs: list[Any]
-    named: dict[str, tuple[str, str]]
-
-
-def lower_gradient(bb: Any, model: onnx.ModelProto, spec: GradientSpec, args: Sequence[Any],
-                   fresh: Callable[[str], str], import_fn: Callable[..., Any]) -> Lowered:
-    """Emit dy/dxs into ``bb`` (inside the caller's function) at the values ``args``."""
-    from tvm import relax  # noqa: PLC0415
-
-    from amptool.frontend.signature import TensorSpec  # noqa: PLC0415
-
-    where = f"Gradient '{spec.node}'"
-    flow = [model.graph.node[i] for i in spec.cone if model.graph.node[i].op_type in ("If", "Loop", "Scan")]
-    if flow:  # checked here, after prepare, which may have inlined or unrolled them
-        raise UserError(f"{where}: the graph from xs to y contains {flow[0].op_type} '{flow[0].name}'; Relax's AD "
-                        "differentiates straight-line code only",
-                        "Pin what the condition or trip count reads with --fixed-input or --input-shape, so "
-                        "prepare inlines or unrolls it.")
-    specs, types = [], []
-    for name, arg in zip([*spec.xs, *spec.zs], args, strict=True):
-        shape, dtype = _static_type(arg, where, name)
-        if name in spec.xs and not dtype.startswith(("float", "bfloat")):
-            raise UserError(f"{where}: x '{name}' is {dtype}; only floating-point tensors have gradients",
-                            "Move integer tensors from xs to zs.")
-        specs.append(TensorSpec(name, dtype, shape))
-        types.append((helper.np_dtype_to_tensor_dtype(_np_dtype(dtype)), shape))
-    imported = import_fn(forward_model(model, spec, types), specs)
-    mod = imported.mod
-    y_dtype = _tvm.tensor_dtype(mod["main"].body) or "not a tensor"
-    if not y_dtype.startswith(("float", "bfloat")):
-        raise UserError(f"{where}: y '{spec.y}' is {y_dtype}; only a floating-point y has a gradient", _HINT)
-    params = list(mod["main"].params)
-    try:
-        mod = relax.transform.Gradient("main", require_grads=params[: len(spec.xs)])(mod)
-    except Exception as err:
-        reason = _no_gradient_rule(mod, imported.provenance) or error_summary(err, last=True)
-        raise UserError(f"Relax cannot differentiate {where}: {reason}",
-                        "The graph between xs and y must be If/Loop-free and use ops Relax's AD knows.") from err
-    forward = {str(b.var.name) for block in mod["main"].body.blocks for b in block.bindings}
-    return _inline(bb, mod["main_adjoint"], args, spec, forward, imported.provenance, fresh)
-
-
-def _no_gradient_rule(mod: Any, provenance: dict[str, Any]) -> str | None:
-    """'no gradient rule for relax.erf (ONNX node 'f', Erf)' for the first such binding, if any."""
-    from tvm import relax  # noqa: PLC0415
-
-    body = mod["main"].body
-    for block in getattr(body, "blocks", []):
-        for binding in block.bindings:
-            op = _tvm.op_name(binding.value) if isinstance(binding.value, relax.Call) else None
-            if op and binding.value.op.get_attr("FPrimalGradient") is None:
-                origin = provenance.get(str(binding.var.name))
-                where = f" (ONNX node '{origin.node}', {origin.op_type})" if origin else ""
-                return f"no gradient rule for {op}{where}"
-    return None
-
-
-def _inline(bb: Any, adjoint: Any, args: Sequence[Any], spec: GradientSpec, forward: set[str],
-            provenance: dict[str, Any], fresh: Callable[[str], str]) -> Lowered:
-    """Emit ``adjoint``'s bindings into ``bb`` with params replaced by ``args``; returns the grads."""
-    from tvm import relax  # noqa: PLC0415
-    from tvm.relax.expr_functor import PyExprMutator, mutator  # noqa: PLC0415
-
-    @mutator
-    class _Substitute(PyExprMutator):
-        def __init__(self, mapping: dict[Any, Any]) -> None:
-            super().__init__()
-            self.mapping = mapping
-
-        def visit_var_(self, var: Any) -> Any:
-            return self.mapping.get(var, var)
-
-        def visit_dataflow_var_(self, var: Any) -> Any:
-            return self.mapping.get(var, var)
-
-    mapping: dict[Any, Any] = dict(zip(adjoint.params, args, strict=True))
-    substitute = _Substitute(mapping)
-    named: dict[str, tuple[str, str]] = {}
-    for block in adjoint.body.blocks:
-        for binding in block.bindings:
-            if not isinstance(binding, relax.VarBinding):
-                raise UserError(f"Gradient '{spec.node}': the adjoint has a shape match Relax cannot inline", _HINT)
-            value = substitute.visit_expr(binding.value)
-            if isinstance(value, relax.Var) or _tvm.is_constant(value):  # an alias (the adjoint's *_out vars)
-                mapping[binding.var] = value
-                continue
-            inner = str(binding.var.name)
-            var = bb.emit(value, name_hint=fresh(f"{_identifier(spec.node)}_{inner}"))
-            mapping[binding.var] = var
-            origin = provenance.get(inner)
-            if inner in forward and origin is not None and origin.node != spec.node:
-                named[str(var.name)] = (origin.node, origin.op_type)
-            else:
-                named[str(var.name)] = (spec.node, "Gradient")
-    result = substitute.visit_expr(adjoint.body.body)
-    grads = result.fields[1] if isinstance(result, relax.Tuple) else bb.emit(relax.TupleGetItem(result, 1))
-    outputs = [grads.fields[i] if isinstance(grads, relax.Tuple) else bb.emit(relax.TupleGetItem(grads, i))
-               for i in range(len(spec.xs))]
-    return Lowered(outputs=outputs, named=named)
-
-
-def _static_type(arg: Any, where: str, name: str) -> tuple[tuple[int, ...], str]:
-    ty = getattr(arg, "ty", None)
-    shape = getattr(ty, "shape", None)
-    dims = getattr(shape, "values", None)
-    try:
-        static = tuple(int(d) for d in dims) if dims is not None else None
-    except Exception:  # a symbolic dim
-        static = None
-    if ty is None or static is None:
-        raise UserError(f"{where}: '{name}' has no static shape", "Pin input shapes with --input-shape.")
-    return static, str(ty.dtype)
-
-
-def _np_dtype(dtype: str) -> Any:
-    import numpy as np  # noqa: PLC0415
-
-    if dtype == "bfloat16":
-        import ml_dtypes  # noqa: PLC0415
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(dtype)
-
-
-def _identifier(name: str) -> str:
-    from amptool.frontend.importer import identifier  # noqa: PLC0415
-
-    return identifier(name)

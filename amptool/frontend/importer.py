@@ -28,7 +28,8 @@ import onnx
 
 from amptool.errors import UserError, error_summary
 from amptool.frontend.converters import CONVERTERS
-from amptool.frontend.gradient import check_gradients, is_gradient, lower_gradient
+from amptool.frontend.gradient import check_gradients, is_gradient
+from amptool.frontend.gradient_lower import lower_gradient
 from amptool.frontend.load import Names, default_opset, iter_nodes
 from amptool.frontend.signature import TensorSpec
 
