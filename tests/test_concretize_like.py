@@ -414,3 +414,28 @@ def test_emit_ir_to_a_bad_path_is_one_line(issue_model, run_cli, tmp_path):
         assert result.exit_code == 2, result.output
         assert "--emit-ir" in result.output and "Traceback" not in result.output
         assert not (tmp_path / "out").exists()  # refused before anything was built
+
+
+def test_inspect_names_what_was_left_alone_and_colours_stay(run_cli, tmp_path):
+    """A Shrink on 4×40×40 float16 activations: zeros(S) would not fold and would stay float32,
+    so the rule declines, inspect says why, and the colours match --no-concretize."""
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Shrink", ["c"], ["y"], name="shrink", lambd=0.3)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 40, 40])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 40, 40])], [w])
+    path = tmp_path / "shrink.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    reports, printed = [], []
+    for flags in ((), ("--no-concretize",)):
+        result = run_cli("inspect", str(path), *flags, "--json", str(tmp_path / "i.json"))
+        assert result.exit_code == 0, result.output
+        reports.append(read_json(tmp_path / "i.json"))
+        printed.append(result.output)
+    assert "like-ops not concretized" in printed[0] and "0; 1 left alone" in printed[0]
+    assert "like-ops not concretized" not in printed[1] and "off (--no-concretize)" in printed[1]
+    assert reports[0]["concretize_like"]["skipped"] == [
+        {"op": "zeros_like", "reason": "6400 elements > 1024: too large to fold, would pull its consumers out of "
+                                       "float16", "count": 1}]
+    assert reports[0]["ops_by_dtype"] == reports[1]["ops_by_dtype"]
+    assert reports[0]["ops_by_dtype"]["relax.where"] == {"float16": 2}
