@@ -439,3 +439,19 @@ def test_inspect_names_what_was_left_alone_and_colours_stay(run_cli, tmp_path):
                                        "float16", "count": 1}]
     assert reports[0]["ops_by_dtype"] == reports[1]["ops_by_dtype"]
     assert reports[0]["ops_by_dtype"]["relax.where"] == {"float16": 2}
+
+
+def test_full_like_with_a_run_time_fill_fires_only_in_float32():
+    @I.ir_module
+    class RunTimeFill:
+        @R.function
+        def main(x: R.Tensor((2, 3), "float32"), f: R.Tensor((), "float32")):
+            g = R.full_like(x, f)
+            return g
+
+    low, report = concretize_like(RunTimeFill, "bfloat16")
+    assert low.same_as(RunTimeFill)
+    assert [reason for _, reason in report.skipped] == [
+        "fill value is not a constant: full would not fold, would pull its consumers out of bfloat16"]
+    fp32, report = concretize_like(RunTimeFill, "float32")
+    assert "R.full(R.shape([2, 3]), f" in _tvm.module_script(fp32) and dict(report.concretized) == {"full_like": 1}

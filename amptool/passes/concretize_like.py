@@ -22,6 +22,8 @@ or unknown is left alone, counted in the report with the reason, and logged at d
 TVM's ONNX frontend resolves ``Shape`` of a statically shaped tensor at import, so the
 ``shape_of`` rules fire on modules built in Relax (reverse-mode AD, hand-written IR); the
 ``*_like`` rules fire on imports (``EyeLike`` → ``eye_like``, ``Shrink`` → ``zeros_like``).
+Inside dataflow blocks FoldConstant folds static-shape like-ops into constants by itself; outside
+them (a model with an ``If``, private functions) only this pass removes them.
 
 Afterwards, when anything fired: ``DeadCodeElimination`` drops values that were computed only
 for their shape (and the ``shape_of`` bindings), then ``RemoveUnusedParameters`` drops
@@ -29,12 +31,12 @@ parameters of internal (private) functions that are no longer used, call sites u
 functions — the entry ``main`` — keep their signature.
 
 When it does not fire: symbolic or unknown shapes, unknown dtypes, ``eye_like`` of a tensor
-that is not 2-D; and, in a float16/bfloat16 build, ``zeros_like``/``ones_like``/``eye_like``
-larger than ``FOLD_LIMIT`` elements. TVM's FoldConstant leaves a ``zeros``/``ones``/``eye``
-that large as a run-time op, and the mixed-precision pass keeps an op without tensor inputs
-float32 — so its consumers would turn float32 too, where ``zeros_like`` of a float16 value
-was float16 (measured: a Shrink on 64×56×56 put two where, an add and a relu back in
-float32). Nothing fired → the module is returned as it was (same object).
+that is not 2-D; and, in a float16/bfloat16 build, whatever FoldConstant would not turn into
+a constant: ``zeros_like``/``ones_like``/``eye_like`` larger than ``FOLD_LIMIT`` elements, and
+``full_like`` with a run-time fill value. A creation op left at run time carries its dtype as
+an attribute, so the mixed-precision pass keeps it float32 — and its consumers too, where
+``zeros_like`` of a float16 value was float16 (measured: a Shrink on 64×56×56 put two where,
+an add and a relu back in float32). Nothing fired → the module is returned as it was (same object).
 
 Preserves: binding names (ONNX provenance), numerics bit for bit, public signatures,
 well-formedness (checked by the pipeline).
@@ -130,9 +132,11 @@ class _Context:
 # --------------------------------------------------------------------------- rules
 
 
-def _creation(make: Callable[[Any, Any, str], Any], *, folds: bool = False) -> Callable[[_Context, Any], Outcome]:
-    """A rule for ``op_like(x, ...)`` → ``make(shape_expr, call, dtype)``; ``folds``: FoldConstant
-    folds the replacement at any size (else see ``_too_large``)."""
+def _creation(
+    make: Callable[[Any, Any, str], Any], *, constant_fill: bool = False
+) -> Callable[[_Context, Any], Outcome]:
+    """A rule for ``op_like(x, ...)`` → ``make(shape_expr, call, dtype)``. ``constant_fill``: the
+    replacement is ``full``, which FoldConstant folds at any size when its fill is a constant."""
 
     def rule(ctx: _Context, call: Any) -> Outcome:
         from tvm import relax  # noqa: PLC0415
@@ -143,8 +147,8 @@ def _creation(make: Callable[[Any, Any, str], Any], *, folds: bool = False) -> C
         dtype = _tvm.tensor_dtype(call)
         if dtype is None:
             return Skip("result dtype unknown")
-        too_large = None if folds else _too_large(ctx, shape)
-        return too_large or make(relax.ShapeExpr(list(shape)), call, dtype)
+        unfolded = _unfolded_fill(ctx, call) if constant_fill else _too_large(ctx, shape)
+        return unfolded or make(relax.ShapeExpr(list(shape)), call, dtype)
 
     return rule
 
@@ -157,6 +161,13 @@ def _too_large(ctx: _Context, shape: tuple[int, ...]) -> Skip | None:
     if ctx.dtype == "float32" or count <= FOLD_LIMIT:
         return None
     return Skip(f"{count} elements > {FOLD_LIMIT}: too large to fold, would pull its consumers out of {ctx.dtype}")
+
+
+def _unfolded_fill(ctx: _Context, call: Any) -> Skip | None:
+    """Refuse ``full`` with a run-time fill value in a low-precision build (see _too_large)."""
+    if ctx.dtype == "float32" or _tvm.is_constant(call.args[1]):
+        return None
+    return Skip(f"fill value is not a constant: full would not fold, would pull its consumers out of {ctx.dtype}")
 
 
 def _eye_like(ctx: _Context, call: Any) -> Outcome:
@@ -211,7 +222,7 @@ def _rules() -> Mapping[str, Rule]:
     return {
         "relax.zeros_like": Rule("zeros_like", _creation(lambda s, _c, d: op.zeros(s, d))),
         "relax.ones_like": Rule("ones_like", _creation(lambda s, _c, d: op.ones(s, d))),
-        "relax.full_like": Rule("full_like", _creation(lambda s, c, d: op.full(s, c.args[1], d), folds=True)),
+        "relax.full_like": Rule("full_like", _creation(lambda s, c, d: op.full(s, c.args[1], d), constant_fill=True)),
         "relax.eye_like": Rule("eye_like", _eye_like),
         "relax.collapse_sum_like": Rule("collapse_sum_like", _collapse_sum_like),
         "relax.broadcast_to": Rule("broadcast_to(shape_of)", _shape_of_arg(op.broadcast_to)),
