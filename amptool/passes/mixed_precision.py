@@ -315,13 +315,13 @@ def _make_mutator(
             """Emit ``value`` (normalized) bound to a var of the same kind as ``old_var``, named ``name``."""
             dataflow = isinstance(old_var, relax.DataflowVar)
             new_var = _tvm.new_var(name, value.ty, dataflow=dataflow)
-            self.builder_.emit_normalized(relax.VarBinding(new_var, value))
+            self.builder_.emit_normalized(_tvm.var_binding(new_var, value))
             return new_var
 
         def _rewrite(self, name: str, call: Any, relax_op: str) -> tuple[Any, bool]:
             origin = provenance.get(name)
             # Read call.args once: each pass over a TVM Array costs ~2 µs per element.
-            orig_args = list(call.args)
+            orig_args = _tvm.array_items(call.args)
             args = [self.visit_expr(arg) for arg in orig_args]
             old_dtypes = [_tvm.tensor_dtype(arg) for arg in orig_args]  # None: not a tensor
             leaves = _float32_leaves(orig_args, args, old_dtypes)
