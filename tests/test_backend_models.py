@@ -22,8 +22,6 @@ from tests.conftest import ONNX_DATA
 
 #: Models amptool must refuse, and the words the one-line error must contain.
 REFUSED = {
-    "test_gradient_of_add": "Gradient",  # training op: issue 6
-    "test_gradient_of_add_and_mul": "Gradient",
     "test_expand_shape_model1": "Expand",  # run-time Expand shapes: TVM frontend, issue 4
     "test_expand_shape_model2": "Expand",
     "test_expand_shape_model3": "FoldConstant",
