@@ -39,6 +39,7 @@ from amptool.frontend.load import load_model
 from amptool.frontend.prepare import pin_shapes, reference_model
 from amptool.frontend.signature import TensorSpec, graph_inputs
 from amptool.runtime.inputs import generate_inputs
+from amptool.targets import require_device, resolve_target
 
 ONNXRUNTIME = "onnxruntime-float32"
 StageCallback = Callable[[str], None]
@@ -170,6 +171,8 @@ def bench_model(config: BenchConfig, on_stage: StageCallback | None = None,
                 on_progress: ProgressCallback | None = None) -> BenchReport:
     """Build every variant, then time them interleaved; see the module docstring."""
     notify = on_stage or (lambda _name: None)
+    if not os.path.isdir(config.model):
+        require_device(resolve_target(config.target, config.cuda_arch))  # no builds for a GPU that is not there
     threads = config.threads or default_threads()
     tvm_threads = _tvm.set_num_threads(threads)  # before anything creates TVM's pool
     timings: list[VariantTiming] = [VariantTiming(ONNXRUNTIME)]

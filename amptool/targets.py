@@ -129,6 +129,18 @@ def resolve_target(name: str, cuda_arch: str | None = None, options: Sequence[st
     return ResolvedTarget(name, spec, target.device, options=tuple(options))
 
 
+def require_device(target: ResolvedTarget, device: str | None = None) -> None:
+    """TargetUnavailableError (exit 3) unless the device ``target`` runs on is here."""
+    use = device or target.device
+    if use == "cpu":
+        return
+    try:
+        _tvm.open_device(use)
+    except LookupError as err:
+        raise TargetUnavailableError(f"Target '{target.name}' builds here but cannot run: {err}",
+                                     "Run on a machine with that device; 'amptool convert' alone needs none.") from err
+
+
 def check_target_flags(name: str, cuda_arch: str | None, options: Sequence[str]) -> None:
     """The checks that need no TVM: a known name, flags that apply to it, their syntax."""
     known_target(name)

@@ -230,13 +230,14 @@ def render(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
     head = ["case", "device", "fp16 cosine", "fp32 cosine", *(f"{v} ms" for v in variants)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
-        cells = [r["title"], r["gpu"], f"{r['float16_cosine']:.6f}" + ("" if r["float16_ok"] else " FAIL"),
-                 f"{r['float32_cosine']:.6f}", *(f"{r['ms'][v]:.2f}" if v in r["ms"] else "—" for v in variants)]
+        cells = [r["title"], r["gpu"], f"{r['float16_cosine']:.7f}" + ("" if r["float16_ok"] else " FAIL"),
+                 f"{r['float32_cosine']:.7f}", *(f"{r['ms'][v]:.2f}" if v in r["ms"] else "—" for v in variants)]
         lines.append("| " + " | ".join(cells) + " |")
     provider = results[0]["onnxruntime_provider"] if results else "—"
     lines.append("")
-    lines.append(f"Target {args.target}; medians of {args.rounds} rounds × {args.runs} runs, device synchronised after "
-                 f"every call; onnxruntime on {provider}; cosine: worst output against onnxruntime float32 (CPU).")
+    synced = ", device synchronised after every call" if args.target == "cuda" else ""
+    lines.append(f"Target {args.target}; medians of {args.rounds} rounds × {args.runs} runs{synced}; onnxruntime on "
+                 f"{provider}; cosine: worst output against onnxruntime float32 (CPU).")
     return "\n".join(lines)
 
 

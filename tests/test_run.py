@@ -95,7 +95,7 @@ def test_run_equals_the_in_memory_build(fp16_artifact, run_cli, tmp_path):
             np.testing.assert_array_equal(y[name], value)
 
 
-def test_run_under_a_runtime_only_tvm(fp16_artifact, runtime_only_tvm, tmp_path):
+def test_run_under_a_runtime_only_tvm(fp16_artifact, runtime_only_tvm, run_cli, tmp_path):
     _model, outdir, inputs = fp16_artifact
     np.savez(tmp_path / "x.npz", **inputs)
     probe = subprocess.run(
@@ -110,9 +110,8 @@ def test_run_under_a_runtime_only_tvm(fp16_artifact, runtime_only_tvm, tmp_path)
                            runtime_only_tvm)
     assert done.returncode == 0, done.stderr
     assert "TVM runtime only" in done.stdout
-    normal = _run_subprocess(["run", str(outdir), "--inputs", str(tmp_path / "x.npz"), "-o", str(tmp_path / "z.npz")],
-                             None)
-    assert normal.returncode == 0, normal.stderr
+    normal = run_cli("run", str(outdir), "--inputs", str(tmp_path / "x.npz"), "-o", str(tmp_path / "z.npz"))
+    assert normal.exit_code == 0, normal.output
     with np.load(tmp_path / "y.npz") as y, np.load(tmp_path / "z.npz") as z:
         assert y.files == z.files
         for name in y.files:
