@@ -109,8 +109,10 @@ def import_model(model: onnx.ModelProto, inputs: Sequence[TensorSpec]) -> Import
         try:
             mod = importer.from_onnx(model.graph, default_opset(model))
         except UserError:
+            _close_blocks(importer.bb)
             raise
         except Exception as err:
+            _close_blocks(importer.bb)
             raise UserError(
                 f"Import into TVM Relax failed: {error_summary(err, last=True)}",
                 "Pin input shapes with --input-shape; if it persists, the model uses a "
@@ -118,6 +120,16 @@ def import_model(model: onnx.ModelProto, inputs: Sequence[TensorSpec]) -> Import
             ) from err
     provenance = attribute_bindings(mod, importer.named)
     return ImportedModel(mod=mod, provenance=provenance)
+
+
+def _close_blocks(bb: Any) -> None:
+    """End the blocks an aborted import left open, so TVM does not print "BlockBuilder
+    destroyed with remaining blocks!" under the user's one-line error."""
+    for _ in range(64):
+        try:
+            bb._end_block()
+        except Exception:
+            return
 
 
 def _make_importer(shape_dict: dict[str, list[int]], dtype_dict: dict[str, str], model: onnx.ModelProto) -> Any:
