@@ -27,7 +27,7 @@ from amptool.compare.tolerance import (
 from amptool.convert import ConvertConfig
 from amptool.diff import DiffConfig
 from amptool.errors import UserError
-from amptool.frontend.signature import TensorSpec
+from amptool.frontend.signature import TensorSpec, graph_inputs
 from amptool.runtime.inputs import (
     check_val_ranges,
     generate_inputs,
@@ -484,3 +484,29 @@ def test_json_written_is_valid_json_with_nulls_not_nan(built, run_cli, tmp_path)
     assert output["nan_reference"] == 10 and output["nan"] == 0
     assert output["failed_check"] == "nonfinite" and output["max_abs"] is None
     assert "10 finite where the reference has 10 NaN / 0 Inf" in _last(result)
+
+
+def test_scalar_bool_input_is_generated_as_an_array_and_diff_runs(run_cli, tmp_path):
+    """An If on a scalar bool input: the generated condition must be a 0-d array (a numpy
+    scalar is not a valid onnxruntime feed), and diff compares both runs."""
+    from onnx import TensorProto, helper
+
+    then_graph = helper.make_graph([helper.make_node("Add", ["x", "one"], ["t"])], "then", [],
+                                   [helper.make_tensor_value_info("t", TensorProto.FLOAT, [4])])
+    else_graph = helper.make_graph([helper.make_node("Mul", ["x", "two"], ["e"])], "else", [],
+                                   [helper.make_tensor_value_info("e", TensorProto.FLOAT, [4])])
+    graph = helper.make_graph(
+        [helper.make_node("If", ["cond"], ["y"], then_branch=then_graph, else_branch=else_graph)], "g",
+        [helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+        [helper.make_tensor("one", TensorProto.FLOAT, [], [1.0]),
+         helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "if_bool.onnx"
+    onnx.save(model, path)
+    feeds = generate_inputs(graph_inputs(model), model, seed=0)
+    assert isinstance(feeds["cond"], np.ndarray) and feeds["cond"].shape == ()
+    result = run_cli("diff", str(path), "--dtype", "float16", "--json", str(tmp_path / "d.json"))
+    assert result.exit_code == 0, result.output

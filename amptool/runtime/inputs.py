@@ -133,7 +133,9 @@ def generate_inputs(
             else:
                 arrays[spec.name] = rng.uniform(given[0], given[1], shape).astype(dtype)
         elif dtype.kind == "b":
-            arrays[spec.name] = rng.random(shape) < 0.5
+            # np.asarray: for a 0-d shape the comparison yields a numpy scalar, which
+            # onnxruntime rejects as a feed (an If condition is usually such an input).
+            arrays[spec.name] = np.asarray(rng.random(shape) < 0.5)
         elif dtype.kind in "iu":
             if given is not None:
                 arrays[spec.name] = rng.integers(int(given[0]), int(given[1]), shape).astype(dtype)
