@@ -61,17 +61,41 @@ def lower_gradient(bb: Any, model: onnx.ModelProto, spec: GradientSpec, args: Se
     if not y_dtype.startswith(("float", "bfloat")):
         raise UserError(f"{where}: y '{spec.y}' is {y_dtype}; only a floating-point y has a gradient", _HINT)
     params = list(mod["main"].params)
+    _register_missing_rules()
     try:
         mod = relax.transform.Gradient("main", require_grads=params[: len(spec.xs)])(mod)
     except Exception as err:
-        reason = _no_gradient_rule(mod, imported.provenance) or error_summary(err, last=True)
+        reason = _no_gradient_rule(mod, imported.provenance, spec.node) or error_summary(err, last=True)
         raise UserError(f"Relax cannot differentiate {where}: {reason}",
                         "The graph between xs and y must be If/Loop-free and use ops Relax's AD knows.") from err
     forward = {str(b.var.name) for block in mod["main"].body.blocks for b in block.bindings}
     return _inline(bb, mod["main_adjoint"], args, spec, forward, imported.provenance, fresh)
 
 
-def _no_gradient_rule(mod: Any, provenance: dict[str, Any]) -> str | None:
+def _register_missing_rules() -> None:
+    """Gradient rules TVM 0.27 lacks, registered once and only where none exists (never
+    overriding TVM's). ``erf``: PyTorch exports GELU as x·(1 + erf(x/√2))/2, so without it no
+    transformer loss differentiates."""
+    import tvm  # noqa: PLC0415
+    from tvm.relax.op.base import register_gradient  # noqa: PLC0415
+
+    if tvm.ir.Op.get("relax.erf").get_attr("FPrimalGradient") is None:
+        register_gradient("relax.erf", _erf_gradient)
+
+
+def _erf_gradient(orig_var: Any, orig_call: Any, output_grad: Any, ctx: Any) -> list[Any]:
+    """d erf(x) = 2/√π · exp(−x²)."""
+    import math  # noqa: PLC0415
+
+    from tvm import relax  # noqa: PLC0415
+
+    x = orig_call.args[0]
+    coefficient = relax.const(2.0 / math.sqrt(math.pi), _tvm.tensor_dtype(x) or "float32")
+    return [relax.op.multiply(output_grad, relax.op.multiply(coefficient, relax.op.exp(relax.op.negative(
+        relax.op.multiply(x, x)))))]
+
+
+def _no_gradient_rule(mod: Any, provenance: dict[str, Any], gradient_node: str) -> str | None:
     """'no gradient rule for relax.erf (ONNX node 'f', Erf)' for the first such binding, if any."""
     from tvm import relax  # noqa: PLC0415
 
@@ -81,7 +105,9 @@ def _no_gradient_rule(mod: Any, provenance: dict[str, Any]) -> str | None:
             op = _tvm.op_name(binding.value) if isinstance(binding.value, relax.Call) else None
             if op and binding.value.op.get_attr("FPrimalGradient") is None:
                 origin = provenance.get(str(binding.var.name))
-                where = f" (ONNX node '{origin.node}', {origin.op_type})" if origin else ""
+                where = ""
+                if origin is not None and origin.node != gradient_node:  # not the ReduceSum we add
+                    where = f" (ONNX node '{origin.node}', {origin.op_type})"
                 return f"no gradient rule for {op}{where}"
     return None
 
