@@ -240,3 +240,23 @@ def test_a_shared_weight_stays_one_constant():
     imported = import_model(model, pin_input_specs(graph_inputs(model)))
     result = run_passes(imported.mod, load_policy(), "float16", imported.provenance)
     assert result.weight_bytes == {"before": 64 * 64 * 4, "after": 64 * 64 * 2}
+
+
+@pytest.mark.parametrize(("fill", "low"), [(0.5, True), (1e6, False)])
+def test_creation_op_reads_as_a_castable_constant(fill, low):
+    """A run-time ``full``/``zeros`` (too large for FoldConstant) does not pull its FOLLOW
+    consumer out of float16 — unless its fill value overflows float16 (the range guard)."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 64), "float32"))
+    w = relax.const(np.full((64, 2048), 0.01, np.float32))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.matmul(x, w))  # ALWAYS: float16 out
+            z = bb.emit(relax.op.full(relax.ShapeExpr([4, 2048]), relax.const(fill, "float32"), "float32"))
+            out = bb.emit_output(relax.op.add(h, z))
+        bb.emit_func_output(out)
+    mod, _report = to_mixed_precision(bb.get(), load_policy("builtin:default"), "float16")
+    add_dtypes = stats.ops_by_dtype(mod)["relax.add"]
+    assert add_dtypes == ({"float16": 1} if low else {"float32": 1})

@@ -31,12 +31,12 @@ parameters of internal (private) functions that are no longer used, call sites u
 functions — the entry ``main`` — keep their signature.
 
 When it does not fire: symbolic or unknown shapes, unknown dtypes, ``eye_like`` of a tensor
-that is not 2-D; and, in a float16/bfloat16 build, whatever FoldConstant would not turn into
-a constant: ``zeros_like``/``ones_like``/``eye_like`` larger than ``FOLD_LIMIT`` elements, and
-``full_like`` with a run-time fill value. A creation op left at run time carries its dtype as
-an attribute, so the mixed-precision pass keeps it float32 — and its consumers too, where
-``zeros_like`` of a float16 value was float16 (measured: a Shrink on 64×56×56 put two where,
-an add and a relu back in float32). Nothing fired → the module is returned as it was (same object).
+that is not 2-D; and, in a float16/bfloat16 build, ``full_like`` with a run-time fill value:
+``full(S, f)`` carries float32 as an attribute and its fill is not a constant, so the
+mixed-precision pass would keep it — and its consumers — float32 where ``full_like`` of a
+float16 value was float16. ``zeros``/``ones``/``eye`` (and ``full`` of a constant) are fine at
+any size, folded or not: the mixed-precision pass treats them as castable constants
+(``mixed_precision.CREATION_OPS``). Nothing fired → the module is returned as it was (same object).
 
 Preserves: binding names (ONNX provenance), numerics bit for bit, public signatures,
 well-formedness (checked by the pipeline).
@@ -53,11 +53,6 @@ from typing import Any
 from amptool import _tvm
 
 log = logging.getLogger(__name__)
-
-#: Largest zeros/ones/eye (elements) that TVM 0.27's FoldConstant turns into a constant
-#: (measured: 1024 folded, 1025 kept; tests/test_concretize_like.py pins it).
-FOLD_LIMIT = 1024
-
 
 @dataclass(frozen=True)
 class Skip:
@@ -147,24 +142,14 @@ def _creation(
         dtype = _tvm.tensor_dtype(call)
         if dtype is None:
             return Skip("result dtype unknown")
-        unfolded = _unfolded_fill(ctx, call) if constant_fill else _too_large(ctx, shape)
+        unfolded = _unfolded_fill(ctx, call) if constant_fill else None
         return unfolded or make(relax.ShapeExpr(list(shape)), call, dtype)
 
     return rule
 
 
-def _too_large(ctx: _Context, shape: tuple[int, ...]) -> Skip | None:
-    """Refuse a creation op FoldConstant would leave at run time, in a low-precision build."""
-    count = 1
-    for dim in shape:
-        count *= dim
-    if ctx.dtype == "float32" or count <= FOLD_LIMIT:
-        return None
-    return Skip(f"{count} elements > {FOLD_LIMIT}: too large to fold, would pull its consumers out of {ctx.dtype}")
-
-
 def _unfolded_fill(ctx: _Context, call: Any) -> Skip | None:
-    """Refuse ``full`` with a run-time fill value in a low-precision build (see _too_large)."""
+    """Refuse ``full`` with a run-time fill value in a low-precision build (see the module doc)."""
     if ctx.dtype == "float32" or _tvm.is_constant(call.args[1]):
         return None
     return Skip(f"fill value is not a constant: full would not fold, would pull its consumers out of {ctx.dtype}")
@@ -179,7 +164,7 @@ def _eye_like(ctx: _Context, call: Any) -> Outcome:
     dtype = _tvm.tensor_dtype(call)
     if len(shape) != 2 or dtype is None:
         return Skip(f"not a 2-D tensor of known dtype (shape {shape}, dtype {dtype})")
-    return _too_large(ctx, shape) or relax.op.eye(shape[0], shape[1], call.args[1].value, dtype)
+    return relax.op.eye(shape[0], shape[1], call.args[1].value, dtype)
 
 
 def _collapse_sum_like(ctx: _Context, call: Any) -> Outcome:
@@ -245,7 +230,7 @@ def rules() -> Mapping[str, Rule]:
 
 def concretize_like(mod: Any, dtype: str = "float32") -> tuple[Any, ConcretizeReport]:
     """Rewrite every like-pattern with a static shape; then DCE and drop unused parameters of
-    internal functions. ``dtype``: what the build converts to (it decides ``FOLD_LIMIT``).
+    internal functions. ``dtype``: what the build converts to (see ``_unfolded_fill``).
     Returns the new module (``mod`` itself if nothing fired) and a report."""
     from tvm import relax  # noqa: PLC0415
 

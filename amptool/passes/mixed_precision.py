@@ -57,6 +57,12 @@ DTYPE_TINY = {"float16": 5.960464477539063e-08, "bfloat16": 9.183549615799121e-4
 #: A constant is refused when more than this fraction of its non-zeros would flush to zero.
 UNDERFLOW_LIMIT = 0.5
 _MAX, _MIN = np.maximum.reduce, np.minimum.reduce
+#: Ops that make a tensor from attributes (and, for ``full``, a fill value) alone. A float32
+#: result of one is as castable as a constant when its fill is (zeros, ones and eye always
+#: are): FOLLOW consumers go low and read a cast of it, as they would a weight's. Without
+#: this, a ``zeros`` too large for FoldConstant (ConcretizeLike makes them from Shrink,
+#: ConstantOfShape) kept every consumer in float32.
+CREATION_OPS = frozenset({"relax.zeros", "relax.ones", "relax.eye", "relax.full"})
 SHORT = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64"}
 
 
@@ -185,6 +191,7 @@ def _make_mutator(
             self.module = module
             self.scopes: list[dict[tuple[int, str], Any]] = []
             self.const_verdict: dict[int, str | None] = {}
+            self.constant_like: set[int] = set()  # hash of vars bound to castable creation ops
 
         # ------------------------------------------------------------ driver
 
@@ -305,6 +312,8 @@ def _make_mutator(
             name = _tvm.var_name(binding.var)
             new_value, accumulated = self._rewrite(name, value, relax_op)
             new_var = self._emit_like(binding.var, name, new_value)
+            if relax_op in CREATION_OPS and self._castable_creation(new_value):
+                self.constant_like.add(hash(new_var))
             if accumulated:
                 # fp32-accumulated conv/matmul: consumers get the low cast; the fp32
                 # value stays cached for NEVER consumers (see _cast).
@@ -333,7 +342,8 @@ def _make_mutator(
             if color is Color.ALWAYS:
                 target = low
             elif color is Color.FOLLOW:
-                moving = [new for (_, new) in leaves if not _tvm.is_constant(new)]
+                moving = [new for (_, new) in leaves
+                          if not _tvm.is_constant(new) and hash(new) not in self.constant_like]
                 if moving and all(_tvm.tensor_dtype(new) == low for new in moving):
                     target = low
             if target == low and range_guards:
@@ -373,6 +383,14 @@ def _make_mutator(
                     report.unknown_ops[label] += 1
                 return Color.NEVER
             return color
+
+        def _castable_creation(self, call: Any) -> bool:
+            """A float32 creation op whose tensor arguments (a fill value) are castable constants."""
+            if _tvm.tensor_dtype(call) != "float32":
+                return False
+            tensors = [arg for arg in _tvm.array_items(call.args) if _tvm.tensor_dtype(arg) is not None]
+            return all(_tvm.is_constant(arg) for arg in tensors) and self._constant_guard(
+                [(arg, arg) for arg in tensors]) is None
 
         def _constant_guard(self, leaves: list) -> str | None:
             for _, new in leaves:
