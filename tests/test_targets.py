@@ -86,7 +86,8 @@ def test_vulkan_without_codegen_exits_3_naming_what_is_missing(zoo_model, run_cl
     assert not out.exists()
 
 
-@pytest.mark.parametrize("target", ["vulkan", "cuda", "llvm"])
+# The first CUDA lowering in a process imports tvm.s_tir.tensor_intrin (~30 s of CPU): slow.
+@pytest.mark.parametrize("target", ["vulkan", pytest.param("cuda", marks=pytest.mark.slow), "llvm"])
 def test_lower_only_lowers_and_schedules_without_codegen(target, zoo_model, run_cli, tmp_path):
     out = tmp_path / "out"
     result = run_cli("convert", zoo_model("tiny_cnn"), "--target", target, "--lower-only", "-o", str(out))
@@ -137,6 +138,23 @@ def test_cli_bad_target_options_is_one_line_exit_2(zoo_model, run_cli, tmp_path)
     assert not (tmp_path / "o").exists()
 
 
+def test_cuda_manifest_records_the_resolved_target(zoo_model, run_cli, tmp_path, monkeypatch):
+    """Wiring only (the CUDA build itself is the slow test below): what resolve_target chose
+    reaches the manifest."""
+    import amptool.convert as convert
+
+    real = convert._compile
+    monkeypatch.setattr(convert, "_compile", lambda mod, spec: real(mod, {"kind": "llvm"}))
+    out = tmp_path / "out"
+    result = run_cli("convert", zoo_model("tiny_cnn"), "--target", "cuda", "--cuda-arch", "sm_86", "-o", str(out))
+    assert result.exit_code == 0, result.output
+    manifest = read_json(out / "manifest.json")
+    assert manifest["target_spec"] == {"kind": "cuda", "arch": "sm_86"}
+    assert (manifest["arch"], manifest["device"], manifest["target_options"]) == ("sm_86", "cuda", [])
+    assert "cuda" in manifest["versions"] and "llvm" in manifest["versions"]
+
+
+@pytest.mark.slow
 def test_cuda_builds_without_a_gpu_and_records_the_arch(zoo_model, run_cli, tmp_path):
     out = tmp_path / "out"
     result = run_cli("convert", zoo_model("tiny_cnn"), "--target", "cuda", "--cuda-arch", "sm_80", "-o", str(out))
