@@ -5,13 +5,14 @@ code. The cone ``xs, zs → ReduceSum(y)`` is imported with amptool's own import
 converter applies), ``relax.transform.Gradient`` derives ``main_adjoint`` (it needs a scalar
 target and a single dataflow block), and the adjoint's bindings are emitted into the caller's
 block builder with fresh names and the node's inputs in place of its parameters — so the
-backward graph is ordinary bindings of ``main`` that every later pass sees. Recomputed forward
-bindings keep their ONNX node as provenance; backward ones belong to the Gradient node.
+backward graph is ordinary bindings of ``main`` that every later pass sees. Forward values
+``main`` already holds are reused when the node is fed the tensors it names (else recomputed,
+keeping their ONNX node as provenance); backward bindings belong to the Gradient node.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,8 +35,13 @@ class Lowered:
 
 
 def lower_gradient(bb: Any, model: onnx.ModelProto, spec: GradientSpec, args: Sequence[Any],
-                   fresh: Callable[[str], str], import_fn: Callable[..., Any]) -> Lowered:
-    """Emit dy/dxs into ``bb`` (inside the caller's function) at the values ``args``."""
+                   fresh: Callable[[str], str], import_fn: Callable[..., Any],
+                   known: Mapping[str, Any] | None = None) -> Lowered:
+    """Emit dy/dxs into ``bb`` (inside the caller's function) at the values ``args``.
+
+    ``known`` (ONNX tensor → the caller's value) lets the backward graph reuse the forward
+    values ``main`` already computed instead of recomputing them — exact only when the node is
+    fed the very tensors it names in xs and zs (the ONNX spec's own optimisation note)."""
     from tvm import relax  # noqa: PLC0415
 
     from amptool.frontend.signature import TensorSpec  # noqa: PLC0415
@@ -69,7 +75,11 @@ def lower_gradient(bb: Any, model: onnx.ModelProto, spec: GradientSpec, args: Se
         raise UserError(f"Relax cannot differentiate {where}: {reason}",
                         "The graph between xs and y must be If/Loop-free and use ops Relax's AD knows.") from err
     forward = {str(b.var.name) for block in mod["main"].body.blocks for b in block.bindings}
-    return _inline(bb, mod["main_adjoint"], args, spec, forward, imported.provenance, fresh)
+    reuse: dict[str, Any] = {}
+    if known is not None and spec.inputs == (*spec.xs, *spec.zs):
+        reuse = {str(var.name): known[tensor] for tensor, var in imported.tensors.items()
+                 if isinstance(var, relax.Var) and str(var.name) in forward and _same_type(var, known.get(tensor))}
+    return _inline(bb, mod["main_adjoint"], args, spec, forward, imported.provenance, fresh, reuse)
 
 
 def _register_missing_rules() -> None:
@@ -113,8 +123,10 @@ def _no_gradient_rule(mod: Any, provenance: dict[str, Any], gradient_node: str) 
 
 
 def _inline(bb: Any, adjoint: Any, args: Sequence[Any], spec: GradientSpec, forward: set[str],
-            provenance: dict[str, Any], fresh: Callable[[str], str]) -> Lowered:
-    """Emit ``adjoint``'s bindings into ``bb`` with params replaced by ``args``; returns the grads."""
+            provenance: dict[str, Any], fresh: Callable[[str], str], reuse: Mapping[str, Any]) -> Lowered:
+    """Emit ``adjoint``'s bindings into ``bb`` with params replaced by ``args`` and forward
+    bindings named in ``reuse`` replaced by the caller's values; bindings nothing needs any
+    more (helpers of reused forward values) are dropped. Returns the grads."""
     from tvm import relax  # noqa: PLC0415
     from tvm.relax.expr_functor import PyExprMutator, mutator  # noqa: PLC0415
 
@@ -133,27 +145,46 @@ def _inline(bb: Any, adjoint: Any, args: Sequence[Any], spec: GradientSpec, forw
     mapping: dict[Any, Any] = dict(zip(adjoint.params, args, strict=True))
     substitute = _Substitute(mapping)
     named: dict[str, tuple[str, str]] = {}
-    for block in adjoint.body.blocks:
-        for binding in block.bindings:
-            if not isinstance(binding, relax.VarBinding):
-                raise UserError(f"Gradient '{spec.node}': the adjoint has a shape match Relax cannot inline", _HINT)
-            value = substitute.visit_expr(binding.value)
-            if isinstance(value, relax.Var) or _tvm.is_constant(value):  # an alias (the adjoint's *_out vars)
-                mapping[binding.var] = value
-                continue
-            inner = str(binding.var.name)
-            var = bb.emit(value, name_hint=fresh(f"{_identifier(spec.node)}_{inner}"))
-            mapping[binding.var] = var
-            origin = provenance.get(inner)
-            if inner in forward and origin is not None and origin.node != spec.node:
-                named[str(var.name)] = (origin.node, origin.op_type)
-            else:
-                named[str(var.name)] = (spec.node, "Gradient")
-    result = substitute.visit_expr(adjoint.body.body)
-    grads = result.fields[1] if isinstance(result, relax.Tuple) else bb.emit(relax.TupleGetItem(result, 1))
+    bindings = [b for block in adjoint.body.blocks for b in block.bindings]
+    body = adjoint.body.body  # (y, (grads…)): only the grads are wanted, y is main's already
+    wanted = body.fields[1] if isinstance(body, relax.Tuple) else body
+    needed = set(relax.analysis.free_vars(wanted))
+    for binding in reversed(bindings):  # liveness: what the gradients read; reused values cut it
+        if binding.var in needed and str(binding.var.name) not in reuse:
+            needed.update(relax.analysis.free_vars(binding.value))
+    for binding in bindings:
+        if not isinstance(binding, relax.VarBinding):
+            raise UserError(f"Gradient '{spec.node}': the adjoint has a shape match Relax cannot inline", _HINT)
+        inner = str(binding.var.name)
+        if inner in reuse:
+            mapping[binding.var] = reuse[inner]
+            continue
+        if binding.var not in needed:
+            continue
+        value = substitute.visit_expr(binding.value)
+        if isinstance(value, relax.Var) or _tvm.is_constant(value):  # an alias (the adjoint's *_out vars)
+            mapping[binding.var] = value
+            continue
+        var = bb.emit(value, name_hint=fresh(f"{_identifier(spec.node)}_{inner}"))
+        mapping[binding.var] = var
+        origin = provenance.get(inner)
+        if inner in forward and origin is not None and origin.node != spec.node:
+            named[str(var.name)] = (origin.node, origin.op_type)
+        else:
+            named[str(var.name)] = (spec.node, "Gradient")
+    grads = substitute.visit_expr(wanted)
+    if not isinstance(body, relax.Tuple):
+        grads = bb.emit(relax.TupleGetItem(grads, 1))
     outputs = [grads.fields[i] if isinstance(grads, relax.Tuple) else bb.emit(relax.TupleGetItem(grads, i))
                for i in range(len(spec.xs))]
     return Lowered(outputs=outputs, named=named)
+
+
+def _same_type(var: Any, other: Any) -> bool:
+    import tvm_ffi  # noqa: PLC0415
+    from tvm import relax  # noqa: PLC0415
+
+    return isinstance(other, relax.Var) and bool(tvm_ffi.structural_equal(var.ty, other.ty))
 
 
 def _static_type(arg: Any, where: str, name: str) -> tuple[tuple[int, ...], str]:

@@ -21,7 +21,7 @@ import io
 import re
 import warnings
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import onnx
@@ -49,6 +49,7 @@ class NodeOrigin:
 class ImportedModel:
     mod: Any  # tvm.IRModule
     provenance: dict[str, NodeOrigin]  # binding var name → ONNX node
+    tensors: dict[str, Any] = field(default_factory=dict)  # ONNX tensor → its Relax value
 
 
 def supported_op_types() -> frozenset[str]:
@@ -119,7 +120,7 @@ def import_model(model: onnx.ModelProto, inputs: Sequence[TensorSpec]) -> Import
                 "pattern the ONNX frontend does not handle.",
             ) from err
     provenance = attribute_bindings(mod, importer.named)
-    return ImportedModel(mod=mod, provenance=provenance)
+    return ImportedModel(mod=mod, provenance=provenance, tensors=dict(importer._nodes))
 
 
 def _close_blocks(bb: Any) -> None:
@@ -169,7 +170,7 @@ def _make_importer(shape_dict: dict[str, list[int]], dtype_dict: dict[str, str],
         def _gradient(self, node_name: str, inputs: list[Any]) -> Any:
             """A Gradient node needs its forward graph, not only its inputs: gradient.py lowers it."""
             spec = self._gradients[node_name]
-            lowered = lower_gradient(self.bb, model, spec, inputs, self._names.fresh, import_model)
+            lowered = lower_gradient(self.bb, model, spec, inputs, self._names.fresh, import_model, self._nodes)
             self.named.update({var: NodeOrigin(*origin) for var, origin in lowered.named.items()})
             return lowered.outputs[0] if len(lowered.outputs) == 1 else relax.Tuple(lowered.outputs)
 
