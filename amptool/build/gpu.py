@@ -23,7 +23,11 @@ from tvm import relax
 from tvm.relax.backend.cuda import pipeline as cuda_pipeline
 from tvm.s_tir import dlight
 
+from amptool.build.cuda_matmul import TensorCoreMatmul
+from amptool.build.gpu_names import sanitize_names
+
 STAGES = (
+    "sanitize names",
     "library dispatch",
     "legalize",
     "annotate patterns",
@@ -36,33 +40,23 @@ STAGES = (
 )
 
 
-@tvm.transform.module_pass(opt_level=0, name="amptool.MarkDoNotTensorize")
-def _mark_do_not_tensorize(mod: Any, _ctx: Any) -> Any:
-    """Keep DLight off its wmma rule (it segfaults on fp16 in TVM 0.27)."""
-    updates = {}
-    for gv, func in mod.functions_items():
-        if isinstance(func, tvm.tirx.PrimFunc):
-            updates[gv] = func.with_attr("dlight.do_not_tensorize", True)
-    for gv, func in updates.items():
-        mod[gv] = func
-    return mod
-
-
 def schedule_rules(target: Any) -> list[Any]:
+    """DLight's default CUDA rules, TensorCoreMatmul first (a no-op off CUDA sm_70+)."""
     gpu = dlight.gpu
-    return [gpu.Matmul(), gpu.GEMV(), gpu.Reduction(), gpu.GeneralReduction(), gpu.Fallback()]
+    return [TensorCoreMatmul(), gpu.Matmul(), gpu.GEMV(), gpu.Reduction(), gpu.GeneralReduction(), gpu.Fallback()]
 
 
 def stage_passes(target: Any) -> list[tuple[str, list[Any]]]:
     """(stage, passes) in build order for a GPU ``target``."""
     passes = [
+        ("sanitize names", [sanitize_names]),
         ("library dispatch", cuda_pipeline.library_dispatch_passes(target)),
         ("legalize", [relax.transform.LegalizeOps()]),
         ("annotate patterns", [relax.transform.AnnotateTIROpPattern()]),
         ("fold constants", [relax.transform.FoldConstant()]),
         ("fuse ops", [relax.transform.FuseOps()]),
         ("fuse tir", [relax.transform.FuseTIR()]),
-        ("schedule", [_mark_do_not_tensorize, dlight.ApplyDefaultSchedule(*schedule_rules(target))]),
+        ("schedule", [dlight.ApplyDefaultSchedule(*schedule_rules(target))]),
         ("lower dataflow", cuda_pipeline.dataflow_lower_passes(target)),
         ("finalize", cuda_pipeline.finalize_passes(target)),
     ]
@@ -96,6 +90,7 @@ def build(mod: Any, target: Any, on_stage: Callable[[str], None] | None = None) 
     if on_stage:
         on_stage("codegen")
     start = time.perf_counter()
-    executable = tvm.compile(mod, target=target, relax_pipeline=None)
+    with target:
+        executable = tvm.compile(mod, target=target, relax_pipeline=None)
     timings["codegen"] = time.perf_counter() - start
     return executable, timings
