@@ -24,7 +24,7 @@ from amptool.artifact import load_artifact
 from amptool.compare.aggregate import mean_over, severity, worst_case
 from amptool.compare.stats import compare_output
 from amptool.compare.tolerance import Tolerance, ToleranceOverride, TolerancePolicy
-from amptool.convert import ConvertConfig, build_model
+from amptool.convert import ConvertConfig, build_model, resolve
 from amptool.errors import UserError
 from amptool.fileio import finite_only
 from amptool.frontend.gradient import has_gradients
@@ -42,6 +42,7 @@ from amptool.runtime.inputs import (
 )
 from amptool.runtime.onnxruntime_runner import OnnxruntimeRunner
 from amptool.runtime.tvm_runner import CompiledModel
+from amptool.targets import require_device
 
 
 @dataclass(frozen=True)
@@ -180,6 +181,7 @@ def diff_model(config: DiffConfig, on_stage: Callable[[str], None] | None = None
         fixed = {name: np.asarray(value, dtype=declared[name].dtype)
                  for name, value in manifest.get("fixed_inputs", {}).items() if name in declared}
     else:
+        require_device(resolve(config.convert))  # exit 3 before building for a GPU that is not here
         build = build_model(config.convert, arrays=arrays, on_stage=notify)
         timings.update(build.timings_s)
         manifest, compiled = build.manifest(), build.compiled()

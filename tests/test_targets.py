@@ -216,3 +216,14 @@ def test_gpu_check_stops_cleanly_without_a_gpu(tmp_path):
     assert done.returncode == 3
     assert done.stderr.strip() == ("gpu_check: no NVIDIA driver here (nvidia-smi not found); "
                                    "run this on a machine with an NVIDIA GPU")
+
+
+@pytest.mark.skipif(HAS_GPU, reason="a GPU is visible: the CUDA diff runs")
+def test_diff_on_cuda_without_a_gpu_exits_3_before_building(zoo_model, run_cli, tmp_path, monkeypatch):
+    import amptool.convert as convert
+
+    monkeypatch.setattr(convert, "rewrite_model", lambda *a, **k: pytest.fail("built for a device that is not here"))
+    result = run_cli("diff", zoo_model("tiny_cnn"), "--target", "cuda", "--json", str(tmp_path / "r.json"))
+    assert result.exit_code == 3, result.output
+    assert result.output.startswith("error: Target 'cuda' builds here but cannot run: ")
+    assert not (tmp_path / "r.json").exists()
