@@ -142,6 +142,7 @@ class BuildResult:
             "weight_bytes": dict(self.passes.weight_bytes),
             "concretize_like": self.passes.concretize.as_json() if self.passes.concretize else None,
             "timings_s": {k: round(v, 4) for k, v in self.timings_s.items()},
+            "tensor_cores": _tensor_cores(self.executable) if self.target_spec.get("kind") == "cuda" else None,
             "versions": {"amptool": __version__, **_tvm.versions(), **_tvm.toolchain_versions(self.target_spec),
                          **_other_versions()},
         }
@@ -378,6 +379,13 @@ def _compile(mod: Any, target_spec: dict[str, Any]) -> Any:
         return _tvm.compile_module(mod, target_spec)
     except Exception as err:
         raise RuntimeError(f"TVM failed to compile the converted module: {err}") from err
+
+
+def _tensor_cores(executable: Any) -> dict[str, Any]:
+    """CUDA kernels with / without tensor-core instructions (see amptool.build.cuda_inspect)."""
+    from amptool.build.cuda_inspect import tensor_core_kernels  # noqa: PLC0415
+
+    return tensor_core_kernels(executable)
 
 
 def _sha256(path: str) -> str:
