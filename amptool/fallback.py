@@ -45,7 +45,6 @@ import numpy as np
 import onnx
 import yaml
 
-from amptool import _tvm
 from amptool.colors.loader import BUILTIN_PREFIX
 from amptool.colors.policy import Color, ColorPolicy, NodeRule
 from amptool.compare.aggregate import severity, worst_case
@@ -62,15 +61,13 @@ from amptool.convert import (
 from amptool.errors import UserError
 from amptool.fileio import finite_only
 from amptool.frontend.signature import TensorSpec, graph_inputs
-from amptool.passes.mixed_precision import Decision
+from amptool.passes import stats
 from amptool.per_layer import LayerReport, compare_layers, reference_tensors
 from amptool.probe import compile_probed
 from amptool.runtime.inputs import generate_inputs
 
 FALLBACK_FILE = "fallback.yaml"
 DEFAULT_MAX_COMPILES = 10
-_CONV_OPS = ("relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d", "relax.nn.conv1d_transpose",
-             "relax.nn.conv2d_transpose", "relax.nn.conv3d_transpose")
 
 
 @dataclass(frozen=True)
@@ -167,7 +164,7 @@ def auto_fallback(config: FallbackConfig, on_stage: Callable[[str], None] | None
     search = _Search(config, base, sets, output_names, notify)
 
     current = search.measure(())
-    before = compute_fraction(current.rewritten.passes.mod, current.rewritten.passes.report.decisions, dtype)
+    before = stats.compute_fraction(current.rewritten.passes.mod, current.rewritten.passes.report.decisions, dtype)
     best = current if current.passed else None
     kept: tuple[str, ...] = ()
     step = 1
@@ -209,9 +206,9 @@ def auto_fallback(config: FallbackConfig, on_stage: Callable[[str], None] | None
         kept=list(chosen.kept),
         passed=passed,
         compiles=search.compiles,
-        fraction_low_precision=compute_fraction(mod, decisions, dtype),
+        fraction_low_precision=stats.compute_fraction(mod, decisions, dtype),
         fraction_low_precision_before=before,
-        fraction_ops_low_precision=_fraction_ops(decisions, dtype),
+        fraction_ops_low_precision=stats.fraction_ops(decisions, dtype),
         final_outputs=final,
         attempts=[m.summary() for m in search.history],
         yaml_text=yaml_text,
@@ -346,72 +343,6 @@ def literal_pattern(name: str) -> str:
     return escaped
 
 
-# --------------------------------------------------------------------------- compute fraction
-
-
-def compute_fraction(mod: Any, decisions: Sequence[Decision], dtype: str) -> float:
-    """Share of the compute (multiply-adds for conv/matmul, output elements otherwise) of the
-    ops the pass decided on that runs in ``dtype``."""
-    weights = _op_weights(mod)
-    total = low = 0.0
-    for d in decisions:
-        weight = weights.get(d.var, 1.0)
-        total += weight
-        if d.dtype == dtype:
-            low += weight
-    return low / total if total else 0.0
-
-
-def _fraction_ops(decisions: Sequence[Decision], dtype: str) -> float:
-    return sum(1 for d in decisions if d.dtype == dtype) / len(decisions) if decisions else 0.0
-
-
-def _op_weights(mod: Any) -> dict[str, float]:
-    from tvm import relax  # noqa: PLC0415
-
-    weights: dict[str, float] = {}
-
-    def visit(seq: Any) -> None:
-        for block in seq.blocks:
-            for binding in block.bindings:
-                value = binding.value
-                if isinstance(value, relax.If):
-                    visit(value.true_branch)
-                    visit(value.false_branch)
-                elif isinstance(value, relax.Call):
-                    weights[_tvm.var_name(binding.var)] = _weight(value, binding.var)
-
-    for _gv, func in _tvm.relax_functions(mod):
-        if isinstance(func.body, relax.SeqExpr):
-            visit(func.body)
-    return weights
-
-
-def _weight(call: Any, var: Any) -> float:
-    elements = _numel(var)
-    name = _tvm.op_name(call)
-    if name in _CONV_OPS and len(call.args) > 1:
-        kernel = _shape(call.args[1])
-        return elements * float(np.prod(kernel[1:])) if kernel else elements
-    if name == "relax.matmul":
-        lhs = _shape(call.args[0])
-        return elements * float(lhs[-1]) if lhs else elements
-    return elements
-
-
-def _shape(expr: Any) -> list[int] | None:
-    shape = getattr(getattr(expr, "ty", None), "shape", None)
-    try:
-        return [int(d) for d in shape] if shape is not None else None
-    except (TypeError, ValueError):
-        return None
-
-
-def _numel(expr: Any) -> float:
-    shape = _shape(expr)
-    return float(np.prod(shape)) if shape else 1.0
-
-
 # --------------------------------------------------------------------------- the colour list
 
 
@@ -433,6 +364,8 @@ def fallback_yaml(config: FallbackConfig, kept: Sequence[str], measurement: Meas
         flags.append("--no-range-guards")
     if not config.convert.prepare:
         flags.append("--no-prepare")
+    if not config.convert.concretize:
+        flags.append("--no-concretize")
     if config.convert.low_precision_io:
         flags.append("--low-precision-io")
     worst = measurement.worst

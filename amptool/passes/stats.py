@@ -1,11 +1,18 @@
-"""Read-only statistics over a Relax module: ops per dtype, casts, constant bytes."""
+"""Read-only statistics over a Relax module: ops per dtype, casts, constant bytes, and the
+share of the compute that runs in the low dtype (auto-fallback reports it)."""
 
 from __future__ import annotations
 
 import collections
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from amptool import _tvm
+
+if TYPE_CHECKING:
+    from amptool.passes.mixed_precision import Decision
 
 
 def _visit(mod: Any, on_binding: Any = None, on_constant: Any = None) -> None:
@@ -90,3 +97,71 @@ def constant_bytes(mod: Any) -> int:
 
     _visit(mod, on_constant=on_constant)
     return sum(seen.values())
+
+
+_CONV_OPS = ("relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d", "relax.nn.conv1d_transpose",
+             "relax.nn.conv2d_transpose", "relax.nn.conv3d_transpose")
+
+
+def compute_fraction(mod: Any, decisions: Sequence[Decision], dtype: str) -> float:
+    """Share of the compute (multiply-adds for conv/matmul, output elements otherwise) of the
+    ops the pass decided on that runs in ``dtype``."""
+    weights = _op_weights(mod)
+    total = low = 0.0
+    for d in decisions:
+        weight = weights.get(d.var, 1.0)
+        total += weight
+        if d.dtype == dtype:
+            low += weight
+    return low / total if total else 0.0
+
+
+def fraction_ops(decisions: Sequence[Decision], dtype: str) -> float:
+    """Share of the ops the pass decided on that run in ``dtype``."""
+    return sum(1 for d in decisions if d.dtype == dtype) / len(decisions) if decisions else 0.0
+
+
+def _op_weights(mod: Any) -> dict[str, float]:
+    from tvm import relax  # noqa: PLC0415
+
+    weights: dict[str, float] = {}
+
+    def visit(seq: Any) -> None:
+        for block in seq.blocks:
+            for binding in block.bindings:
+                value = binding.value
+                if isinstance(value, relax.If):
+                    visit(value.true_branch)
+                    visit(value.false_branch)
+                elif isinstance(value, relax.Call):
+                    weights[_tvm.var_name(binding.var)] = _weight(value, binding.var)
+
+    for _gv, func in _tvm.relax_functions(mod):
+        if isinstance(func.body, relax.SeqExpr):
+            visit(func.body)
+    return weights
+
+
+def _weight(call: Any, var: Any) -> float:
+    elements = _numel(var)
+    name = _tvm.op_name(call)
+    if name in _CONV_OPS and len(call.args) > 1:
+        kernel = _shape(call.args[1])
+        return elements * float(np.prod(kernel[1:])) if kernel else elements
+    if name == "relax.matmul":
+        lhs = _shape(call.args[0])
+        return elements * float(lhs[-1]) if lhs else elements
+    return elements
+
+
+def _shape(expr: Any) -> list[int] | None:
+    shape = getattr(getattr(expr, "ty", None), "shape", None)
+    try:
+        return [int(d) for d in shape] if shape is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _numel(expr: Any) -> float:
+    shape = _shape(expr)
+    return float(np.prod(shape)) if shape else 1.0
