@@ -353,6 +353,8 @@ def _load_device_runtime(kind: str) -> None:
 
     if kind == "cuda":
         import tvm.support.nvcc  # noqa: F401,PLC0415
+
+        _no_target_scope_without_compiler()
     if has_global_func(f"device_api.{kind}"):
         return
     from pathlib import Path  # noqa: PLC0415
@@ -366,6 +368,17 @@ def _load_device_runtime(kind: str) -> None:
                                                         extra_lib_paths=[runtime_dir])
     except (OSError, RuntimeError, TypeError) as err:
         raise LookupError(f"TVM's {kind} runtime does not load here ({error_line(err)})") from err
+
+
+def _no_target_scope_without_compiler() -> None:
+    """The CUDA JIT callback (``tvm.support.nvcc``) asks ``Target.current()`` for the arch and
+    falls back to the GPU's compute capability when there is no target scope. A runtime-only
+    TVM lacks the FFI function behind ``Target.current`` (AttributeError, so the kernels would
+    not compile on load); without the compiler there are no target scopes, so answer None."""
+    from tvm.target import _ffi_api as target_api  # noqa: PLC0415
+
+    if runtime_only() and not hasattr(target_api, "TargetCurrent"):
+        target_api.TargetCurrent = lambda allow_none=True: None
 
 
 def error_line(err: BaseException) -> str:

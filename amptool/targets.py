@@ -16,7 +16,7 @@ import re
 import shutil
 import subprocess
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from amptool import _tvm
@@ -49,7 +49,7 @@ class ResolvedTarget:
     device: str
     arch: str | None = None
     arch_source: str | None = None
-    options: tuple[str, ...] = field(default_factory=tuple)
+    options: tuple[str, ...] = ()
 
 
 def _llvm_spec() -> dict[str, Any]:
@@ -125,7 +125,7 @@ def resolve_target(name: str, cuda_arch: str | None = None, options: Sequence[st
         return ResolvedTarget(name, {**spec, "arch": arch}, target.device, arch, source)
     if name == "llvm" and options:
         spec = {**spec, **parse_llvm_options(options)}
-        _check_llvm_spec(spec, options)
+        _check_llvm_spec(spec)
     return ResolvedTarget(name, spec, target.device, options=tuple(options))
 
 
@@ -206,7 +206,7 @@ def parse_llvm_options(options: Sequence[str]) -> dict[str, Any]:
     return found
 
 
-def _check_llvm_spec(spec: dict[str, Any], options: Sequence[str]) -> None:
+def _check_llvm_spec(spec: dict[str, Any]) -> None:
     """LLVM accepts unknown CPUs and features silently (and builds generic code): refuse them."""
     if "mcpu" in spec and not _tvm.llvm_is_valid_cpu(spec["mcpu"]):
         raise UserError(f"--target-options -mcpu={spec['mcpu']}: LLVM does not know this CPU",

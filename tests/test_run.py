@@ -118,6 +118,26 @@ def test_run_under_a_runtime_only_tvm(fp16_artifact, runtime_only_tvm, run_cli, 
             np.testing.assert_array_equal(y[name], z[name])
 
 
+def test_cuda_jit_callback_works_without_the_compiler(runtime_only_tvm):
+    """Kernels a CUDA library carries as source are compiled on load by tvm.support.nvcc, which
+    asks Target.current() — an FFI function only the compiler library has. Once amptool has
+    opened (or tried) the CUDA device, the callback gets past it to the GPU query."""
+    code = (
+        "from amptool import _tvm\n"
+        "try:\n    _tvm.open_device('cuda:0')\nexcept LookupError:\n    pass\n"
+        "import tvm, tvm.support.nvcc as nvcc\n"
+        "assert tvm.base._RUNTIME_ONLY\n"
+        "try:\n    print(nvcc.get_target_compute_version(None))\n"
+        "except ValueError as err:\n    print('no GPU:', err)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(runtime_only_tvm), str(REPO)]),
+                               "TVM_USE_RUNTIME_LIB": "1"})
+    assert done.returncode == 0, done.stderr
+    last = done.stdout.strip().splitlines()[-1]
+    assert last.startswith("no GPU: No CUDA architecture") if not HAS_GPU else last[0].isdigit()
+
+
 @pytest.mark.parametrize(
     ("case", "code", "message"),
     [
