@@ -121,6 +121,17 @@ def test_own_mlp_gradient_through_convert(run_cli, tmp_path, dtype):
     assert manifest["ops_by_dtype"]["relax.tanh"] == {dtype: 1}
 
 
+def test_a_node_rule_on_the_gradient_keeps_the_backward_graph_float32(tmp_path):
+    from amptool.convert import ConvertConfig, build_model
+
+    colors = tmp_path / "colors.yaml"
+    colors.write_text('version: 1\nextends: builtin:default\nnodes:\n  - {match: "grad", color: never}\n')
+    built = build_model(ConvertConfig(model=_save(_mlp_model(["X", "W"]), tmp_path), colors=str(colors)))
+    ops = built.manifest()["ops_by_dtype"]
+    assert ops["relax.matmul"] == {"float16": 1, "float32": 2}  # forward X·W low, dX and dW float32
+    assert ops["relax.tanh"] == {"float16": 1}
+
+
 def test_non_scalar_y_is_the_gradient_of_its_sum_and_xs_may_be_intermediate(tmp_path):
     from amptool.convert import ConvertConfig, build_model
 
