@@ -1,15 +1,20 @@
-"""The GPU (CUDA, Vulkan) build pipeline: TVM's Relax GPU pipeline with safe schedule rules.
+"""The GPU (CUDA, Vulkan) build pipeline: TVM's Relax GPU pipeline, tensor cores on CUDA.
 
+    sanitize names       Relax variables renamed to C identifiers (kernel parameters carry them)
     library dispatch     sampling/sort ops → TVM's GPU implementations
     legalize             Relax ops → TIR
-    annotate patterns    each PrimFunc's fusion class
-    fold constants, fuse ops, fuse tir
-    schedule             DLight GPU rules (TVM's own): Matmul, GEMV, Reduction, Fallback
-    lower dataflow, finalize   TVM's own passes (memory planning, VM lowering)
+    annotate patterns, fold constants, fuse ops, fuse tir
+    schedule             amptool.build.cuda_matmul.TensorCoreMatmul (fp16/bf16 GEMMs and convs
+                         → TVM's wmma schedule), then DLight's GPU rules: Matmul, GEMV,
+                         Reduction, GeneralReduction, Fallback
+    lower dataflow, finalize   TVM's own passes for the target (memory planning, VM lowering)
 
-Why not ``tvm.compile(mod, target)``: TVM 0.27's CUDA pipeline segfaults on float16 —
-DLight's wmma tensor-core rule crashes inside Tensorize for fp16 matmuls whose extents all
-exceed 64. ``lower`` returns the scheduled module that codegen takes (``--lower-only``).
+Why not ``tvm.compile(mod, target)``: its CUDA pipeline tensorizes a GEMM only when every
+extent exceeds 64 and only in float16, so BERT's attention products, ResNet's 64-channel and
+7x7 convolutions and every bfloat16 GEMM ran on the FMA units; and ONNX tensor names such as
+``gpu_0/data_0`` became kernel parameter names that nvcc rejects. ``lower`` returns the
+scheduled module that codegen takes (``--lower-only``); it needs no codegen for the target,
+so it also works for Vulkan with a TVM built without Vulkan support.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any
 import tvm
 from tvm import relax
 from tvm.relax.backend.cuda import pipeline as cuda_pipeline
+from tvm.relax.backend.gpu_generic import pipeline as generic_pipeline
 from tvm.s_tir import dlight
 
 from amptool.build.cuda_matmul import TensorCoreMatmul
@@ -48,17 +54,20 @@ def schedule_rules(target: Any) -> list[Any]:
 
 def stage_passes(target: Any) -> list[tuple[str, list[Any]]]:
     """(stage, passes) in build order for a GPU ``target``."""
+    # tvm.relax.pipeline's dispatchers reach for backend.cuda.<fn>, which 0.27 only defines in
+    # backend.cuda.pipeline (AttributeError): pick the backend module here.
+    backend: Any = cuda_pipeline if str(target.kind.name) == "cuda" else generic_pipeline
     passes = [
         ("sanitize names", [sanitize_names]),
-        ("library dispatch", cuda_pipeline.library_dispatch_passes(target)),
+        ("library dispatch", backend.library_dispatch_passes(target)),
         ("legalize", [relax.transform.LegalizeOps()]),
         ("annotate patterns", [relax.transform.AnnotateTIROpPattern()]),
         ("fold constants", [relax.transform.FoldConstant()]),
         ("fuse ops", [relax.transform.FuseOps()]),
         ("fuse tir", [relax.transform.FuseTIR()]),
         ("schedule", [dlight.ApplyDefaultSchedule(*schedule_rules(target))]),
-        ("lower dataflow", cuda_pipeline.dataflow_lower_passes(target)),
-        ("finalize", cuda_pipeline.finalize_passes(target)),
+        ("lower dataflow", backend.dataflow_lower_passes(target)),
+        ("finalize", backend.finalize_passes(target)),
     ]
     assert tuple(name for name, _ in passes) == STAGES
     return passes
