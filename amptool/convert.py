@@ -142,7 +142,8 @@ class BuildResult:
             "weight_bytes": dict(self.passes.weight_bytes),
             "concretize_like": self.passes.concretize.as_json() if self.passes.concretize else None,
             "timings_s": {k: round(v, 4) for k, v in self.timings_s.items()},
-            "tensor_cores": _tensor_cores(self.executable) if self.target_spec.get("kind") == "cuda" else None,
+            "tensor_cores": (_tensor_cores(self.executable)
+                             if self.target_spec.get("kind") == "cuda" and self.executable is not None else None),
             "versions": {"amptool": __version__, **_tvm.versions(), **_tvm.toolchain_versions(self.target_spec),
                          **_other_versions()},
         }
