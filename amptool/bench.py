@@ -19,6 +19,7 @@ the GPU), else the CPU; the report names which.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import math
 import os
@@ -62,6 +63,9 @@ class BenchConfig:
     threads: int | None = None  # None: every CPU this process may run on
     input_shapes: tuple[str, ...] = ()
     colors: str | None = None
+    #: Other ConvertConfig fields for the builds (fixed_inputs, low_precision_io, prepare, …);
+    #: an artifact carries its own, so they must stay unset for one.
+    build: Mapping[str, Any] = field(default_factory=dict)
     rounds: int = 5
     runs: int = 3
     warmup: int = 2
@@ -77,6 +81,19 @@ class BenchConfig:
                 raise UserError(f"--{name} must be at least 1, got {value}")
         if self.rounds < 1 or self.runs < 1 or self.warmup < 0:
             raise UserError("--rounds and --runs must be at least 1")
+        if os.path.isdir(self.model):
+            self._check_artifact_options()
+
+    def _check_artifact_options(self) -> None:
+        """An artifact was built with its own options: one given here would silently not apply."""
+        defaults = {f.name: f.default for f in dataclasses.fields(ConvertConfig)}
+        given = {"colors": self.colors, "input_shapes": self.input_shapes, **self.build}
+        changed = sorted(name for name, value in given.items()
+                         if name in defaults and value not in (defaults[name], None, ()))
+        if changed:
+            raise UserError(f"{self.model} is an artifact, built with its own options; "
+                            f"{', '.join(changed)} cannot change it",
+                            "Bench the ONNX model with those options, or convert again.")
 
 
 @dataclass
@@ -218,8 +235,8 @@ def _from_onnx(config: BenchConfig, notify: StageCallback) -> tuple[
     fixed: dict[str, np.ndarray] = {}
     for dtype in dict.fromkeys(("float32", *config.dtypes)):
         name = amptool_variant(dtype)
-        convert = ConvertConfig(model=config.model, dtype=dtype, colors=config.colors,
-                                target=config.target, cuda_arch=config.cuda_arch, input_shapes=shapes)
+        convert = ConvertConfig(model=config.model, dtype=dtype, colors=config.colors, target=config.target,
+                                cuda_arch=config.cuda_arch, input_shapes=shapes, **config.build)
         start = time.perf_counter()
         build = build_model(convert, on_stage=_prefixed(notify, name))
         variants[name] = (build.compiled(), time.perf_counter() - start, build.timings_s.get("compile"))

@@ -61,6 +61,23 @@ def test_batch_pins_a_dynamic_batch(zoo_model, run_cli, tmp_path):
     assert read_json(out)["inputs"][0]["shape"] == [3, 3, 32, 32]
 
 
+def test_build_options_reach_the_builds(zoo_model, run_cli, tmp_path):
+    """bench takes convert's build options: a fixed input is baked in (no longer an input)."""
+    out = tmp_path / "bench.json"
+    result = run_cli("bench", zoo_model("mlp_with_bool_mask"), "--fixed-input", "mask=1", "--no-concretize",
+                     "--low-precision-io", *FAST, "--json", str(out))
+    assert result.exit_code == 0, result.output
+    assert [i["name"] for i in read_json(out)["inputs"]] == ["x"]
+
+
+def test_artifact_refuses_build_options(zoo_model, run_cli, tmp_path):
+    artifact = tmp_path / "art"
+    assert run_cli("convert", zoo_model("tiny_cnn"), "-o", str(artifact)).exit_code == 0
+    result = run_cli("bench", str(artifact), "--no-prepare", "--colors", "builtin:aggressive", *FAST)
+    assert result.exit_code == 2
+    assert "colors, prepare cannot change it" in result.output
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -138,13 +138,24 @@ def test_fixed_input_bakes_value_and_drops_the_input(tmp_path, run_cli):
 @pytest.mark.parametrize(
     ("text", "fragment"),
     [("mode", "is not NAME=VALUE"), ("nope=1", "unknown input 'nope'"), ("mode=abc", "is not a int64 value"),
-     ("mode=1,2", "has rank 0")],
+     ("mode=1,2", "gives 2 value(s) but 'mode' has shape []: needs 1 value"),
+     ("grid=1,2,3", "but 'grid' has shape [2, 2]: needs 1 or 4 values"),
+     ("ragged=1,2", "but 'ragged' has shape [2, n]: needs a static shape")],
 )
 def test_fixed_input_errors_are_one_line(text, fragment):
-    specs = [TensorSpec("x", "float32", (1, 8)), TensorSpec("mode", "int64", ())]
+    specs = [TensorSpec("x", "float32", (1, 8)), TensorSpec("mode", "int64", ()),
+             TensorSpec("grid", "float32", (2, 2)), TensorSpec("ragged", "float32", (2, "n"))]
     with pytest.raises(UserError) as info:
         parse_fixed_inputs([text], specs)
     assert fragment in str(info.value)
+
+
+def test_fixed_input_fills_an_n_d_input():
+    """One value fills a static N-D input; as many values as elements fill it row-major."""
+    specs = [TensorSpec("mask", "bool", (2, 3)), TensorSpec("grid", "float32", (2, 2))]
+    fixed = parse_fixed_inputs(["mask=1", "grid=1,2,3,4"], specs)
+    assert fixed["mask"].dtype == np.bool_ and fixed["mask"].shape == (2, 3) and fixed["mask"].all()
+    assert fixed["grid"].tolist() == [[1.0, 2.0], [3.0, 4.0]]
 
 
 def test_fixed_input_parses_floats_and_bools():

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from amptool.cli.console import err, handles_user_errors, out
+from amptool.cli.options import build_options
 from amptool.convert import DTYPES
 
 
@@ -16,22 +17,16 @@ from amptool.convert import DTYPES
 @click.argument("model", type=click.Path(exists=True))
 @click.option("--dtype", "dtypes", type=click.Choice(DTYPES), multiple=True, default=("float16",),
               show_default=True, help="Low-precision dtype to time next to float32 (repeatable).")
-@click.option("--target", default="llvm", show_default=True, metavar="llvm|cuda|vulkan", help="Compilation target.")
-@click.option("--cuda-arch", default=None, metavar="sm_XX",
-              help="CUDA architecture for --target cuda  [default: the local GPU's].")
+@build_options
 @click.option("--batch", type=int, default=None, help="Batch size: the first dim of every input.")
 @click.option("--threads", type=int, default=None,
               help="Threads for TVM and onnxruntime alike  [default: every CPU available].")
-@click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME:1x3x224x224",
-              help="Pin an input's shape (repeatable); needed for dynamic dims.")
-@click.option("--colors", metavar="FILE.yaml|builtin:NAME", default=None, help="Colour lists for the builds.")
 @click.option("--rounds", type=int, default=5, show_default=True, help="Rounds over all variants.")
 @click.option("--runs", type=int, default=3, show_default=True, help="Timed runs per variant per round.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write results as JSON.")
 @handles_user_errors
-def bench(model: str, dtypes: tuple[str, ...], target: str, batch: int | None, threads: int | None,
-          input_shapes: tuple[str, ...], colors: str | None, rounds: int, runs: int, json_path: str | None,
-          cuda_arch: str | None = None) -> None:
+def bench(model: str, dtypes: tuple[str, ...], build: dict[str, Any], batch: int | None, threads: int | None,
+          rounds: int, runs: int, json_path: str | None) -> None:
     """Time MODEL (.onnx, or an 'amptool convert' output directory) under onnxruntime float32,
     amptool float32 and amptool in each DTYPE, interleaved in one run; print time ratios.
 
@@ -42,8 +37,10 @@ def bench(model: str, dtypes: tuple[str, ...], target: str, batch: int | None, t
     from amptool.bench import BenchConfig, bench_model  # noqa: PLC0415
     from amptool.fileio import write_json  # noqa: PLC0415
 
-    config = BenchConfig(model=model, dtypes=dtypes, target=target, cuda_arch=cuda_arch, batch=batch, threads=threads,
-                         input_shapes=input_shapes, colors=colors, rounds=rounds, runs=runs)
+    build = dict(build)
+    config = BenchConfig(model=model, dtypes=dtypes, target=build.pop("target"), cuda_arch=build.pop("cuda_arch"),
+                         input_shapes=build.pop("input_shapes"), colors=build.pop("colors"), build=build,
+                         batch=batch, threads=threads, rounds=rounds, runs=runs)
     with _progress() as (on_stage, on_progress):
         report = bench_model(config, on_stage=on_stage, on_progress=on_progress)
     out.print(_table(report))

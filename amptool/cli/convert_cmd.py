@@ -40,25 +40,17 @@ if TYPE_CHECKING:
 @click.option("--max-compiles", type=int, default=None, metavar="N",
               help="With --auto-fallback: most compiles the search may use, the final build included (default 10).")
 @handles_user_errors
-def convert(model: str, dtype: str, colors: str | None, target: str, input_shapes: tuple[str, ...],
-            no_range_guards: bool, no_prepare: bool, fixed_inputs: tuple[str, ...], calibration: str | None,
-            low_precision_io: bool, no_concretize: bool,
+def convert(model: str, dtype: str, build: dict[str, Any],
             output_dir: str, json_summary: bool, auto_fallback: bool = False, atol: tuple[str, ...] = (),
             rtol: tuple[str, ...] = (), min_cosine: tuple[str, ...] = (), iterations: int | None = None,
-            max_compiles: int | None = None, emit_ir: str | None = None,
-            cuda_arch: str | None = None, target_options: tuple[str, ...] = (), lower_only: bool = False) -> None:
+            max_compiles: int | None = None, emit_ir: str | None = None, lower_only: bool = False) -> None:
     """Convert MODEL.onnx to DTYPE and compile it into OUTPUT."""
     import json  # noqa: PLC0415
 
     from amptool.cli import render  # noqa: PLC0415
     from amptool.convert import ConvertConfig, check_ir_path, convert_model, write_ir  # noqa: PLC0415
 
-    config = ConvertConfig(model=model, dtype=dtype, colors=colors, target=target,
-                           cuda_arch=cuda_arch, target_options=target_options,
-                           input_shapes=input_shapes, range_guards=not no_range_guards,
-                           prepare=not no_prepare, fixed_inputs=fixed_inputs,
-                           calibration=calibration, low_precision_io=low_precision_io,
-                           concretize=not no_concretize)
+    config = ConvertConfig(model=model, dtype=dtype, **build)
     given = (("--atol", atol), ("--rtol", rtol), ("--min-cosine", min_cosine), ("--iterations", iterations),
              ("--max-compiles", max_compiles))
     search_flags = [flag for flag, value in given if value not in (None, ())]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import click
 
@@ -51,16 +52,13 @@ _FILE = click.Path(dir_okay=False)
               help="Also compare every ONNX node's output with onnxruntime's and name the node where error "
               "first jumps (one more compile; not with --artifact or --reference-outputs).")
 @handles_user_errors
-def diff(model: str, dtype: str, colors: str | None, target: str, input_shapes: tuple[str, ...],
-         no_range_guards: bool, no_prepare: bool, fixed_inputs: tuple[str, ...], calibration: str | None,
-         low_precision_io: bool, no_concretize: bool,
+def diff(model: str, dtype: str, build: dict[str, Any],
          artifact: str | None, inputs_path: str | None,
          save_inputs: str | None, seed: int, iterations: int, val_ranges: tuple[str, ...],
          reference_outputs: str | None, save_outputs: str | None, atol: tuple[str, ...], rtol: tuple[str, ...],
          min_cosine: tuple[str, ...], check_error_stat: tuple[str, ...], max_scale_error: tuple[str, ...],
          json_path: str | None,
-         plot_path: str | None, per_layer: bool = False,
-         cuda_arch: str | None = None, target_options: tuple[str, ...] = ()) -> None:
+         plot_path: str | None, per_layer: bool = False) -> None:
     """Compare MODEL converted to DTYPE with onnxruntime float32 on the same inputs.
 
     Exit 0 when every output passes, 1 when one fails, 2 on bad input, 3 when the target cannot run here.
@@ -82,12 +80,7 @@ def diff(model: str, dtype: str, colors: str | None, target: str, input_shapes: 
     policy = parse_tolerance_flags(atol=atol, rtol=rtol, min_cosine=min_cosine, check_stat=check_error_stat,
                                    max_scale_error=max_scale_error)
     config = DiffConfig(
-        convert=ConvertConfig(model=model, dtype=dtype, colors=colors, target=target,
-                              cuda_arch=cuda_arch, target_options=target_options,
-                              input_shapes=input_shapes, range_guards=not no_range_guards,
-                              prepare=not no_prepare, fixed_inputs=fixed_inputs, calibration=calibration,
-                              low_precision_io=low_precision_io,
-                              concretize=not no_concretize),
+        convert=ConvertConfig(model=model, dtype=dtype, **build),
         artifact=artifact, inputs_path=inputs_path, save_inputs=save_inputs, seed=seed,
         iterations=iterations, val_ranges=parse_val_ranges(val_ranges),
         reference_outputs=reference_outputs, save_outputs=save_outputs,

@@ -19,22 +19,13 @@ from amptool.cli.options import model_options
               help="Write nodes, unknown_ops, guarded_constants, casts_inserted, concretize_like, timings_s … as JSON.")
 @click.option("--nodes", "show_nodes", is_flag=True, help="Also print one row per ONNX node.")
 @handles_user_errors
-def inspect(model: str, dtype: str, colors: str | None, target: str, input_shapes: tuple[str, ...],
-            no_range_guards: bool, no_prepare: bool, fixed_inputs: tuple[str, ...], calibration: str | None,
-            low_precision_io: bool, no_concretize: bool,
-            json_path: str | None, show_nodes: bool,
-            cuda_arch: str | None = None, target_options: tuple[str, ...] = ()) -> None:
+def inspect(model: str, dtype: str, build: dict[str, Any], json_path: str | None, show_nodes: bool) -> None:
     """Show what converting MODEL to DTYPE would do: colour and dtype per op, casts, guards."""
     from amptool.convert import ConvertConfig  # noqa: PLC0415
     from amptool.fileio import finite_only, write_json  # noqa: PLC0415
     from amptool.inspect import inspect_model  # noqa: PLC0415
 
-    config = ConvertConfig(model=model, dtype=dtype, colors=colors, target=target,
-                           cuda_arch=cuda_arch, target_options=target_options,
-                           input_shapes=input_shapes, range_guards=not no_range_guards,
-                           prepare=not no_prepare, fixed_inputs=fixed_inputs, calibration=calibration,
-                           low_precision_io=low_precision_io,
-                           concretize=not no_concretize)
+    config = ConvertConfig(model=model, dtype=dtype, **build)
     with stages() as on_stage:
         report = inspect_model(config, on_stage=on_stage)
     data = report.as_json()

@@ -1,7 +1,8 @@
-"""Options shared by commands that build a model (convert, diff, inspect)."""
+"""Options shared by commands that build a model (convert, diff, inspect, bench)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -37,29 +38,59 @@ target_options_option = click.option(
 )
 
 
+#: The options of ``build_options``, in --help order.
+_BUILD_DECORATORS = [
+    click.option("--colors", metavar="FILE.yaml|builtin:NAME", default=None,
+                 help="Colour lists (ALWAYS/FOLLOW/NEVER); default builtin:default."),
+    click.option("--target", default="llvm", show_default=True, metavar="llvm|cuda|vulkan",
+                 help="Compilation target."),
+    cuda_arch_option,
+    target_options_option,
+    click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME:1x3x224x224",
+                 help="Pin an input's shape (repeatable); needed for dynamic dims."),
+    fixed_input_option,
+    calibration_option,
+    low_precision_io_option,
+    click.option("--no-range-guards", is_flag=True,
+                 help="Cast constants even when they overflow/underflow the low dtype."),
+    click.option("--no-prepare", is_flag=True,
+                 help="Skip onnxruntime's fp32 constant/BatchNorm folding before import."),
+    click.option("--no-concretize", is_flag=True,
+                 help="Keep *_like ops and shape_of patterns as imported (skip ConcretizeLike)."),
+]
+
+dtype_option = click.option("--dtype", type=click.Choice(DTYPES), default="float16", show_default=True,
+                            help="Low-precision dtype (float32: the unconverted baseline).")
+
+
+def build_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Every option that decides how a model is built except its dtype. The command receives
+    them as one keyword argument, ``build``: ConvertConfig fields, so that
+    ``ConvertConfig(model=…, dtype=…, **build)`` is the one place flags become a config."""
+
+    @functools.wraps(fn)
+    def with_build(*args: Any, **kwargs: Any) -> Any:
+        kwargs["build"] = {
+            "colors": kwargs.pop("colors"),
+            "target": kwargs.pop("target"),
+            "cuda_arch": kwargs.pop("cuda_arch"),
+            "target_options": kwargs.pop("target_options"),
+            "input_shapes": kwargs.pop("input_shapes"),
+            "fixed_inputs": kwargs.pop("fixed_inputs"),
+            "calibration": kwargs.pop("calibration"),
+            "low_precision_io": kwargs.pop("low_precision_io"),
+            "range_guards": not kwargs.pop("no_range_guards"),
+            "prepare": not kwargs.pop("no_prepare"),
+            "concretize": not kwargs.pop("no_concretize"),
+        }
+        return fn(*args, **kwargs)
+
+    decorated: Callable[..., Any] = with_build
+    for decorator in reversed(_BUILD_DECORATORS):
+        decorated = decorator(decorated)
+    return decorated
+
+
 def model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Every option that decides what gets built, shared by convert, diff and inspect."""
-    decorators = [
-        click.option("--dtype", type=click.Choice(DTYPES), default="float16", show_default=True,
-                     help="Low-precision dtype (float32: the unconverted baseline)."),
-        click.option("--colors", metavar="FILE.yaml|builtin:NAME", default=None,
-                     help="Colour lists (ALWAYS/FOLLOW/NEVER); default builtin:default."),
-        click.option("--target", default="llvm", show_default=True, metavar="llvm|cuda|vulkan",
-                     help="Compilation target."),
-        cuda_arch_option,
-        target_options_option,
-        click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME:1x3x224x224",
-                     help="Pin an input's shape (repeatable); needed for dynamic dims."),
-        fixed_input_option,
-        calibration_option,
-        low_precision_io_option,
-        click.option("--no-range-guards", is_flag=True,
-                     help="Cast constants even when they overflow/underflow the low dtype."),
-        click.option("--no-prepare", is_flag=True,
-                     help="Skip onnxruntime's fp32 constant/BatchNorm folding before import."),
-        click.option("--no-concretize", is_flag=True,
-                     help="Keep *_like ops and shape_of patterns as imported (skip ConcretizeLike)."),
-    ]
-    for decorator in reversed(decorators):
-        fn = decorator(fn)
-    return fn
+    """``--dtype`` plus ``build_options``: what convert, diff and inspect take."""
+    return dtype_option(build_options(fn))

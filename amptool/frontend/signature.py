@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx
@@ -182,15 +183,29 @@ def parse_fixed_inputs(values: Sequence[str], inputs: Sequence[TensorSpec]) -> d
                 "Give a number, or comma-separated numbers for a 1-D input.",
             ) from err
         if spec.shape is not None and array.ndim != len(spec.shape):
-            if array.size == 1 and all(isinstance(d, int) and d == 1 for d in spec.shape):
-                array = array.reshape([1] * len(spec.shape))
-            else:
-                raise UserError(
-                    f"--fixed-input '{raw}' gives {array.ndim}-D data but '{name}' has rank {len(spec.shape)}",
-                    "Fix only scalar or 1-D inputs from the command line; pass others with --inputs.",
-                )
+            array = _fill_shape(raw, name, array, spec.shape)
         fixed[name] = array
     return fixed
+
+
+def _fill_shape(raw: str, name: str, array: np.ndarray, shape: Sequence[Any]) -> np.ndarray:
+    """A fixed value for an N-D input of static shape: one value fills it, or exactly as many
+    values as it has elements fill it in row-major order (``mask=1`` for a [2, 8] mask)."""
+    static = all(isinstance(d, int) for d in shape)
+    count = int(np.prod(shape)) if static else -1
+    if static and array.size == 1:
+        return np.full(shape, array.reshape(()), dtype=array.dtype)
+    if static and array.size == count:
+        return array.reshape(shape)
+    if not static:
+        want = "a static shape (pin it with --input-shape)"
+    else:
+        want = "1 value" if count == 1 else f"1 or {count} values"
+    raise UserError(
+        f"--fixed-input '{raw}' gives {array.size} value(s) but '{name}' has shape "
+        f"[{', '.join(str(d) for d in shape)}]: needs {want}",
+        "Give one value to fill it, or every element in row-major order; or pass the array with --inputs.",
+    )
 
 
 def _int_or_bool(text: str) -> int:
