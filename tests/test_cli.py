@@ -99,14 +99,27 @@ def test_bfloat16_resnet(zoo_model, run_cli, tmp_path):
     assert read_json(tmp_path / "b.json")["outputs"][0]["cosine"] >= 0.99
 
 
-def test_dynamic_dims_need_pinning(zoo_model, run_cli, tmp_path):
+def test_dynamic_batch_defaults_to_one_other_dynamic_dims_need_pinning(zoo_model, run_cli, tmp_path, caplog):
     model = zoo_model("dynamic_batch_cnn")
-    result = run_cli("convert", model, "-o", str(tmp_path / "o"))
-    assert result.exit_code == 2
-    assert "Input 'input' has unknown dims" in result.output and "--input-shape input:" in result.output
-    assert not (tmp_path / "o").exists()
+    with caplog.at_level("WARNING"):
+        result = run_cli("convert", model, "-o", str(tmp_path / "o"))
+    assert result.exit_code == 0, result.output
+    assert read_json(tmp_path / "o" / "manifest.json")["inputs"][0]["shape"] == [1, 3, 32, 32]
+    assert "dynamic batch dim pinned to 1 (choose with --input-shape input:" in caplog.text
     pinned = run_cli("diff", model, "--input-shape", "input:3x3x32x32")
     assert pinned.exit_code == 0, pinned.output
+
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "length"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "length"])])
+    seq = tmp_path / "seq.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), seq)
+    result = run_cli("convert", str(seq), "-o", str(tmp_path / "s"))
+    assert result.exit_code == 2
+    assert "Input 'x' has unknown dims [batch, length]" in result.output and "--input-shape x:" in result.output
+    assert not (tmp_path / "s").exists()
 
 
 def _write(path: Path, text: str) -> str:

@@ -8,6 +8,7 @@ still unknown stops the run with a line naming the input and how to pin it.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -18,6 +19,8 @@ import onnx
 from onnx import helper
 
 from amptool.errors import UserError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,10 @@ def pin_input_specs(
                         "Static dims of the model cannot be changed; pin only the dynamic ones.",
                     )
         candidate = TensorSpec(spec.name, spec.dtype, shape)
+        if not candidate.is_static and _only_batch_dynamic(shape):
+            candidate = TensorSpec(spec.name, spec.dtype, (1, *shape[1:]))  # type: ignore[index]
+            log.warning("input '%s' %s: dynamic batch dim pinned to 1 (choose with --input-shape %s:%s)",
+                        spec.name, _fmt(spec.shape), spec.name, _example(spec.shape))
         if not candidate.is_static:
             raise UserError(
                 f"Input '{spec.name}' has unknown dims {_fmt(spec.shape)}",
@@ -186,6 +193,14 @@ def parse_fixed_inputs(values: Sequence[str], inputs: Sequence[TensorSpec]) -> d
             array = _fill_shape(raw, name, array, spec.shape)
         fixed[name] = array
     return fixed
+
+
+def _only_batch_dynamic(shape: Sequence[int | str] | None) -> bool:
+    """A leading dynamic dim on a rank ≥ 2 input whose other dims are static: the batch of
+    nearly every export (``dynamic_axes={"input": {0: "batch"}}``). One is always valid there;
+    a dynamic length or spatial dim has no such safe default and must be pinned."""
+    return (shape is not None and len(shape) >= 2 and not isinstance(shape[0], int)
+            and all(isinstance(d, int) for d in shape[1:]))
 
 
 def _fill_shape(raw: str, name: str, array: np.ndarray, shape: Sequence[Any]) -> np.ndarray:
