@@ -59,6 +59,41 @@ def test_c_identifier():
     assert c_identifier("1x") == "v1x" and c_identifier("") == "v" and c_identifier("ok_1") == "ok_1"
 
 
+def test_gpu_pipeline_stage_order():
+    from amptool.build import gpu  # noqa: PLC0415
+
+    assert gpu.STAGES[0] == "sanitize names" and gpu.STAGES.index("schedule") < gpu.STAGES.index("finalize")
+    for spec in ({"kind": "cuda", "arch": "sm_90"}, {"kind": "vulkan"}):
+        assert [name for name, _ in gpu.stage_passes(_tvm.make_target(spec))] == list(gpu.STAGES)
+
+
+def _gemm(m: int, dtype: str, out_dtype: str):  # noqa: ANN202
+    from tvm import te  # noqa: PLC0415
+
+    a = te.placeholder((m, 96), dtype, name="a")
+    b = te.placeholder((80, 96), dtype, name="b")
+    k = te.reduce_axis((0, 96), name="k")
+    c = te.compute((m, 80), lambda i, j: te.sum(a[i, k].astype(out_dtype) * b[j, k].astype(out_dtype), axis=k))
+    return te.create_prim_func([a, b, c])
+
+
+@pytest.mark.parametrize(
+    ("spec", "m", "dtype", "out_dtype"),
+    [
+        ({"kind": "cuda", "arch": "sm_75"}, 128, "bfloat16", "float32"),  # bf16 wmma needs sm_80
+        ({"kind": "cuda", "arch": "sm_60"}, 128, "float16", "float32"),  # no tensor cores
+        ({"kind": "vulkan"}, 128, "float16", "float32"),
+        ({"kind": "cuda", "arch": "sm_90"}, 128, "float32", "float32"),  # fp32 stays on the FMA units
+        ({"kind": "cuda", "arch": "sm_90"}, 128, "bfloat16", "bfloat16"),  # wmma has no bf16 accumulator
+        ({"kind": "cuda", "arch": "sm_90"}, 1, "float16", "float32"),  # a GEMV
+    ],
+)
+def test_tensor_core_rule_declines(spec, m, dtype, out_dtype):
+    from amptool.build.cuda_matmul import TensorCoreMatmul  # noqa: PLC0415
+
+    assert TensorCoreMatmul().apply(_gemm(m, dtype, out_dtype), _tvm.make_target(spec), False) is None
+
+
 def _relax_model(dtype: str):  # noqa: ANN202
     """A matmul (K = 64, below DLight's own tensor-core gate), a batch matmul, a 3x3 conv on a
     7x7 map with 64 channels, and a one-row GEMV; ONNX-style names with '/' and '.'."""
