@@ -94,6 +94,14 @@ def test_tensor_core_rule_declines(spec, m, dtype, out_dtype):
     assert TensorCoreMatmul().apply(_gemm(m, dtype, out_dtype), _tvm.make_target(spec), False) is None
 
 
+def test_sm_version_reads_arch_suffixes():
+    from amptool.build.cuda_matmul import sm_version  # noqa: PLC0415
+
+    assert sm_version(_tvm.make_target({"kind": "cuda", "arch": "sm_90a"})) == 90
+    assert sm_version(_tvm.make_target({"kind": "cuda", "arch": "sm_80"})) == 80
+    assert sm_version(_tvm.make_target({"kind": "vulkan"})) == -1
+
+
 def _relax_model(dtype: str):  # noqa: ANN202
     """A matmul (K = 64, below DLight's own tensor-core gate), a batch matmul, a 3x3 conv on a
     7x7 map with 64 channels, and a one-row GEMV; ONNX-style names with '/' and '.'."""

@@ -67,15 +67,14 @@ def compile_fatbin(source: str, arch: str, nvcc: str | None = None) -> NvccResul
     nvcc = nvcc or find_nvcc()
     if nvcc is None:
         raise FileNotFoundError("nvcc not found (PATH, $CUDA_HOME, $CUDA_PATH, /usr/local/cuda)")
-    num = sm_number(arch)
-    virtual = num.rstrip("a")
+    num = sm_number(arch)  # sm_90a needs compute_90a: arch-specific features have no generic PTX
     with tempfile.TemporaryDirectory(prefix="amptool-nvcc-") as tmp:
         src, out = os.path.join(tmp, "kernels.cu"), os.path.join(tmp, "kernels.fatbin")
         with open(src, "w", encoding="utf-8") as handle:
             handle.write(source)
         cmd = (nvcc, "--fatbin", *_NVCC_FLAGS,
-               "-gencode", f"arch=compute_{virtual},code=sm_{num}",
-               "-gencode", f"arch=compute_{virtual},code=compute_{virtual}",
+               "-gencode", f"arch=compute_{num},code=sm_{num}",
+               "-gencode", f"arch=compute_{num},code=compute_{num}",
                "-o", out, src)
         start = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,7 +33,6 @@ from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 from tvm.s_tir.dlight.gpu.matmul import (
     MatmulTensorization,
-    check_sm_version,
     get_in_out_dtypes,
     get_index_map,
     get_reduction_blocks,
@@ -43,10 +43,12 @@ TENSOR_CORE_DTYPES = {"float16": (70, ("float16", "float32")), "bfloat16": (80, 
 
 
 def sm_version(target: Any) -> int:
-    """80 for a CUDA target with arch sm_80; -1 for anything else."""
+    """80 for a CUDA target with arch sm_80 (90 for sm_90a: DLight's ``check_sm_version`` reads
+    that as -1); -1 for anything else."""
     if str(target.kind.name) != "cuda":
         return -1
-    return int(check_sm_version(str(target.attrs.get("arch", ""))))
+    match = re.fullmatch(r"sm_(\d+)[a-z]?", str(target.attrs.get("arch", "")))
+    return int(match.group(1)) if match else -1
 
 
 class TensorCoreMatmul(GPUScheduleRule):
