@@ -34,6 +34,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from amptool.testing.torch_zoo import trained_like
+
 HERE = Path(__file__).resolve().parent
 MIN_COSINE = 0.999
 
@@ -63,7 +65,7 @@ def resnet50(torch: Any) -> Any:
             blocks.append(Bottleneck(cin, width, stride if i == 0 else 1))
             cin = width * 4
     blocks += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, 1000)]
-    return _trained_like(torch, nn.Sequential(*blocks))
+    return trained_like(nn.Sequential(*blocks))
 
 
 def bert_encoder(torch: Any, layers: int = 12) -> Any:
@@ -84,18 +86,6 @@ def bert_encoder(torch: Any, layers: int = 12) -> Any:
             return self.layers(self.norm(self.tokens(ids) + self.positions(positions)))
 
     return Encoder().eval()
-
-
-def _trained_like(torch: Any, net: Any) -> Any:
-    gen = torch.Generator().manual_seed(1)
-    for m in net.modules():
-        if isinstance(m, torch.nn.BatchNorm2d):
-            c = m.num_features
-            m.running_mean.copy_(torch.randn(c, generator=gen) * 0.1)
-            m.running_var.copy_(torch.rand(c, generator=gen) * 0.5 + 0.5)
-            m.weight.data.copy_(torch.rand(c, generator=gen) * 0.5 + 0.75)
-            m.bias.data.copy_(torch.randn(c, generator=gen) * 0.1)
-    return net.eval()
 
 
 #: case → (title, builder(torch, args) → (module, example input), input name, output name)

@@ -78,7 +78,7 @@ def resnet18_like() -> TorchCase:
             x = self.layers(self.stem(x))
             return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
 
-    net = _trained_like(Net())
+    net = trained_like(Net())
     return TorchCase(net, (torch.randn(1, 3, 112, 112),), ("pixels",), ("logits",))
 
 
@@ -111,11 +111,11 @@ def mobilenet_v2_like() -> TorchCase:
             x = self.head(self.b3(x))
             return torch.softmax(self.fc(x.mean(dim=(2, 3))), dim=-1)
 
-    net = _trained_like(Net())
+    net = trained_like(Net())
     return TorchCase(net, (torch.randn(2, 3, 64, 64),), ("image",), ("probs",))
 
 
-def _trained_like(net: Any) -> Any:
+def trained_like(net: Any) -> Any:
     """Give BatchNorm layers trained-looking running statistics, then switch to eval."""
     torch = _torch()
     gen = torch.Generator().manual_seed(1)
@@ -236,7 +236,7 @@ def crnn_ocr() -> TorchCase:
             y, _ = self.rnn(f)
             return torch.log_softmax(self.head(y), dim=-1)
 
-    return TorchCase(_trained_like(Net()), (torch.randn(1, 1, 32, 64),), ("line_image",), ("char_logprobs",))
+    return TorchCase(trained_like(Net()), (torch.randn(1, 1, 32, 64),), ("line_image",), ("char_logprobs",))
 
 
 ALL_CASES: dict[str, Callable[[], TorchCase]] = {
