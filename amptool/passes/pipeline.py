@@ -9,7 +9,9 @@
                               mixed-precision pass sees them as castable constants and the
                               range guard can read their values
       → MixedPrecision        colour lists → casts, accumulation dtypes
-      → FoldConstant          weight casts become low-precision constants
+      → fold casts + FoldConstant   weight casts become low-precision constants (cast in
+                              numpy: FoldConstant compiles a kernel per cast, seconds per model;
+                              see fold_casts.py), then anything else constant folds
       → well-formedness check after each step that changed the module (a failure is a bug,
         not a user error; an ill-formed import is left for TVM's own passes to refuse)
 
@@ -29,6 +31,7 @@ from amptool.errors import UserError, error_summary
 from amptool.frontend.importer import NodeOrigin
 from amptool.passes import stats
 from amptool.passes.concretize_like import ConcretizeReport, concretize_like
+from amptool.passes.fold_casts import fold_constant_casts
 from amptool.passes.low_precision_io import lower_io
 from amptool.passes.mixed_precision import MixedPrecisionReport, to_mixed_precision
 
@@ -105,7 +108,7 @@ def run_passes(
     mod = stage("prefold", _tvm.fold_constant, mod)
     before = stats.constant_bytes(mod)
     mod = stage("mixed_precision", mixed, mod)
-    mod = stage("fold", _tvm.fold_constant, mod)
+    mod = stage("fold", lambda m: _tvm.fold_constant(fold_constant_casts(m)), mod)
     after = stats.constant_bytes(mod)
     return PassResult(
         mod=mod,
