@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
@@ -220,3 +221,35 @@ def test_failed_convert_keeps_previous_output(zoo_model, run_cli, tmp_path):
 def test_help_and_version(run_cli):
     assert run_cli("--help").exit_code == 0
     assert "0.1.0" in run_cli("--version").output
+
+
+def _nms_model(gather: bool) -> onnx.ModelProto:
+    from onnx import TensorProto, helper, numpy_helper
+
+    consts = [numpy_helper.from_array(np.array([10], np.int64), "max_out"),
+              numpy_helper.from_array(np.array([0.5], np.float32), "iou"),
+              numpy_helper.from_array(np.array([0.1], np.float32), "thr"),
+              numpy_helper.from_array(np.array([2], np.int64), "two")]
+    nodes = [helper.make_node("Relu", ["scores"], ["s"]),
+             helper.make_node("NonMaxSuppression", ["boxes", "s", "max_out", "iou", "thr"], ["sel"], name="nms")]
+    outputs = [helper.make_tensor_value_info("sel", TensorProto.INT64, ["n", 3])]
+    if gather:
+        nodes.append(helper.make_node("Gather", ["sel", "two"], ["col"], axis=1, name="pick"))
+        outputs.append(helper.make_tensor_value_info("col", TensorProto.INT64, ["n", 1]))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("boxes", TensorProto.FLOAT, [1, 50, 4]),
+                                           helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 1, 50])],
+                              outputs, consts)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_nms_as_a_model_output_matches_and_feeding_other_ops_is_refused(run_cli, tmp_path):
+    """TVM types NonMaxSuppression's output as its upper bound; only as a model output is it right."""
+    for gather in (False, True):
+        path = tmp_path / f"nms_{gather}.onnx"
+        onnx.save(_nms_model(gather), path)
+        result = run_cli("diff", str(path), "--dtype", "float32")
+        if not gather:
+            assert result.exit_code == 0, result.output
+        else:
+            assert result.exit_code == 2
+            assert "NonMaxSuppression 'nms': its output" in result.output and "'pick'" in result.output

@@ -80,6 +80,32 @@ def check_supported(model: onnx.ModelProto) -> None:
         )
 
 
+#: Ops whose output length depends on the data, which TVM 0.27's importer types as its upper
+#: bound: NonMaxSuppression's ``[max boxes, 3]``. At run time the kernel returns only the rows
+#: selected, so an op reading the output through that static type reads past them (a Gather
+#: of the selected indices came back 100 long instead of 10, garbage beyond). As a graph
+#: output the rows come back right.
+_BOUNDED_OUTPUTS = frozenset({"NonMaxSuppression"})
+
+
+def check_bounded_outputs(model: onnx.ModelProto) -> None:
+    """Raise a UserError when the output of a data-dependent-length op feeds another node."""
+    consumers: dict[str, list[str]] = collections.defaultdict(list)
+    for node in iter_nodes(model.graph):
+        for name in node.input:
+            consumers[name].append(node.name or node.op_type)
+    for node in iter_nodes(model.graph):
+        if node.op_type in _BOUNDED_OUTPUTS and node.output and consumers.get(node.output[0]):
+            users = consumers[node.output[0]]
+            raise UserError(
+                f"{node.op_type} '{node.name}': its output (one row per box kept, a count known only at "
+                f"run time) feeds {', '.join(repr(u) for u in users[:3])}; TVM's importer types it as its "
+                "upper bound, so those ops would read rows that are not there",
+                f"Export the model with {node.op_type} as the last step (its output a model output) and "
+                "index the kept boxes after running, as most detector pipelines do.",
+            )
+
+
 def _loop_reasons(model: onnx.ModelProto, missing: dict[str, list[str]]) -> str:
     """Why prepare left a Loop/Scan in place (it unrolls those with a known trip count)."""
     if "Loop" not in missing and "Scan" not in missing:
@@ -100,6 +126,7 @@ def identifier(name: str) -> str:
 def import_model(model: onnx.ModelProto, inputs: Sequence[TensorSpec]) -> ImportedModel:
     """ONNX → Relax with static input shapes and named bindings."""
     check_supported(model)
+    check_bounded_outputs(model)
     importer = _make_importer(
         shape_dict={s.name: [int(d) for d in (s.shape or ())] for s in inputs},
         dtype_dict={s.name: s.dtype for s in inputs},
