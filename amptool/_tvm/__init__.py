@@ -1,0 +1,71 @@
+"""Every version-sensitive Apache TVM call lives here (measured on apache-tvm 0.27.0.post1).
+
+TVM's Python API moved a lot between 0.19 and 0.27 (Relay removed, ``struct_info`` became
+``ty``, ``tir`` became ``tirx``, targets must be dicts). Keeping the calls in one package means
+an upgrade touches one place. TVM is imported lazily so ``amptool --help`` stays instant.
+Callers use ``from amptool import _tvm`` and ``_tvm.NAME``; the parts:
+
+  common    the lazy import, native-stderr silencing, global-function lookups
+  ir        Relax types, constants, op names, passes, rebuilding calls (the pass's hot path)
+  build     targets, compile/lower entry points, exported libraries, LLVM/toolchain facts
+  runtime   devices, the VM, thread pools — all of it works under a runtime-only TVM
+"""
+
+from __future__ import annotations
+
+from amptool._tvm.build import (  # noqa: F401
+    GPU_KINDS,
+    PIPELINES,
+    compile_module,
+    count_prim_funcs,
+    export_library,
+    host_cpu,
+    llvm_is_valid_cpu,
+    llvm_unknown_features,
+    lower_module,
+    make_target,
+    toolchain_versions,
+    versions,
+)
+from amptool._tvm.common import (  # noqa: F401
+    FLOAT_DTYPES,
+    has_global_func,
+    quiet_native_stderr,
+    tvm_module,
+)
+from amptool._tvm.ir import (  # noqa: F401
+    OUT_DTYPE_OPS,
+    array_items,
+    assert_well_formed,
+    astype,
+    attrs_dict,
+    call_with_args,
+    call_with_out_dtype,
+    constant_numpy,
+    constant_view,
+    fold_constant,
+    is_constant,
+    is_tuple_expr,
+    is_tuple_type,
+    module_script,
+    new_var,
+    op_name,
+    registered_relax_ops,
+    relax_functions,
+    tensor_dtype,
+    var_binding,
+    var_name,
+)
+from amptool._tvm.runtime import (  # noqa: F401
+    cuda_compute_version,
+    device_info,
+    error_line,
+    load_vm,
+    num_threads,
+    open_device,
+    prepared_call,
+    run_vm,
+    runtime_only,
+    set_num_threads,
+    vm_from_executable,
+)

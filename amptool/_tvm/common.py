@@ -1,0 +1,50 @@
+"""What every part of amptool._tvm shares: the lazy TVM import, native-stderr silencing, global-function lookups."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+def tvm_module() -> Any:
+    """Import TVM lazily (it takes ~1 s and 250 MB)."""
+    import tvm  # noqa: PLC0415
+    from tvm import relax  # noqa: F401,PLC0415
+
+    return tvm
+
+
+@contextlib.contextmanager
+def quiet_native_stderr() -> Iterator[None]:
+    """Silence C++ LOG(WARNING) lines that TVM writes straight to fd 2.
+
+    Exporting and loading a VM executable prints one 'Scope Saving/Loaded' line per
+    function; they carry no information for users. Python exceptions are unaffected.
+    """
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(fd)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, fd)
+        os.close(saved)
+        os.close(devnull)
+
+
+def has_global_func(name: str) -> bool:
+    import tvm  # noqa: PLC0415
+
+    return tvm.get_global_func(name, allow_missing=True) is not None

@@ -1,0 +1,184 @@
+"""Loading and running compiled modules: devices, the VM, thread pools. Everything here works
+under a runtime-only TVM (no compiler library), which ``amptool run`` relies on."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from amptool._tvm.common import has_global_func, quiet_native_stderr
+
+
+def set_num_threads(count: int) -> int:
+    """Size TVM's CPU thread pool for this thread's later runs; returns the count in effect.
+
+    The runtime reads ``TVM_NUM_THREADS`` when it creates a pool (on x86 its default is half
+    the logical CPUs); ``runtime.config_threadpool`` resizes an existing pool, but never above
+    the size it was created with. Threads are not pinned to cores unless ``TVM_BIND_THREADS``
+    says so: pinning also pins the calling thread, and with it every thread onnxruntime creates
+    afterwards.
+    """
+    import tvm  # noqa: PLC0415
+
+    if count < 1:
+        raise ValueError("thread count must be >= 1")
+    os.environ["TVM_NUM_THREADS"] = str(count)
+    os.environ.setdefault("TVM_BIND_THREADS", "0")
+    big_cores = 1  # threading::ThreadGroup::kBig; no CPU list: max concurrency re-read from env
+    tvm.get_global_func("runtime.config_threadpool")(big_cores, count)
+    return num_threads()
+
+
+def num_threads() -> int:
+    """Threads TVM's pool uses for this thread's parallel loops."""
+    import tvm  # noqa: PLC0415
+
+    return int(tvm.get_global_func("runtime.NumThreads")())
+
+
+def load_vm(path: str, device: str = "cpu") -> Any:
+    """A VirtualMachine over an exported library.
+
+    Runtime only (``tvm.runtime.vm``, not ``tvm.relax``): an artifact loads under a TVM without
+    the compiler library (no ``lib/libtvm_compiler.so``, or ``TVM_USE_RUNTIME_LIB=1``)."""
+    import tvm  # noqa: PLC0415
+    from tvm.runtime.vm import VirtualMachine  # noqa: PLC0415
+
+    dev = open_device(device)
+    with quiet_native_stderr():
+        lib = tvm.runtime.load_module(path)
+        return VirtualMachine(lib, dev)
+
+
+def runtime_only() -> bool:
+    """Whether this TVM runs without its compiler library (a deployment install)."""
+    import tvm  # noqa: PLC0415
+
+    return bool(tvm.base._RUNTIME_ONLY)
+
+
+def open_device(device: str) -> Any:
+    """The TVM device for ``cpu``, ``cuda:1``…; LookupError saying what is missing when it is
+    not there (no driver, no such GPU)."""
+    import tvm  # noqa: PLC0415
+
+    kind, _, index = device.partition(":")
+    if kind != "cpu":
+        _load_device_runtime(kind)
+    dev = tvm.device(kind, int(index or 0))
+    if kind != "cpu" and not dev.exist:
+        raise LookupError(f"no {kind} device {int(index or 0)} is visible to TVM")
+    return dev
+
+
+def _load_device_runtime(kind: str) -> None:
+    """A runtime-only TVM does not autoload its device backends: load ``libtvm_runtime_<kind>``
+    (its DeviceAPI) and, for CUDA, the nvcc/NVRTC callback that JIT-compiles kernels shipped
+    as source."""
+    import tvm  # noqa: PLC0415
+
+    if kind == "cuda":
+        import tvm.support.nvcc  # noqa: F401,PLC0415
+
+        _no_target_scope_without_compiler()
+    if has_global_func(f"device_api.{kind}"):
+        return
+    from pathlib import Path  # noqa: PLC0415
+
+    from tvm_ffi.libinfo import load_lib_ctypes  # noqa: PLC0415
+
+    loaded = tvm.base._LOADED_LIBS
+    runtime_dir = Path(loaded["tvm_runtime"]._name).resolve().parent
+    try:
+        loaded[f"tvm_runtime_{kind}"] = load_lib_ctypes("tvm", f"tvm_runtime_{kind}", "RTLD_LOCAL",
+                                                        extra_lib_paths=[runtime_dir])
+    except (OSError, RuntimeError, TypeError) as err:
+        raise LookupError(f"TVM's {kind} runtime does not load here ({error_line(err)})") from err
+
+
+def _no_target_scope_without_compiler() -> None:
+    """The CUDA JIT callback (``tvm.support.nvcc``) asks ``Target.current()`` for the arch and
+    falls back to the GPU's compute capability when there is no target scope. A runtime-only
+    TVM lacks the FFI function behind ``Target.current`` (AttributeError, so the kernels would
+    not compile on load); without the compiler there are no target scopes, so answer None."""
+    from tvm.target import _ffi_api as target_api  # noqa: PLC0415
+
+    if runtime_only() and not hasattr(target_api, "TargetCurrent"):
+        target_api.TargetCurrent = lambda allow_none=True: None
+
+
+def error_line(err: BaseException) -> str:
+    """The last non-empty line of an exception's text (TVM puts the message after a backtrace)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[-1] if lines else type(err).__name__
+
+
+def cuda_compute_version() -> str | None:
+    """The first CUDA GPU's compute capability ('9.0'), or None without a GPU or driver."""
+    try:
+        dev = open_device("cuda:0")
+    except LookupError:
+        return None
+    return str(dev.compute_version)
+
+
+def device_info(device: str) -> tuple[str, str]:
+    """(name, compute version) of a GPU device, e.g. ('NVIDIA H200', '9.0')."""
+    dev = open_device(device)
+    return str(dev.device_name), str(dev.compute_version)
+
+
+def vm_from_executable(executable: Any, device: str = "cpu") -> Any:
+    from tvm.runtime.vm import VirtualMachine  # noqa: PLC0415
+
+    return VirtualMachine(executable, open_device(device))
+
+
+def _device(device: str) -> Any:
+    import tvm  # noqa: PLC0415
+
+    kind, _, index = device.partition(":")
+    return tvm.device(kind, int(index or 0))
+
+
+def run_vm(vm: Any, arrays: list[np.ndarray], device: str = "cpu") -> list[np.ndarray]:
+    """Run 'main' on numpy inputs; returns the flattened outputs as numpy arrays."""
+    import tvm  # noqa: PLC0415
+
+    dev = _device(device)
+    # np.ascontiguousarray would turn a 0-d array into 1-d; np.require keeps the rank.
+    args = [tvm.runtime.tensor(np.require(a, requirements="C"), dev) for a in arrays]
+    result = vm["main"](*args)
+    return _flatten_outputs(result)
+
+
+def prepared_call(vm: Any, arrays: list[np.ndarray], device: str = "cpu") -> Any:
+    """A no-argument callable running 'main' on ``arrays`` copied to the device once: what a
+    deployment calls per inference, for timing. Outputs stay on the device."""
+    import tvm  # noqa: PLC0415
+
+    dev = _device(device)
+    args = [tvm.runtime.tensor(np.require(a, requirements="C"), dev) for a in arrays]
+    main = vm["main"]
+    sync = dev.sync if device != "cpu" else None
+
+    def call() -> Any:
+        result = main(*args)
+        if sync is not None:
+            sync()
+        return result
+
+    return call
+
+
+def _flatten_outputs(value: Any) -> list[np.ndarray]:
+    if hasattr(value, "numpy"):
+        return [np.asarray(value.numpy())]
+    if isinstance(value, (list, tuple)) or hasattr(value, "__len__"):
+        out: list[np.ndarray] = []
+        for item in value:
+            out.extend(_flatten_outputs(item))
+        return out
+    return [np.asarray(value)]
