@@ -21,8 +21,9 @@ from amptool.frontend.importer import import_model
 from amptool.frontend.load import name_nodes
 from amptool.frontend.signature import graph_inputs, pin_input_specs
 from amptool.passes import stats
-from amptool.passes.mixed_precision import castable, to_mixed_precision
+from amptool.passes.mixed_precision import to_mixed_precision
 from amptool.passes.pipeline import PASS_ORDER, run_passes
+from amptool.passes.range_guards import castable
 
 
 def _model(text: str, **initializers: np.ndarray) -> onnx.ModelProto:

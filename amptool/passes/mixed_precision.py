@@ -42,21 +42,13 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-import numpy as np
-
 from amptool import _tvm
 from amptool.colors.policy import Color, ColorPolicy
 from amptool.frontend.importer import NodeOrigin
+from amptool.passes.range_guards import DTYPE_MAX, ActivationGuard, Guarded, castable
 
 log = logging.getLogger(__name__)
 
-#: Largest finite value of each low dtype.
-DTYPE_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38}
-#: Smallest positive subnormal: non-zeros below half of it flush to zero.
-DTYPE_TINY = {"float16": 5.960464477539063e-08, "bfloat16": 9.183549615799121e-41}
-#: A constant is refused when more than this fraction of its non-zeros would flush to zero.
-UNDERFLOW_LIMIT = 0.5
-_MAX, _MIN = np.maximum.reduce, np.minimum.reduce
 #: Ops that make a tensor from attributes (and, for ``full``, a fill value) alone. A float32
 #: result of one is as castable as a constant when its fill is (zeros, ones and eye always
 #: are): FOLLOW consumers go low and read a cast of it, as they would a weight's. Without
@@ -64,19 +56,6 @@ _MAX, _MIN = np.maximum.reduce, np.minimum.reduce
 #: ConstantOfShape) kept every consumer in float32.
 CREATION_OPS = frozenset({"relax.zeros", "relax.ones", "relax.eye", "relax.full"})
 SHORT = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64"}
-
-
-@dataclass(frozen=True)
-class Guarded:
-    """An op a range guard kept in float32, and why (``kind``: constant or activation)."""
-
-    node: str
-    op: str
-    reason: str
-    kind: str = "constant"
-
-    def as_json(self) -> dict[str, str]:
-        return {"node": self.node, "op": self.op, "reason": self.reason, "kind": self.kind}
 
 
 class Decision(NamedTuple):
@@ -107,31 +86,6 @@ class MixedPrecisionReport:
         return sum(1 for d in self.decisions if d.dtype == self.dtype)
 
 
-def castable(value: np.ndarray, dtype: str) -> str | None:
-    """None if ``value`` survives a cast to ``dtype``; otherwise the reason it does not."""
-    data = np.asarray(value)
-    if data.dtype.kind != "f" or data.size == 0:
-        return None
-    magnitude = np.abs(data)
-    # Fast path (3 array passes, the usual verdict): every value finite (NaN fails both
-    # comparisons), none above the max, none that flushes to zero (nor any zero: slow path).
-    # The ufunc reductions, not ndarray.max/min: ~1 µs less each on a small weight.
-    if _MAX(magnitude, axis=None) <= DTYPE_MAX[dtype] and _MIN(magnitude, axis=None) >= DTYPE_TINY[dtype] / 2:
-        return None
-    finite = data[np.isfinite(data)]
-    if finite.size == 0:
-        return None
-    peak = float(np.max(np.abs(finite)))
-    if peak > DTYPE_MAX[dtype]:
-        return f"constant max |x| = {peak:.3g} exceeds {dtype} max {DTYPE_MAX[dtype]:.6g}"
-    nonzero = np.abs(finite[finite != 0])
-    if nonzero.size:
-        flushed = np.count_nonzero(nonzero < DTYPE_TINY[dtype] / 2)
-        if flushed / nonzero.size > UNDERFLOW_LIMIT:
-            return f"{flushed}/{nonzero.size} non-zero constant values underflow in {dtype}"
-    return None
-
-
 def to_mixed_precision(
     mod: Any,
     policy: ColorPolicy,
@@ -147,7 +101,7 @@ def to_mixed_precision(
         return mod, report
     if dtype not in DTYPE_MAX:
         raise ValueError(f"unsupported low-precision dtype {dtype!r}")
-    guard = _ActivationGuard(dict(activation_peaks or {}), policy.activation_limit(dtype), dtype)
+    guard = ActivationGuard(dict(activation_peaks or {}), policy.activation_limit(dtype), dtype)
     mutator = _make_mutator(mod, policy, dtype, provenance or {}, range_guards, report, guard)
     with _gc_paused():
         return mutator.run(), report
@@ -179,7 +133,7 @@ def _make_mutator(
     provenance: dict[str, NodeOrigin],
     range_guards: bool,
     report: MixedPrecisionReport,
-    activation_guard: _ActivationGuard,
+    activation_guard: ActivationGuard,
 ) -> Any:
     from tvm import relax  # noqa: PLC0415
     from tvm.relax.expr_functor import PyExprMutator, mutator  # noqa: PLC0415
@@ -434,19 +388,6 @@ def _make_mutator(
             return self.builder_.normalize(_tvm.call_with_args(call, new_args))
 
     return _MixedPrecision(mod)
-
-
-@dataclass(frozen=True)
-class _ActivationGuard:
-    peaks: dict[str, float]
-    limit: float
-    dtype: str
-
-    def reason(self, node: str) -> str | None:
-        peak = self.peaks.get(node)
-        if peak is None or peak <= self.limit:
-            return None
-        return f"activations reach |x| = {peak:.3g} > activation_max {self.limit:.6g} ({self.dtype})"
 
 
 def _float32_leaves(orig_args: list, new_args: list, old_dtypes: list) -> list[tuple[Any, Any]]:
