@@ -59,7 +59,6 @@ def lower_module(mod: Any, target_spec: dict[str, Any]) -> Any:
     """The scheduled IRModule that codegen would take for ``target_spec`` (``--lower-only``):
     Relax lowered to VM calls, every PrimFunc scheduled. Needs no codegen for the target, so a
     Vulkan or CUDA target can be checked on a machine whose TVM cannot build for it."""
-    import tvm  # noqa: PLC0415
 
     target = make_target(target_spec)
     kind = str(target.kind.name)
@@ -67,10 +66,7 @@ def lower_module(mod: Any, target_spec: dict[str, Any]) -> Any:
         if kind == "llvm":
             from amptool.build import cpu  # noqa: PLC0415
 
-            with target:
-                for _name, passes in cpu.stage_passes(target):
-                    mod = tvm.transform.Sequential(passes)(mod)
-            return mod
+            return cpu.lower(mod, target)
         if kind in GPU_KINDS:
             from amptool.build import gpu  # noqa: PLC0415
 

@@ -25,54 +25,31 @@ from collections.abc import Callable
 from typing import Any
 
 import tvm
-from tvm import relax
 from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
-from tvm.s_tir import dlight
 
+from amptool.build import stages
 from amptool.build.cpu_kernels import legalize_map
 from amptool.build.cpu_schedules import default_rules
 
-STAGES = (
-    "library dispatch",
-    "legalize",
-    "annotate patterns",
-    "fold constants",
-    "fuse ops",
-    "fuse tir",
-    "schedule",
-    "lower dataflow",
-    "finalize",
-)
+STAGES = stages.STAGES
 
 
-def stage_passes(target: Any) -> list[tuple[str, list[Any]]]:
+def stage_passes(target: Any) -> stages.Stages:
     """(stage, passes) in build order, for ``target`` (an LLVM Target)."""
-    passes = [
-        ("library dispatch", cpu_generic.library_dispatch_passes(target)),
-        ("legalize", [relax.transform.LegalizeOps(legalize_map())]),
-        ("annotate patterns", [relax.transform.AnnotateTIROpPattern()]),
-        ("fold constants", [relax.transform.FoldConstant()]),
-        ("fuse ops", [relax.transform.FuseOps()]),
-        ("fuse tir", [relax.transform.FuseTIR()]),
-        ("schedule", [dlight.ApplyDefaultSchedule(*default_rules())]),
-        ("lower dataflow", cpu_generic.dataflow_lower_passes(target)),
-        ("finalize", cpu_generic.finalize_passes(target)),
-    ]
-    assert tuple(name for name, _ in passes) == STAGES
-    return passes
+    return stages.relax_stages(target, cpu_generic, legalize_map(), default_rules())
+
+
+def lower(mod: Any, target: Any, on_stage: Callable[[str], None] | None = None,
+          timings: dict[str, float] | None = None) -> Any:
+    """The scheduled module codegen takes (``--lower-only``): Relax lowered to VM calls."""
+    return stages.run_stages(mod, target, stage_passes(target), on_stage, timings)
 
 
 def build(mod: Any, target: Any, on_stage: Callable[[str], None] | None = None) -> tuple[Any, dict[str, float]]:
     """Compile a Relax module for an LLVM ``target``; returns the VM executable and the seconds
     each stage took (``codegen`` is TIR lowering plus LLVM)."""
     timings: dict[str, float] = {}
-    with target:
-        for name, passes in stage_passes(target):
-            if on_stage:
-                on_stage(name)
-            start = time.perf_counter()
-            mod = tvm.transform.Sequential(passes)(mod)
-            timings[name] = time.perf_counter() - start
+    mod = lower(mod, target, on_stage, timings)
     if on_stage:
         on_stage("codegen")
     start = time.perf_counter()

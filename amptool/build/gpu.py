@@ -24,26 +24,15 @@ from collections.abc import Callable
 from typing import Any
 
 import tvm
-from tvm import relax
 from tvm.relax.backend.cuda import pipeline as cuda_pipeline
 from tvm.relax.backend.gpu_generic import pipeline as generic_pipeline
 from tvm.s_tir import dlight
 
+from amptool.build import stages
 from amptool.build.cuda_matmul import TensorCoreMatmul
 from amptool.build.gpu_names import sanitize_names
 
-STAGES = (
-    "sanitize names",
-    "library dispatch",
-    "legalize",
-    "annotate patterns",
-    "fold constants",
-    "fuse ops",
-    "fuse tir",
-    "schedule",
-    "lower dataflow",
-    "finalize",
-)
+STAGES = ("sanitize names", *stages.STAGES)
 
 
 def schedule_rules(target: Any) -> list[Any]:
@@ -52,25 +41,12 @@ def schedule_rules(target: Any) -> list[Any]:
     return [TensorCoreMatmul(), gpu.Matmul(), gpu.GEMV(), gpu.Reduction(), gpu.GeneralReduction(), gpu.Fallback()]
 
 
-def stage_passes(target: Any) -> list[tuple[str, list[Any]]]:
+def stage_passes(target: Any) -> stages.Stages:
     """(stage, passes) in build order for a GPU ``target``."""
     # tvm.relax.pipeline's dispatchers reach for backend.cuda.<fn>, which 0.27 only defines in
     # backend.cuda.pipeline (AttributeError): pick the backend module here.
     backend: Any = cuda_pipeline if str(target.kind.name) == "cuda" else generic_pipeline
-    passes = [
-        ("sanitize names", [sanitize_names]),
-        ("library dispatch", backend.library_dispatch_passes(target)),
-        ("legalize", [relax.transform.LegalizeOps()]),
-        ("annotate patterns", [relax.transform.AnnotateTIROpPattern()]),
-        ("fold constants", [relax.transform.FoldConstant()]),
-        ("fuse ops", [relax.transform.FuseOps()]),
-        ("fuse tir", [relax.transform.FuseTIR()]),
-        ("schedule", [dlight.ApplyDefaultSchedule(*schedule_rules(target))]),
-        ("lower dataflow", backend.dataflow_lower_passes(target)),
-        ("finalize", backend.finalize_passes(target)),
-    ]
-    assert tuple(name for name, _ in passes) == STAGES
-    return passes
+    return [("sanitize names", [sanitize_names]), *stages.relax_stages(target, backend, None, schedule_rules(target))]
 
 
 def lower(
@@ -80,15 +56,7 @@ def lower(
     timings: dict[str, float] | None = None,
 ) -> Any:
     """The scheduled module codegen takes: Relax lowered to VM calls, every PrimFunc scheduled."""
-    with target:
-        for name, passes in stage_passes(target):
-            if on_stage:
-                on_stage(name)
-            start = time.perf_counter()
-            mod = tvm.transform.Sequential(passes)(mod)
-            if timings is not None:
-                timings[name] = time.perf_counter() - start
-    return mod
+    return stages.run_stages(mod, target, stage_passes(target), on_stage, timings)
 
 
 def build(mod: Any, target: Any, on_stage: Callable[[str], None] | None = None) -> tuple[Any, dict[str, float]]:
