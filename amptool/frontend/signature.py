@@ -12,7 +12,6 @@ import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import onnx
@@ -190,7 +189,7 @@ def parse_fixed_inputs(values: Sequence[str], inputs: Sequence[TensorSpec]) -> d
                 "Give a number, or comma-separated numbers for a 1-D input.",
             ) from err
         if spec.shape is not None and array.ndim != len(spec.shape):
-            array = _fill_shape(raw, name, array, spec.shape)
+            array = _fill_shape(raw, spec, array)
         fixed[name] = array
     return fixed
 
@@ -203,22 +202,22 @@ def _only_batch_dynamic(shape: Sequence[int | str] | None) -> bool:
             and all(isinstance(d, int) for d in shape[1:]))
 
 
-def _fill_shape(raw: str, name: str, array: np.ndarray, shape: Sequence[Any]) -> np.ndarray:
+def _fill_shape(raw: str, spec: TensorSpec, array: np.ndarray) -> np.ndarray:
     """A fixed value for an N-D input of static shape: one value fills it, or exactly as many
     values as it has elements fill it in row-major order (``mask=1`` for a [2, 8] mask)."""
-    static = all(isinstance(d, int) for d in shape)
-    count = int(np.prod(shape)) if static else -1
-    if static and array.size == 1:
-        return np.full(shape, array.reshape(()), dtype=array.dtype)
-    if static and array.size == count:
-        return array.reshape(shape)
-    if not static:
-        want = "a static shape (pin it with --input-shape)"
-    else:
+    if spec.is_static:
+        shape = tuple(int(d) for d in spec.shape or ())
+        count = int(np.prod(shape))
+        if array.size == 1:
+            return np.full(shape, array.reshape(()), dtype=array.dtype)
+        if array.size == count:
+            return array.reshape(shape)
         want = "1 value" if count == 1 else f"1 or {count} values"
+    else:
+        want = "a static shape (pin it with --input-shape)"
     raise UserError(
-        f"--fixed-input '{raw}' gives {array.size} value(s) but '{name}' has shape "
-        f"[{', '.join(str(d) for d in shape)}]: needs {want}",
+        f"--fixed-input '{raw}' gives {array.size} value(s) but '{spec.name}' has shape "
+        f"[{', '.join(str(d) for d in spec.shape or ())}]: needs {want}",
         "Give one value to fill it, or every element in row-major order; or pass the array with --inputs.",
     )
 

@@ -193,8 +193,9 @@ def _make_mutator(
             source = self._widened_from(expr, have)
             if source is not None and _tvm.tensor_dtype(source) == dtype:
                 return source  # low → float32 → low is the identity: use the low value
-            # Constants are bound and cached like any value: FoldConstant turns the binding
-            # into one low-precision constant, so a weight shared by several ops stays shared.
+            # Constants are bound and cached like any value: the pipeline's fold stage
+            # (fold_casts.py) turns the binding into one low-precision constant, so a weight
+            # shared by several ops stays shared.
             if _tvm.is_constant(expr):
                 report.weight_casts += 1
                 name = ""
