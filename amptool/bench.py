@@ -35,6 +35,7 @@ import onnx
 from amptool import __version__, _tvm
 from amptool.artifact import load_artifact
 from amptool.convert import DTYPES, ConvertConfig, build_model
+from amptool.dtypes import as_float_dtype
 from amptool.errors import UserError
 from amptool.frontend.load import load_model
 from amptool.frontend.prepare import pin_shapes, reference_model
@@ -337,18 +338,8 @@ def _onnxruntime_runner(model: onnx.ModelProto, threads: int, feeds: Mapping[str
 
 def _tvm_runner(compiled: Any, feeds: Mapping[str, np.ndarray]) -> Callable[[], Any]:
     dtypes = compiled.input_dtypes or [None] * len(compiled.input_names)
-    arrays = [_as_dtype(feeds[n], d) for n, d in zip(compiled.input_names, dtypes)]
+    arrays = [as_float_dtype(feeds[n], d) for n, d in zip(compiled.input_names, dtypes)]
     return _tvm.prepared_call(compiled.vm, arrays, compiled.device)
-
-
-def _as_dtype(array: np.ndarray, dtype: str | None) -> np.ndarray:
-    if dtype is None or array.dtype.kind != "f" or str(array.dtype) == dtype:
-        return array
-    if dtype == "bfloat16":
-        import ml_dtypes  # noqa: PLC0415
-
-        return array.astype(ml_dtypes.bfloat16)
-    return array.astype(dtype)
 
 
 def _time_rounds(runners: list[Callable[[], Any]], timings: list[VariantTiming], config: BenchConfig,

@@ -20,6 +20,7 @@ import onnx
 from onnx import helper
 
 from amptool import _tvm
+from amptool.dtypes import numpy_dtype
 from amptool.errors import UserError, error_summary
 from amptool.frontend.gradient import GradientSpec, forward_model
 
@@ -60,7 +61,7 @@ def lower_gradient(bb: Any, model: onnx.ModelProto, spec: GradientSpec, args: Se
             raise UserError(f"{where}: x '{name}' is {dtype}; only floating-point tensors have gradients",
                             "Move integer tensors from xs to zs.")
         specs.append(TensorSpec(name, dtype, shape))
-        types.append((helper.np_dtype_to_tensor_dtype(_np_dtype(dtype)), shape))
+        types.append((helper.np_dtype_to_tensor_dtype(numpy_dtype(dtype)), shape))
     imported = import_fn(forward_model(model, spec, types), specs)
     mod = imported.mod
     y_dtype = _tvm.tensor_dtype(mod["main"].body) or "not a tensor"
@@ -198,16 +199,6 @@ def _static_type(arg: Any, where: str, name: str) -> tuple[tuple[int, ...], str]
     if ty is None or static is None:
         raise UserError(f"{where}: '{name}' has no static shape", "Pin input shapes with --input-shape.")
     return static, str(ty.dtype)
-
-
-def _np_dtype(dtype: str) -> Any:
-    import numpy as np  # noqa: PLC0415
-
-    if dtype == "bfloat16":
-        import ml_dtypes  # noqa: PLC0415
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(dtype)
 
 
 def _identifier(name: str) -> str:

@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from amptool.dtypes import numpy_dtype
 from amptool.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -182,7 +183,7 @@ def parse_fixed_inputs(values: Sequence[str], inputs: Sequence[TensorSpec]) -> d
         try:
             items = [float(t) if spec.dtype.startswith(("float", "bfloat")) else _int_or_bool(t)
                      for t in text.split(",")]
-            array = np.array(items if len(items) > 1 else items[0], dtype=_numpy_dtype(spec.dtype))
+            array = np.array(items if len(items) > 1 else items[0], dtype=numpy_dtype(spec.dtype))
         except (ValueError, TypeError) as err:
             raise UserError(
                 f"--fixed-input '{raw}': '{text}' is not a {spec.dtype} value ({err})",
@@ -227,11 +228,3 @@ def _int_or_bool(text: str) -> int:
     if lowered in ("true", "false"):
         return int(lowered == "true")
     return int(text)
-
-
-def _numpy_dtype(dtype: str) -> np.dtype:
-    if dtype == "bfloat16":
-        import ml_dtypes  # noqa: PLC0415
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(dtype)

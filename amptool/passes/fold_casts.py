@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from amptool import _tvm
+from amptool.dtypes import numpy_dtype
 
 
 def fold_constant_casts(mod: Any) -> Any:
@@ -54,8 +55,4 @@ def _is_float(dtype: str | None) -> bool:
 def _cast(array: np.ndarray, dtype: str) -> np.ndarray:
     """Overflow gives inf, as TVM's cast does (only reached with --no-range-guards)."""
     with np.errstate(over="ignore"):
-        if dtype == "bfloat16":
-            import ml_dtypes  # noqa: PLC0415
-
-            return array.astype(ml_dtypes.bfloat16)
-        return array.astype(dtype)
+        return array.astype(numpy_dtype(dtype))

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from amptool import _tvm
+from amptool.dtypes import as_float_dtype
 
 
 @dataclass
@@ -24,22 +25,10 @@ class CompiledModel:
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         arrays = [feeds[n] for n in self.input_names]
         if self.input_dtypes is not None:
-            arrays = [_as_dtype(a, d) for a, d in zip(arrays, self.input_dtypes)]
+            arrays = [as_float_dtype(a, d) for a, d in zip(arrays, self.input_dtypes)]
         outputs = _tvm.run_vm(self.vm, arrays, self.device)
         if len(outputs) != len(self.output_names):
             raise RuntimeError(
                 f"compiled module returned {len(outputs)} outputs, expected {len(self.output_names)}"
             )
         return dict(zip(self.output_names, outputs))
-
-
-def _as_dtype(array: np.ndarray, dtype: str) -> np.ndarray:
-    """Float feeds in the dtype the module was built for (fp32 data to a low-precision-io model)."""
-    array = np.asarray(array)
-    if array.dtype.kind != "f" or str(array.dtype) == dtype:
-        return array
-    if dtype == "bfloat16":
-        import ml_dtypes  # noqa: PLC0415
-
-        return array.astype(ml_dtypes.bfloat16)
-    return array.astype(dtype)
