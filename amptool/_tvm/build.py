@@ -51,7 +51,8 @@ def compile_module(mod: Any, target_spec: dict[str, Any], *, pipeline: str = "am
         return tvm.compile(mod, target=target)
 
 
-#: Target kinds built by ``amptool.build.gpu`` (TVM's default CUDA pipeline segfaults on fp16).
+#: Target kinds built by ``amptool.build.gpu`` (TVM's default CUDA pipeline leaves most fp16 GEMMs
+#: and every bf16 one off the tensor cores; see that module).
 GPU_KINDS = ("cuda", "vulkan")
 
 
