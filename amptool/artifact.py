@@ -6,100 +6,107 @@ Layout of OUTDIR:
   manifest.json   what was built, how, and what it cost (see README "manifest.json")
   lowered.py      instead of model.so after ``convert --lower-only``: the scheduled module
 
-Everything is written into a temporary sibling directory first and renamed into place, so
-a failed or interrupted run never leaves a half-written OUTDIR (an existing OUTDIR is only
-replaced once the new one is complete).
+Everything is written into a private temporary sibling first and swapped into place
+atomically; only a new, empty or artifact directory is ever written (:mod:`amptool.outdir`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import shutil
-import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from amptool import _tvm
 from amptool.errors import TargetUnavailableError, UserError
+from amptool.outdir import MANIFEST_NAME, artifact_files, write_directory
 from amptool.runtime.tvm_runner import CompiledModel
 
 LIBRARY_NAME = "model.so"
-MANIFEST_NAME = "manifest.json"
 
 
 def write_artifact(output_dir: str, write_files: Callable[[str], None]) -> None:
-    """Call ``write_files(tmpdir)``, then move tmpdir to ``output_dir`` atomically."""
-    target = os.path.abspath(output_dir)
-    if os.path.exists(target) and not os.path.isdir(target):
-        raise UserError(f"Output path exists and is not a directory: {output_dir}")
-    parent = os.path.dirname(target)
-    try:
-        os.makedirs(parent, exist_ok=True)
-    except OSError as err:
-        raise UserError(f"Cannot create output directory {parent}: {err.strerror}") from err
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.tmp-", dir=parent)
-    try:
+    """Call ``write_files(tmpdir)`` (which writes the manifest last, with :func:`write_manifest`),
+    then let the new directory replace ``output_dir`` atomically; see :mod:`amptool.outdir`."""
+
+    def write(tmp: str) -> list[str]:
         write_files(tmp)
-        if os.path.isdir(target):
-            backup = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.old-", dir=parent)
-            os.rmdir(backup)
-            os.rename(target, backup)
-            os.rename(tmp, target)
-            shutil.rmtree(backup, ignore_errors=True)
-        else:
-            os.rename(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        return sorted(artifact_files(tmp) or ())
+
+    write_directory(output_dir, write)
 
 
 def write_manifest(directory: str, manifest: dict[str, Any]) -> None:
+    """Write ``manifest.json`` last: its ``files`` key lists what amptool wrote into ``directory``,
+    so a later convert into the same directory knows what it may replace."""
+    names = {n for n in os.listdir(directory) if not n.startswith(".")} | {MANIFEST_NAME}
+    manifest["files"] = sorted(names)
     with open(os.path.join(directory, MANIFEST_NAME), "w", encoding="utf-8") as handle:
         json.dump(manifest, handle, indent=2, sort_keys=False, default=_json_default)
         handle.write("\n")
 
 
-def read_manifest(directory: str) -> dict[str, Any]:
+def read_manifest(directory: str, label: str | None = None) -> dict[str, Any]:
+    """``directory``'s manifest; ``label`` names the directory in messages (default: itself)."""
+    label = label or directory
     if not os.path.isdir(directory):
-        raise UserError(f"Artifact directory not found: {directory}",
+        raise UserError(f"Artifact directory not found: {label}",
                         "Pass a directory written by 'amptool convert -o DIR'.")
     path = os.path.join(directory, MANIFEST_NAME)
+    shown = os.path.join(label, MANIFEST_NAME)
     if not os.path.isfile(path):
         raise UserError(
-            f"{directory} is not an amptool artifact (no {MANIFEST_NAME})",
+            f"{label} is not an amptool artifact (no {MANIFEST_NAME})",
             "Pass a directory written by 'amptool convert -o DIR'.",
         )
     try:
         with open(path, encoding="utf-8") as handle:
             manifest: dict[str, Any] = json.load(handle)
-    except (OSError, json.JSONDecodeError) as err:
-        raise UserError(f"{path} is not readable JSON ({err})") from err
+    except (OSError, ValueError) as err:
+        raise UserError(f"{shown} is not readable JSON ({err})") from err
+    if not isinstance(manifest, dict):
+        raise UserError(f"{shown} is not an amptool manifest (not a JSON object)")
     missing = [key for key in ("inputs", "outputs") if not isinstance(manifest.get(key), list)]
     if missing:
-        raise UserError(f"{path} has no {' or '.join(repr(k) for k in missing)} list: not an amptool manifest")
+        raise UserError(f"{shown} has no {' or '.join(repr(k) for k in missing)} list: not an amptool manifest")
     return manifest
+
+
+@contextlib.contextmanager
+def _pinned(directory: str) -> Iterator[str]:
+    """A path to ``directory`` as it is now: files read through it come from one artifact even
+    if a concurrent ``convert`` swaps a new one in meanwhile (``/proc/self/fd`` on Linux)."""
+    if not os.path.isdir("/proc/self/fd") or not os.path.isdir(directory):
+        yield directory
+        return
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        yield f"/proc/self/fd/{fd}"
+    finally:
+        os.close(fd)
 
 
 def load_artifact(directory: str, device: str | None = None) -> tuple[dict[str, Any], CompiledModel]:
     """The manifest and the loaded library, on ``device`` (default: the one it was built for).
 
-    Loads through the TVM runtime alone, so this works under a runtime-only TVM."""
-    manifest = read_manifest(directory)
-    check_runnable(directory, manifest)
-    library = os.path.join(directory, manifest.get("library") or LIBRARY_NAME)
-    if not os.path.isfile(library):
-        raise UserError(f"{directory} has a manifest but no library {os.path.basename(library)}")
-    built_for = str(manifest.get("device", "cpu"))
-    use = check_device(device, built_for) if device else built_for
-    try:
-        vm = _tvm.load_vm(library, device=use)
-    except LookupError as err:
-        raise TargetUnavailableError(f"Cannot run {directory} on {use}: {err}",
-                                     "Run it on a machine with that device, or pick another with --device.") from err
-    except (RuntimeError, OSError) as err:
-        raise UserError(f"{library} does not load: {_tvm.error_line(err)}",
-                        "Was it built by another TVM version? Convert again with this one.") from err
+    Loads through the TVM runtime alone, so this works under a runtime-only TVM. The manifest and
+    the library come from the same artifact: if a concurrent convert replaced the directory
+    between the two reads (and removed the old library), the load starts again on the new one."""
+    for attempt in range(3):
+        with _pinned(directory) as base:
+            manifest = read_manifest(base, label=directory)
+            check_runnable(directory, manifest)
+            name = manifest.get("library") or LIBRARY_NAME
+            library = os.path.join(base, name)
+            if not os.path.isfile(library):
+                if attempt < 2 and base != directory:
+                    continue
+                raise UserError(f"{directory} has a manifest but no library {name}")
+            built_for = str(manifest.get("device", "cpu"))
+            use = check_device(device, built_for) if device else built_for
+            vm = _load_vm(library, use, directory, name)
+            break
     model = CompiledModel(
         vm=vm,
         input_names=[i["name"] for i in manifest["inputs"]],
@@ -108,6 +115,17 @@ def load_artifact(directory: str, device: str | None = None) -> tuple[dict[str, 
         input_dtypes=[i["dtype"] for i in manifest["inputs"]],
     )
     return manifest, model
+
+
+def _load_vm(library: str, device: str, directory: str, name: str) -> Any:
+    try:
+        return _tvm.load_vm(library, device=device)
+    except LookupError as err:
+        raise TargetUnavailableError(f"Cannot run {directory} on {device}: {err}",
+                                     "Run it on a machine with that device, or pick another with --device.") from err
+    except (RuntimeError, OSError) as err:
+        raise UserError(f"{os.path.join(directory, name)} does not load: {_tvm.error_line(err)}",
+                        "Was it built by another TVM version? Convert again with this one.") from err
 
 
 def check_runnable(directory: str, manifest: dict[str, Any]) -> None:

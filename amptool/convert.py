@@ -30,6 +30,7 @@ from amptool.frontend.importer import ImportedModel, NodeOrigin, import_model
 from amptool.frontend.load import LoadedModel, load_model
 from amptool.frontend.prepare import prepare_model
 from amptool.frontend.signature import (
+    DEFAULT_MAX_INPUT_BYTES,
     TensorSpec,
     graph_inputs,
     graph_outputs,
@@ -37,6 +38,7 @@ from amptool.frontend.signature import (
     parse_input_shapes,
     pin_input_specs,
 )
+from amptool.outdir import check_output_dir
 from amptool.passes import stats
 from amptool.passes.pipeline import PassResult, run_passes
 from amptool.runtime.inputs import check_input_shapes, generate_inputs, load_inputs
@@ -64,6 +66,7 @@ class ConvertConfig:
     cuda_arch: str | None = None  # --cuda-arch sm_XX; None: the local GPU's, else targets.DEFAULT_CUDA_ARCH
     target_options: tuple[str, ...] = ()  # --target-options for llvm: -mcpu=NAME -mattr=+f,-g
     concretize: bool = True  # ConcretizeLike before the mixed-precision pass (--no-concretize)
+    max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES  # --max-input-size: inputs larger are refused
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -188,7 +191,7 @@ def rewrite_model(
     fixed = parse_fixed_inputs(config.fixed_inputs, declared)
     declared = [s for s in declared if s.name not in fixed]
     shapes = parse_input_shapes(config.input_shapes, [s.name for s in declared])
-    inputs = pin_input_specs(declared, shapes, arrays)
+    inputs = pin_input_specs(declared, shapes, arrays, max_bytes=config.max_input_bytes)
     prepared = timed(
         "prepare",
         lambda: prepare_model(loaded.model, inputs, optimize=config.prepare, fixed_inputs=fixed),
@@ -274,13 +277,10 @@ def check_ir_path(path: str) -> None:
 
 def write_ir(mod: Any, path: str) -> None:
     """Write ``mod`` as TVMScript to ``path`` atomically (constants as metadata references)."""
-    from amptool.fileio import atomic_path  # noqa: PLC0415
+    from amptool.fileio import atomic_write  # noqa: PLC0415
 
-    try:
-        with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(_tvm.module_script(mod))
-    except OSError as err:
-        raise UserError(f"--emit-ir {path}: {err.strerror or err}", "Name a file in a writable directory.") from err
+    with atomic_write(path, "w", "--emit-ir") as handle:
+        handle.write(_tvm.module_script(mod))
 
 
 def compile_rewritten(
@@ -340,6 +340,7 @@ def convert_model(
     config: ConvertConfig, output_dir: str, on_stage: StageCallback | None = None, *, emit_ir: str | None = None
 ) -> tuple[BuildResult, dict[str, Any]]:
     """Build and export to ``output_dir`` atomically; returns the build and its manifest."""
+    check_output_dir(output_dir)
     result = build_model(config, on_stage=on_stage, emit_ir=emit_ir)
     return result, export_build(result, output_dir, on_stage)
 

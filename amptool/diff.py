@@ -210,9 +210,9 @@ def diff_model(config: DiffConfig, on_stage: Callable[[str], None] | None = None
     runs, samples, (feeds, reference, converted) = loop.runs, loop.samples, loop.last
 
     if config.save_inputs:
-        write_or_fail(config.save_inputs, lambda: save_arrays(str(config.save_inputs), feeds))
+        save_arrays(config.save_inputs, feeds, "--save-inputs")
     if config.save_outputs:
-        write_or_fail(config.save_outputs, lambda: save_outputs(str(config.save_outputs), reference, converted))
+        save_outputs(config.save_outputs, reference, converted)
 
     layers = None
     if config.per_layer:  # on the last input set; --artifact/--reference-outputs are refused above
@@ -317,10 +317,3 @@ def _as_float32(array: np.ndarray) -> np.ndarray:
         return array.astype(np.float32)
     return array
 
-
-def write_or_fail(path: str, write: Callable[[], None]) -> None:
-    """Run ``write``; an OSError (full disk, no permission) becomes a one-line UserError."""
-    try:
-        write()
-    except OSError as err:
-        raise UserError(f"Cannot write {path}: {err.strerror or err}", "Choose a writable path.") from err

@@ -9,6 +9,7 @@ Exit codes (an interface: CI scripts depend on them):
   1  accuracy check failed
   2  user error (bad input, bad flag, unsupported model)
   3  target unavailable on this machine (missing codegen, toolchain or device)
+  70 internal error: a bug in amptool or TVM (BSD's EX_SOFTWARE); one line, traceback with -v
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ EXIT_OK = 0
 EXIT_ACCURACY_FAILED = 1
 EXIT_USER_ERROR = 2
 EXIT_TARGET_UNAVAILABLE = 3
+EXIT_INTERNAL_ERROR = 70
 
 
 def error_summary(err: BaseException, *, last: bool = False, limit: int = 300) -> str:

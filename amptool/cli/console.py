@@ -12,7 +12,8 @@ from typing import Any, NoReturn, TypeVar
 from rich.console import Console
 from rich.markup import escape
 
-from amptool.errors import EXIT_USER_ERROR, UserError
+from amptool.errors import EXIT_INTERNAL_ERROR, EXIT_USER_ERROR, UserError, error_summary
+from amptool.fileio import WRITE_ERRNOS, os_error_line
 
 
 def _console(stderr: bool) -> Console:
@@ -39,7 +40,8 @@ def abort(error: UserError) -> NoReturn:
 
 
 def handles_user_errors(fn: F) -> F:
-    """Turn UserError into one line + exit code; anything else stays a traceback (a bug)."""
+    """UserError → one line + its exit code. Anything else is a bug in amptool or TVM: one line and
+    exit 70 (never 1, which CI reads as "accuracy failed"); the traceback only with ``-v``."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -50,8 +52,28 @@ def handles_user_errors(fn: F) -> F:
         except KeyboardInterrupt:
             err.print("interrupted")
             sys.exit(130)
+        except OSError as error:
+            if error.errno in WRITE_ERRNOS and error.filename:
+                abort(UserError(f"Cannot use {error.filename}: {os_error_line(error)}",
+                                "Check the path, its permissions and the free disk space."))
+            internal_error(error)
+        except MemoryError as error:
+            abort(UserError(f"Out of memory{': ' + str(error) if str(error) else ''}",
+                            "Pin smaller input shapes (--input-shape) or use a machine with more memory."))
+        except Exception as error:  # the one place a bug becomes an exit code
+            internal_error(error)
 
     return wrapper  # type: ignore[return-value]
+
+
+def internal_error(error: BaseException) -> NoReturn:
+    """A bug: one line naming it, the traceback under ``-v``, exit 70 (EX_SOFTWARE)."""
+    if _verbosity > 0:
+        err.print_exception(show_locals=False)
+    text = error_summary(error, last=str(error).lstrip().startswith("Traceback"))
+    err.print(f"[bold red]internal error:[/] {escape(type(error).__name__)}: {escape(text)} "
+              "(please report; -v shows the traceback)", markup=True, highlight=False)
+    sys.exit(EXIT_INTERNAL_ERROR)
 
 
 @contextlib.contextmanager
@@ -64,6 +86,11 @@ def stages(enabled: bool = True) -> Iterator[Callable[[str], None]]:
         yield lambda name: status.update(f"[bold]{name}[/]…")
 
 
+_verbosity = 0
+
+
 def setup_logging(verbose: int) -> None:
+    global _verbosity
+    _verbosity = verbose
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)

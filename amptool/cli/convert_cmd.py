@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 @click.argument("model", type=click.Path(dir_okay=False))
 @model_options
 @click.option("-o", "--output", "output_dir", required=True, type=click.Path(file_okay=False),
-              help="Artifact directory (library + manifest.json); replaced atomically.")
+              help="Artifact directory (library + manifest.json): new, empty or an earlier artifact, which is replaced "
+              "atomically; any other directory is refused untouched.")
 @click.option("--json", "json_summary", is_flag=True, help="Print the manifest as JSON instead of tables.")
 @click.option("--lower-only", is_flag=True,
               help="Lower and schedule for --target without code generation (works where its codegen is "
@@ -49,6 +50,7 @@ def convert(model: str, dtype: str, build: dict[str, Any],
 
     from amptool.cli import render  # noqa: PLC0415
     from amptool.convert import ConvertConfig, check_ir_path, convert_model, write_ir  # noqa: PLC0415
+    from amptool.outdir import check_output_dir  # noqa: PLC0415
 
     config = ConvertConfig(model=model, dtype=dtype, **build)
     given = (("--atol", atol), ("--rtol", rtol), ("--min-cosine", min_cosine), ("--iterations", iterations),
@@ -57,6 +59,7 @@ def convert(model: str, dtype: str, build: dict[str, Any],
     if search_flags and not auto_fallback:
         raise UserError(f"{', '.join(search_flags)}: only used by --auto-fallback",
                         "Add --auto-fallback, or check a build's accuracy with 'amptool diff'.")
+    check_output_dir(output_dir)  # before anything is built: a foreign directory is refused untouched
     if emit_ir:
         check_ir_path(emit_ir)
     if lower_only:

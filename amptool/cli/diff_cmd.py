@@ -66,7 +66,7 @@ def diff(model: str, dtype: str, build: dict[str, Any],
     from amptool.cli import render  # noqa: PLC0415
     from amptool.compare.tolerance import parse_tolerance_flags  # noqa: PLC0415
     from amptool.convert import ConvertConfig  # noqa: PLC0415
-    from amptool.diff import DiffConfig, diff_model, write_or_fail  # noqa: PLC0415
+    from amptool.diff import DiffConfig, diff_model  # noqa: PLC0415
     from amptool.runtime.inputs import parse_val_ranges  # noqa: PLC0415
 
     for flag, path in (("--json", json_path), ("--plot", plot_path), ("--save-inputs", save_inputs),
@@ -100,12 +100,12 @@ def diff(model: str, dtype: str, build: dict[str, Any],
     if means is not None:
         out.print(means)
     if json_path:
-        write_or_fail(json_path, lambda: write_json(json_path, report.as_json()))
+        write_json(json_path, report.as_json())
     if plot_path:
         from amptool.compare.plot import plot_outputs  # noqa: PLC0415
 
         title = f"{report.dtype} on {report.target} vs {report.reference_label}: {os.path.basename(model)}"
-        write_or_fail(plot_path, lambda: plot_outputs(plot_path, report.samples, report.outputs, title))
+        plot_outputs(plot_path, report.samples, report.outputs, title)
     out.print(render.verdict_line(report), markup=False, soft_wrap=True)  # one line, never wrapped
     sys.exit(EXIT_OK if report.passed else EXIT_ACCURACY_FAILED)
 

@@ -14,7 +14,8 @@ def cli(verbose: int) -> None:
     """Convert ONNX models to float16/bfloat16 with TVM Relax, and prove they still work.
 
     \b
-    Exit codes: 0 ok/passed, 1 accuracy check failed, 2 user error, 3 target unavailable.
+    Exit codes: 0 ok/passed, 1 accuracy check failed, 2 user error, 3 target unavailable,
+    70 internal error (a bug: please report; -v shows the traceback).
     """
     from amptool.cli.console import setup_logging  # noqa: PLC0415
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -38,6 +40,27 @@ target_options_option = click.option(
 )
 
 
+class ByteSize(click.ParamType):
+    """``4GiB``, ``500MB``, ``1e9`` or a plain byte count → int bytes (parsed here, once)."""
+
+    name = "size"
+    _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 1 << 10, "m": 10**6, "mb": 10**6, "mib": 1 << 20,
+              "g": 10**9, "gb": 10**9, "gib": 1 << 30, "t": 10**12, "tb": 10**12, "tib": 1 << 40}
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        match = re.fullmatch(r"\s*([0-9.eE+]+)\s*([A-Za-z]*)\s*", str(value))
+        unit = match.group(2).lower() if match else ""
+        try:
+            number = float(match.group(1)) if match else math.nan
+        except ValueError:
+            number = math.nan
+        if not match or unit not in self._UNITS or not (math.isfinite(number) and number > 0):
+            self.fail(f"'{value}' is not a size like 4GiB, 500MB or 1000000", param, ctx)
+        return int(number * self._UNITS[unit])
+
+
 #: The options of ``build_options``, in --help order.
 _BUILD_DECORATORS = [
     click.option("--colors", metavar="FILE.yaml|builtin:NAME", default=None,
@@ -57,6 +80,8 @@ _BUILD_DECORATORS = [
                  help="Skip onnxruntime's fp32 constant/BatchNorm folding before import."),
     click.option("--no-concretize", is_flag=True,
                  help="Keep *_like ops and shape_of patterns as imported (skip ConcretizeLike)."),
+    click.option("--max-input-size", "max_input_bytes", type=ByteSize(), default="4GiB", show_default=True,
+                 metavar="SIZE", help="Refuse models whose inputs of one run take more (e.g. 16GiB, 500MB)."),
 ]
 
 dtype_option = click.option("--dtype", type=click.Choice(DTYPES), default="float16", show_default=True,
@@ -82,6 +107,7 @@ def build_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             "range_guards": not kwargs.pop("no_range_guards"),
             "prepare": not kwargs.pop("no_prepare"),
             "concretize": not kwargs.pop("no_concretize"),
+            "max_input_bytes": kwargs.pop("max_input_bytes"),
         }
         return fn(*args, **kwargs)
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import difflib
 import functools
-import os
 from importlib import resources
 from typing import Any
 
@@ -33,6 +32,7 @@ import yaml
 
 from amptool.colors.policy import Color, ColorPolicy, NodeRule
 from amptool.errors import UserError
+from amptool.fileio import check_regular_file
 
 SCHEMA_VERSION = 1
 BUILTIN_PREFIX = "builtin:"
@@ -58,6 +58,10 @@ def load_policy(path_or_preset: str | None = None) -> ColorPolicy:
 # --------------------------------------------------------------------------- reading
 
 
+#: A colour list is a few KB; anything this large is the wrong file.
+_MAX_YAML_BYTES = 16 << 20
+
+
 def _read(source: str, context: str) -> tuple[dict[str, Any], str]:
     """(parsed YAML, label); ``context`` says where ``source`` was named, for errors."""
     if source.startswith(BUILTIN_PREFIX):
@@ -70,10 +74,14 @@ def _read(source: str, context: str) -> tuple[dict[str, Any], str]:
             )
         text = (resources.files("amptool.colors") / "presets" / f"{name}.yaml").read_text()
         return _parse(text, source), source
-    if not os.path.isfile(source):
-        raise UserError(f"Colour list file not found: {source}", "Check the --colors path.")
-    with open(source, encoding="utf-8") as handle:
-        return _parse(handle.read(), source), source
+    check_regular_file(source, "Colour list file", "Check the --colors path.", max_bytes=_MAX_YAML_BYTES)
+    try:
+        with open(source, encoding="utf-8") as handle:
+            return _parse(handle.read(), source), source
+    except UnicodeDecodeError as err:
+        raise UserError(f"{source}: not UTF-8 text (byte {err.start})", "A colour list is a YAML text file.") from err
+    except OSError as err:
+        raise UserError(f"Colour list file {source} cannot be read: {err.strerror or err}") from err
 
 
 def _parse(text: str, label: str) -> dict[str, Any]:

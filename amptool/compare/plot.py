@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from amptool.errors import UserError
-from amptool.fileio import atomic_path
+from amptool.fileio import atomic_write
 
 FORMATS = ("png", "svg", "pdf")
 MAX_POINTS = 20_000  # scatter points per output; more is slow and looks the same
@@ -71,8 +71,8 @@ def plot_outputs(
         scatter.set_xlabel("reference")
         scatter.set_ylabel("converted")
     fmt = os.path.splitext(path)[1].lstrip(".").lower()
-    with atomic_path(path, suffix=f".{fmt}") as tmp:
-        fig.savefig(tmp, format=fmt, dpi=110)
+    with atomic_write(path, "wb", "--plot") as handle:
+        fig.savefig(handle, format=fmt, dpi=110)
 
 
 def _numeric(ref: np.ndarray, out: np.ndarray) -> bool:

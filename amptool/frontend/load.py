@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import onnx
 
 from amptool.errors import UserError, error_summary
+from amptool.fileio import check_regular_file, physical_memory
 
 #: Ops that mean the model is already quantized: amptool converts float models.
 QUANTIZED_OPS = frozenset(
@@ -61,10 +61,7 @@ class LoadedModel:
 
 def load_model(path: str) -> LoadedModel:
     """Read, check and name an ONNX model; raise UserError with a hint on anything wrong."""
-    if not os.path.exists(path):
-        raise UserError(f"Model file not found: {path}", "Check the path.")
-    if os.path.isdir(path):
-        raise UserError(f"Model path is a directory, not an ONNX file: {path}")
+    check_regular_file(path, "Model file", "Pass a .onnx file.", max_bytes=physical_memory())
     try:
         model = onnx.load(path, load_external_data=True)
     except Exception as err:  # protobuf raises DecodeError, external data raises OSError

@@ -102,12 +102,19 @@ def parse_input_shapes(values: Sequence[str], input_names: Sequence[str]) -> dic
     return shapes
 
 
+#: Most bytes the model inputs of one run may take together (``--max-input-size``): a declared
+#: 1x3x100000x100000 input would otherwise ask for 224 GiB before anything could say no.
+DEFAULT_MAX_INPUT_BYTES = 4 << 30
+
+
 def pin_input_specs(
     inputs: Sequence[TensorSpec],
     shapes: Mapping[str, tuple[int, ...]] | None = None,
     arrays: Mapping[str, np.ndarray] | None = None,
+    max_bytes: int = DEFAULT_MAX_INPUT_BYTES,
 ) -> list[TensorSpec]:
-    """Resolve every input to a static shape, or raise a UserError naming what to pin."""
+    """Resolve every input to a static shape, or raise a UserError naming what to pin; refuse
+    inputs that together exceed ``max_bytes`` before anything allocates them."""
     shapes = dict(shapes or {})
     arrays = dict(arrays or {})
     pinned: list[TensorSpec] = []
@@ -144,7 +151,41 @@ def pin_input_specs(
                 "or pass --inputs with arrays.",
             )
         pinned.append(candidate)
+    check_input_bytes(pinned, max_bytes)
     return pinned
+
+
+def input_bytes(spec: TensorSpec) -> int:
+    """Bytes one array of ``spec`` takes (exact integers: 2^62-element dims do not overflow)."""
+    count = 1
+    for dim in spec.shape or ():
+        count *= int(dim)
+    try:
+        itemsize = numpy_dtype(spec.dtype).itemsize
+    except TypeError:
+        itemsize = 8
+    return count * itemsize
+
+
+def check_input_bytes(specs: Sequence[TensorSpec], max_bytes: int) -> None:
+    """UserError when the inputs of one run would take more than ``max_bytes``."""
+    sizes = {spec.name: input_bytes(spec) for spec in specs}
+    total = sum(sizes.values())
+    if total > max_bytes:
+        name = max(sizes, key=lambda n: sizes[n])
+        shape = next(s.shape for s in specs if s.name == name)
+        raise UserError(
+            f"Inputs would take {_bytes_text(total)} (input '{name}' {_fmt(shape)}: {_bytes_text(sizes[name])}), "
+            f"over the {_bytes_text(max_bytes)} limit",
+            f"Pin smaller shapes with --input-shape {name}:…, or raise the limit with --max-input-size.",
+        )
+
+
+def _bytes_text(count: int) -> str:
+    for unit, scale in (("EiB", 1 << 60), ("PiB", 1 << 50), ("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} bytes"
 
 
 def _fmt(shape: tuple[int | str, ...] | None) -> str:

@@ -58,7 +58,7 @@ def run_artifact(config: RunConfig) -> RunResult:
     loaded = time.perf_counter()
     outputs = compiled.run(feeds)
     ran = time.perf_counter()
-    save_arrays(config.output, {name: _npz_array(value) for name, value in outputs.items()})
+    save_arrays(config.output, {name: _npz_array(value) for name, value in outputs.items()}, "-o")
     return RunResult(outputs=outputs, device=compiled.device, manifest=manifest, load_s=loaded - start,
                      run_s=ran - loaded, runtime_only=_tvm.runtime_only())
 

@@ -15,14 +15,13 @@ or unknown names, dtypes, shapes — and every problem is a one-line UserError.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnx
 
 from amptool.errors import UserError
-from amptool.fileio import atomic_path
+from amptool.fileio import atomic_write, check_regular_file
 from amptool.frontend.signature import TensorSpec
 
 #: Ops an index may pass through on its way to Gather without changing its values.
@@ -152,8 +151,7 @@ def generate_inputs(
 
 def read_npz(path: str, flag: str) -> dict[str, np.ndarray]:
     """Every array of an .npz file, or a UserError naming the flag and the file."""
-    if not os.path.isfile(path):
-        raise UserError(f"{flag}: file not found: {path}")
+    check_regular_file(path, f"{flag}: file", "Pass an .npz written by numpy.savez.")
     try:
         with np.load(path, allow_pickle=False) as data:
             return {k: np.asarray(data[k]) for k in data.files}
@@ -210,13 +208,13 @@ def load_reference_outputs(path: str, output_names: Sequence[str]) -> dict[str, 
     return {n: arrays[n] for n in output_names}
 
 
-def save_arrays(path: str, arrays: Mapping[str, np.ndarray]) -> None:
+def save_arrays(path: str, arrays: Mapping[str, np.ndarray], what: str = "") -> None:
     """Write an .npz atomically (temporary file, then rename)."""
-    with atomic_path(path, suffix=".npz") as tmp:
-        np.savez(tmp, **arrays)  # type: ignore[arg-type]
+    with atomic_write(path, "wb", what) as handle:
+        np.savez(handle, **arrays)  # type: ignore[arg-type]
 
 
 def save_outputs(path: str, reference: Mapping[str, np.ndarray], converted: Mapping[str, np.ndarray]) -> None:
     """Reference outputs under their names (so the file works as --reference-outputs),
     the converted model's under ``converted/NAME``."""
-    save_arrays(path, {**reference, **{f"{CONVERTED_PREFIX}{k}": v for k, v in converted.items()}})
+    save_arrays(path, {**reference, **{f"{CONVERTED_PREFIX}{k}": v for k, v in converted.items()}}, "--save-outputs")
