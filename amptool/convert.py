@@ -330,7 +330,7 @@ def _io_specs(specs: list[TensorSpec], config: ConvertConfig) -> list[TensorSpec
 def _calibrate(config: ConvertConfig, model: Any, inputs: list[TensorSpec]) -> Calibration:
     """Activation peaks on --calibration arrays, else on the seeded inputs diff uses."""
     if config.calibration:
-        feeds = load_inputs(config.calibration, inputs)
+        feeds = load_inputs(config.calibration, inputs, "--calibration")
         check_input_shapes(feeds, inputs, f"--calibration {config.calibration}")
         return activation_peaks(model, feeds, source=config.calibration)
     return activation_peaks(model, generate_inputs(inputs, model, seed=0), source="generated (seed 0)")

@@ -8,9 +8,10 @@ gives both the model outputs, which decide pass/fail, and every node's error
 max_abs by 0.0027 against a bound of 0.010 — enough to pass a search that the export fails.
 
     measure(colours)        rewrite (the import is reused) → one compile of ``main`` and,
-                            beside it, the probed copy (``amptool.probe``) → run on seeded
-                            inputs → outputs of ``main`` (the kernels a normal build has) vs
-                            onnxruntime decide pass/fail; the probed copy gives per-layer errors
+                            beside it, the probed copy (``amptool.probe``) → run on every
+                            search set → outputs of ``main`` (the kernels a normal build has)
+                            vs onnxruntime decide pass/fail (all sets must pass); the probed
+                            copy gives per-layer errors on the set that fails worst
     rank(measurement)       nodes computing in the low dtype, by the error they add: new
                             NaN/Inf first, then ``rms_growth`` (RMS relative error over their
                             inputs': unlike the max-based growth it is not inflated when an op
@@ -25,11 +26,14 @@ max_abs by 0.0027 against a bound of 0.010 — enough to pass a search that the 
                             measurement left, every remaining candidate is kept, so a budget that
                             allows ≥ 2 measurements ends passing whenever float32 itself passes.
     final build             the passing colours compiled normally (a passing plain build from
-                            the bisection is reused) and checked again
+                            the bisection is reused) and checked again on the search sets
+    held-out check          the final build run, no compile, on sets the search never saw:
+                            --validation's, else the 4 seeds after the search's (amptool.fallback_verify)
 
-``max_compiles`` counts every compile, the final one included (default 10; the doubling
-reaches 127 kept nodes in 8). The result is a colour list — the user's (or builtin:default)
-plus ``nodes: {match: NODE, color: never}`` rules — written as ``fallback.yaml``.
+The search sets are ``--calibration``'s inputs when given, else seeds ``seed … seed+N-1``
+(N = ``iterations``, default 4). ``max_compiles`` counts every compile, the final one included
+(default 10; the doubling reaches 127 kept nodes in 8). The result is a colour list — the
+user's (or builtin:default) plus ``nodes: {match: NODE, color: never}`` rules — ``fallback.yaml``.
 """
 
 from __future__ import annotations
@@ -48,7 +52,6 @@ import yaml
 from amptool.colors.loader import BUILTIN_PREFIX
 from amptool.colors.policy import Color, ColorPolicy, NodeRule
 from amptool.compare.aggregate import severity, worst_case
-from amptool.compare.stats import compare_output
 from amptool.compare.tolerance import TolerancePolicy
 from amptool.convert import (
     BuildResult,
@@ -59,15 +62,17 @@ from amptool.convert import (
     rewrite_with_policy,
 )
 from amptool.errors import UserError
+from amptool.fallback_verify import InputSet, Model, Verdict, check_outputs, input_sets, judge
 from amptool.fileio import finite_only
 from amptool.frontend.signature import TensorSpec, graph_inputs
 from amptool.passes import stats
-from amptool.per_layer import LayerReport, compare_layers, reference_tensors
+from amptool.per_layer import LayerReport, compare_layers
 from amptool.probe import compile_probed
-from amptool.runtime.inputs import generate_inputs
 
 FALLBACK_FILE = "fallback.yaml"
 DEFAULT_MAX_COMPILES = 10
+DEFAULT_SEARCH_SEEDS = 4
+DEFAULT_HELD_OUT_SEEDS = 4
 
 
 @dataclass(frozen=True)
@@ -76,17 +81,40 @@ class FallbackConfig:
     tolerance: TolerancePolicy = TolerancePolicy()
     max_compiles: int = DEFAULT_MAX_COMPILES
     seed: int = 0
-    iterations: int = 1  # input sets (seeds seed … seed+N-1) that must all pass, as diff --iterations
+    iterations: int | None = None  # search seeds seed … seed+N-1 as diff's; None: 4, or --calibration's inputs
+    held_out: int = DEFAULT_HELD_OUT_SEEDS  # held-out seeds, after the search's (unless ``validation``)
+    validation: str | None = None  # .npz of held-out inputs (--validation), instead of seeds
 
     def __post_init__(self) -> None:
         if self.convert.dtype == "float32":
             raise UserError("--auto-fallback needs a low-precision --dtype (float16 or bfloat16)",
                             "float32 has nothing to fall back from.")
-        if self.iterations < 1:
+        if self.iterations is not None and self.iterations < 1:
             raise UserError(f"--iterations {self.iterations}: need at least 1")
+        if self.iterations is not None and self.convert.calibration:
+            raise UserError(f"--iterations {self.iterations} generates the search's input sets, but "
+                            f"--calibration {self.convert.calibration} gives them",
+                            "Drop --iterations (the search runs on the --calibration inputs), or drop --calibration.")
+        if self.held_out < 1:
+            raise UserError(f"held_out {self.held_out}: need at least 1 held-out seed")
         if self.max_compiles < 3:
             raise UserError(f"--max-compiles {self.max_compiles}: auto-fallback needs at least 3 "
                             "(measure, try, final build)", "Use --max-compiles 3 or more (default 10).")
+
+    @property
+    def search_seeds(self) -> list[int]:
+        """The seeds the search judges on; none when it runs on --calibration's inputs."""
+        if self.convert.calibration:
+            return []
+        return list(range(self.seed, self.seed + (self.iterations or DEFAULT_SEARCH_SEEDS)))
+
+    @property
+    def held_out_seeds(self) -> list[int]:
+        """Seeds the search never saw (the ones after its own); none with --validation."""
+        if self.validation:
+            return []
+        first = self.seed + len(self.search_seeds)
+        return list(range(first, first + self.held_out))
 
 
 @dataclass
@@ -119,7 +147,7 @@ class Measurement:
 class FallbackResult:
     build: BuildResult  # the final (normal, probe-free) build
     kept: list[str]
-    passed: bool
+    passed: bool  # on the search sets and on the held-out ones
     compiles: int
     fraction_low_precision: float
     fraction_low_precision_before: float
@@ -127,6 +155,8 @@ class FallbackResult:
     final_outputs: list[dict[str, Any]]
     attempts: list[dict[str, Any]]
     yaml_text: str
+    search: Verdict  # the final build on the search sets (``final_outputs``)
+    held_out: Verdict  # … and on sets the search never saw
     timings_s: dict[str, float] = field(default_factory=dict)
 
     def manifest_section(self) -> dict[str, Any]:
@@ -142,6 +172,8 @@ class FallbackResult:
             "final": worst,
             "attempts": self.attempts,
             "colors_file": FALLBACK_FILE,
+            "search": self.search.as_json(),
+            "held_out": self.held_out.as_json(),
             "timings_s": {k: round(v, 3) for k, v in self.timings_s.items()},
         })
 
@@ -157,10 +189,9 @@ def auto_fallback(config: FallbackConfig, on_stage: Callable[[str], None] | None
     output_names = [o.name for o in base.prepared.graph.output]
     config.tolerance.check_names(output_names)
     notify("reference")
-    sets = []
-    for seed in range(config.seed, config.seed + config.iterations):
-        feeds = {**generate_inputs(pinned, base.loaded.model, seed=seed), **base.fixed_inputs}
-        sets.append((feeds, reference_tensors(base.prepared, feeds)))
+    model = Model(pinned, base.loaded.model, base.prepared, base.fixed_inputs)
+    sets = input_sets(model, config.search_seeds, config.convert.calibration, "--calibration")
+    held_out_sets = input_sets(model, config.held_out_seeds, config.validation, "--validation")
     search = _Search(config, base, sets, output_names, notify)
 
     current = search.measure(())
@@ -190,39 +221,41 @@ def auto_fallback(config: FallbackConfig, on_stage: Callable[[str], None] | None
             break
         kept, current, step = trial.kept, trial, step * 2
     chosen = best or current
-    yaml_text = fallback_yaml(config, list(chosen.kept), chosen, best is not None)
     build = chosen.build
     if build is None:
         notify("compile")
         build = compile_rewritten(config.convert, chosen.rewritten)
         search.compiles += 1
     compiled = build.compiled()
-    final = worst_case([_check_outputs(compiled.run(feeds), reference, output_names, config.tolerance, dtype)
-                        for feeds, reference in sets])
-    passed = all(o["passed"] for o in final)
+    searched = judge(compiled.run, sets, output_names, config.tolerance, dtype)
+    timings = {"search": time.perf_counter() - start}
+    notify(f"auto-fallback: held-out check ({len(held_out_sets)} input set(s))")
+    held_out = judge(compiled.run, held_out_sets, output_names, config.tolerance, dtype)
+    timings["held_out"] = time.perf_counter() - start - timings["search"]
     mod, decisions = chosen.rewritten.passes.mod, chosen.rewritten.passes.report.decisions
     return FallbackResult(
         build=build,
         kept=list(chosen.kept),
-        passed=passed,
+        passed=searched.passed and held_out.passed,
         compiles=search.compiles,
         fraction_low_precision=stats.compute_fraction(mod, decisions, dtype),
         fraction_low_precision_before=before,
         fraction_ops_low_precision=stats.fraction_ops(decisions, dtype),
-        final_outputs=final,
+        final_outputs=list(searched.outputs),
         attempts=[m.summary() for m in search.history],
-        yaml_text=yaml_text,
-        timings_s={"search": time.perf_counter() - start},
+        yaml_text=fallback_yaml(config, list(chosen.kept), searched, held_out),
+        search=searched,
+        held_out=held_out,
+        timings_s=timings,
     )
 
 
 class _Search:
-    """Measurements share one import, one set of inputs and one onnxruntime reference."""
+    """Measurements share one import and the search's input sets with their onnxruntime references."""
 
-    def __init__(self, config: FallbackConfig, base: Rewritten,
-                 sets: Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]],
+    def __init__(self, config: FallbackConfig, base: Rewritten, sets: Sequence[InputSet],
                  output_names: Sequence[str], notify: Callable[[str], None]) -> None:
-        self.config, self.base, self.sets = config, base, list(sets)  # (feeds, reference tensors)
+        self.config, self.base, self.sets = config, base, list(sets)
         self.output_names, self.notify = list(output_names), notify
         self.compiles = 0
         self.history: list[Measurement] = []
@@ -238,7 +271,7 @@ class _Search:
             build = compile_rewritten(convert, rewritten)
             self.compiles += 1
             compiled = build.compiled()
-            results = worst_case([self._check(compiled.run(feeds), reference) for feeds, reference in self.sets])
+            results = worst_case([self._check(compiled.run(s.feeds), s.reference) for s in self.sets])
             plain = Measurement(kept, rewritten, results, None, time.perf_counter() - start, build)
             self.history.append(plain)
             return plain
@@ -248,7 +281,7 @@ class _Search:
                                 rewritten.inputs, self.output_names, convert.dtype, self.target_spec, self.device,
                                 beside=True)
         self.compiles += 1
-        runs = [(probed.run(feeds), reference) for feeds, reference in self.sets]
+        runs = [(probed.run(s.feeds), s.reference) for s in self.sets]
         per_set = [self._check(outputs, reference) for (outputs, _), reference in runs]
         results = worst_case(per_set)
         # Rank on the input set whose worst output is worst: that is where error must come down.
@@ -260,7 +293,7 @@ class _Search:
         return measurement
 
     def _check(self, outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:
-        return _check_outputs(outputs, reference, self.output_names, self.config.tolerance, self.config.convert.dtype)
+        return check_outputs(outputs, reference, self.output_names, self.config.tolerance, self.config.convert.dtype)
 
 
 def _target(config: ConvertConfig) -> tuple[dict[str, Any], str]:
@@ -269,14 +302,6 @@ def _target(config: ConvertConfig) -> tuple[dict[str, Any], str]:
 
     target = resolve(config)
     return target.spec, target.device
-
-
-def _check_outputs(outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray],
-                   names: Sequence[str], tolerance: TolerancePolicy, dtype: str) -> list[dict[str, Any]]:
-    converted = {k: np.asarray(v) for k, v in outputs.items()}
-    converted = {k: v.astype(np.float32) if v.dtype.kind == "V" or str(v.dtype) in ("float16", "bfloat16") else v
-                 for k, v in converted.items()}
-    return [compare_output(n, reference[n], converted[n], tolerance.resolve(dtype, n)) for n in names]
 
 
 # --------------------------------------------------------------------------- ranking
@@ -346,9 +371,11 @@ def literal_pattern(name: str) -> str:
 # --------------------------------------------------------------------------- the colour list
 
 
-def fallback_yaml(config: FallbackConfig, kept: Sequence[str], measurement: Measurement, passed: bool) -> str:
+def fallback_yaml(config: FallbackConfig, kept: Sequence[str], search: Verdict, held_out: Verdict) -> str:
     """The colour list to pass back with ``--colors``: the user's colours plus one NEVER rule per
-    kept node. A user file is copied (``extends`` only takes built-in presets)."""
+    kept node. A user file is copied (``extends`` only takes built-in presets). Its header says
+    whether the colours passed the search and the held-out sets: one that did not generalise
+    is still written, and says so."""
     colors = config.convert.colors
     rules = [{"match": literal_pattern(n), "color": Color.NEVER.value} for n in kept]
     if colors and not colors.startswith(BUILTIN_PREFIX):
@@ -368,21 +395,12 @@ def fallback_yaml(config: FallbackConfig, kept: Sequence[str], measurement: Meas
         flags.append("--no-concretize")
     if config.convert.low_precision_io:
         flags.append("--low-precision-io")
-    worst = measurement.worst
-    verdict = "passes" if passed else "still FAILS"
     header = [
-        f"# amptool convert --auto-fallback: {len(kept)} ONNX node(s) kept float32; on seeded inputs "
-        f"({_seeds(config)}) output '{worst['name']}' {verdict} "
-        f"(tolerance ratio {_fmt(worst['tolerance_ratio'])}).",
+        f"# amptool convert --auto-fallback: {len(kept)} ONNX node(s) kept float32.",
+        f"# Search ({search.source}): {search.sentence(fails='still FAILS')}.",
+        f"# Held-out ({held_out.source}): {held_out.sentence()}"
+        + ("." if held_out.passed or not search.passed else
+           " -- these colours did not generalise beyond the search's inputs."),
         f"# Reproduce: amptool convert MODEL {' '.join(flags)} --colors {FALLBACK_FILE} -o OUTDIR",
     ]
     return "\n".join(header) + "\n" + yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=1000)
-
-
-def _seeds(config: FallbackConfig) -> str:
-    last = config.seed + config.iterations - 1
-    return f"seed {config.seed}" if last == config.seed else f"seeds {config.seed}…{last}"
-
-
-def _fmt(value: Any) -> str:
-    return f"{value:.3g}" if isinstance(value, float) else str(value)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 import yaml
+from onnx import TensorProto, helper, numpy_helper
 
 from amptool.colors import load_policy
 from amptool.colors.policy import Color
@@ -19,6 +22,39 @@ from tests.conftest import read_json
 
 def _last(result) -> str:
     return result.output.strip().splitlines()[-1]
+
+
+def _seed_dependent(path: Path) -> str:
+    """x @ I, ×2^15, ×2^-15: exact in float32; in float16 the ×2^15 overflows when |x| > 2, which
+    diff's seeded inputs reach on seeds 1, 5, 6 and 7 (max |x| 2.67, 2.36, 2.14, 2.14) but not
+    on seed 0 (1.44). Powers of two, so float16 adds no error but the input's rounding."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="/fc/MatMul"),
+             helper.make_node("Mul", ["h", "up"], ["u"], name="/up/Mul"),
+             helper.make_node("Mul", ["u", "down"], ["y"], name="/down/Mul")]
+    weights = [numpy_helper.from_array(np.eye(16, dtype=np.float32), "w"),
+               numpy_helper.from_array(np.array(2.0**15, np.float32), "up"),
+               numpy_helper.from_array(np.array(2.0**-15, np.float32), "down")]
+    graph = helper.make_graph(nodes, "seed_dependent", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def seed_dependent(tmp_path_factory):
+    """_seed_dependent converted with --no-range-guards --auto-fallback and the default input sets."""
+    from click.testing import CliRunner
+
+    from amptool.cli.main import cli
+
+    root = tmp_path_factory.mktemp("seed_dependent")
+    model = _seed_dependent(root / "seedy.onnx")
+    out = root / "out"
+    result = CliRunner().invoke(cli, ["convert", model, "--no-range-guards", "--auto-fallback", "-o", str(out)],
+                                catch_exceptions=False)
+    return model, out, result
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +117,8 @@ def test_a_user_colour_file_is_extended_in_place(tmp_path, run_cli):
     result = run_cli("convert", str(model), "--no-range-guards", "--colors", str(colors), "--auto-fallback",
                      "--max-compiles", "4", "--iterations", "2", "-o", str(out))
     assert result.exit_code == 0, result.output
-    assert "on seeded inputs (seeds 0…1)" in (out / "fallback.yaml").read_text()
+    assert "# Search (seeds 0-1): output 'y' passes" in (out / "fallback.yaml").read_text()
+    assert "# Held-out (seeds 2-5): output 'y' passes" in (out / "fallback.yaml").read_text()
     data = yaml.safe_load((out / "fallback.yaml").read_text())
     assert data["never"] == {"add": ["Relu"]}
     assert data["nodes"] == [{"match": "/scale_up/Mul", "color": "never"}, {"match": "/relu/*", "color": "never"}]
@@ -119,6 +156,21 @@ def test_bad_combinations_are_one_line_errors(tmp_path, run_cli):
     assert result.exit_code == 2 and "--auto-fallback needs a low-precision --dtype" in result.output
     result = run_cli("convert", str(model), "--auto-fallback", "--atol", "nope:1e-2", "-o", str(tmp_path / "o"))
     assert result.exit_code == 2 and "names unknown output 'nope'" in result.output
+    inputs = tmp_path / "x.npz"
+    np.savez(inputs, x=np.ones((1, 16), np.float32))
+    result = run_cli("convert", str(model), "--validation", str(inputs), "-o", str(tmp_path / "o"))
+    assert result.exit_code == 2 and "error: --validation: only used by --auto-fallback" in result.output
+    result = run_cli("convert", str(model), "--auto-fallback", "--calibration", str(inputs), "--iterations", "4",
+                     "-o", str(tmp_path / "o"))
+    assert result.exit_code == 2 and f"--iterations 4 generates the search's input sets, but --calibration {inputs}" \
+        in result.output
+    result = run_cli("convert", str(model), "--auto-fallback", "--validation", str(tmp_path / "none.npz"),
+                     "-o", str(tmp_path / "o"))
+    assert result.exit_code == 2 and "none.npz' does not exist" in result.output
+    wrong = tmp_path / "wrong.npz"
+    np.savez(wrong, z=np.ones((1, 16), np.float32))
+    result = run_cli("convert", str(model), "--auto-fallback", "--validation", str(wrong), "-o", str(tmp_path / "o"))
+    assert result.exit_code == 2 and f"error: --validation {wrong}: no array for input(s) 'x'" in result.output
     assert "Traceback" not in result.output and not (tmp_path / "o").exists()
 
 
@@ -132,3 +184,88 @@ def test_search_budget_is_checked():
 def test_literal_pattern_escapes_glob_characters():
     assert literal_pattern("a*b?c[d]") == "a[*]b[?]c[[]d]"
     assert literal_pattern("/x/") == "/x[/]"
+
+
+# --------------------------------------------------------------------------- search vs held-out input sets
+
+
+def test_the_search_judges_on_four_seeds_and_holds_out_four_more(seed_dependent):
+    """Seed 0 alone passes all-float16; seed 1 overflows. Four search seeds see it, so /up/Mul is kept."""
+    _model, out, result = seed_dependent
+    assert result.exit_code == 0, result.output
+    section = read_json(out / "manifest.json")["auto_fallback"]
+    assert section["nodes_kept_fp32"] == ["/up/Mul"] and section["passed"] is True
+    assert section["search"]["seeds"] == [0, 1, 2, 3] and section["search"]["sets"] == 4
+    assert section["search"]["source"] == "seeds 0-3" and section["search"]["passed"] is True
+    assert section["attempts"][0]["passed"] is False  # all-float16 failed on a search set …
+    assert section["search"]["tolerance_ratio"] == pytest.approx(section["final"]["tolerance_ratio"])
+    held = section["held_out"]
+    assert held["seeds"] == [4, 5, 6, 7] and held["path"] is None and held["passed"] is True
+    assert held["failed_sets"] == [] and 0 < held["tolerance_ratio"] < 1
+    assert _last(result).startswith("PASSED | auto-fallback | 3 compiles | 1 node(s) kept float32 (/up/Mul) | ")
+    assert _last(result).endswith(f"on search seeds 0-3: {section['final']['tolerance_ratio']:.3g}× tolerance | "
+                                  f"held-out seeds 4-7: {held['tolerance_ratio']:.3g}× tolerance")
+    assert "# Held-out (seeds 4-7): output 'y' passes" in (out / "fallback.yaml").read_text()
+
+
+def test_the_colours_found_pass_diff_on_unseen_seeds(seed_dependent, run_cli):
+    """Seeds 100-103 were neither searched nor held out."""
+    model, out, _result = seed_dependent
+    result = run_cli("diff", model, "--no-range-guards", "--colors", str(out / "fallback.yaml"),
+                     "--seed", "100", "--iterations", "4")
+    assert result.exit_code == 0, result.output
+    assert _last(result).startswith("PASSED | float16 on llvm")
+
+
+def test_a_search_that_overfits_one_seed_fails_the_held_out_check(tmp_path, run_cli):
+    """--iterations 1: seed 0 passes with nothing kept; held-out seed 1 overflows → exit 1."""
+    model = _seed_dependent(tmp_path / "seedy.onnx")
+    out = tmp_path / "out"
+    result = run_cli("convert", model, "--no-range-guards", "--auto-fallback", "--iterations", "1", "-o", str(out))
+    assert result.exit_code == 1, result.output
+    assert _last(result).startswith(
+        "FAILED | auto-fallback | held-out check failed: output 'y' 0 NaN / 1 Inf where the reference is finite "
+        "on seed 1 (search passed on seed 0) | 2 compiles | 0 node(s) kept float32 | ")
+    section = read_json(out / "manifest.json")["auto_fallback"]
+    assert section["passed"] is False and section["search"]["passed"] is True
+    assert section["held_out"]["seeds"] == [1, 2, 3, 4] and section["held_out"]["failed_sets"] == ["seed 1"]
+    text = (out / "fallback.yaml").read_text()  # still written, and says why it is not to be trusted
+    assert "# Held-out (seeds 1-4): output 'y' FAILS on seed 1: " in text and "did not generalise" in text
+    assert yaml.safe_load(text)["nodes"] == []
+
+
+def test_a_validation_file_the_colours_fail_exits_1(seed_dependent, tmp_path, run_cli):
+    """Held-out inputs 1e5× the search's: float16 cannot even hold them."""
+    model, _out, _result = seed_dependent
+    validation = tmp_path / "far.npz"
+    np.savez(validation, x=np.random.default_rng(0).standard_normal((1, 16)).astype(np.float32) * 1e5)
+    out = tmp_path / "out"
+    result = run_cli("convert", model, "--no-range-guards", "--auto-fallback", "--validation", str(validation),
+                     "-o", str(out))
+    assert result.exit_code == 1, result.output
+    assert _last(result).startswith(  # inf × the identity's zeros: NaN
+        f"FAILED | auto-fallback | held-out check failed: output 'y' 16 NaN / 0 Inf where the reference is finite "
+        f"on --validation {validation} (search passed on seeds 0-3) | 3 compiles | 1 node(s) kept float32 (/up/Mul) | ")
+    assert _last(result).endswith(f"held-out --validation {validation}: failed")
+    section = read_json(out / "manifest.json")["auto_fallback"]
+    held = section["held_out"]
+    assert held == {**held, "passed": False, "seeds": [], "path": str(validation), "sets": 1,
+                    "worst_set": f"--validation {validation}", "failed_sets": [f"--validation {validation}"]}
+    assert section["search"]["passed"] is True and section["passed"] is False
+    assert "did not generalise" in (out / "fallback.yaml").read_text()
+
+
+def test_the_search_runs_on_calibration_inputs_when_given(tmp_path, run_cli):
+    """--calibration is the search's input set; the held-out seeds then start at 0."""
+    model = _seed_dependent(tmp_path / "seedy.onnx")
+    calibration = tmp_path / "cal.npz"
+    np.savez(calibration, x=np.linspace(-3, 3, 16, dtype=np.float32).reshape(1, 16))
+    out = tmp_path / "out"
+    result = run_cli("convert", model, "--no-range-guards", "--calibration", str(calibration), "--auto-fallback",
+                     "-o", str(out), "--json")
+    assert result.exit_code == 0, result.output
+    section = read_json(out / "manifest.json")["auto_fallback"]
+    assert section["nodes_kept_fp32"] == ["/up/Mul"]
+    assert section["search"] == {**section["search"], "passed": True, "seeds": [], "path": str(calibration),
+                                 "sets": 1, "source": f"--calibration {calibration}"}
+    assert section["held_out"]["seeds"] == [0, 1, 2, 3] and section["held_out"]["passed"] is True

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from amptool.cli.console import handles_user_errors, out, stages
-from amptool.cli.options import model_options
+from amptool.cli.options import model_options, validation_option
 from amptool.errors import EXIT_ACCURACY_FAILED, UserError
 
 if TYPE_CHECKING:
@@ -30,21 +30,24 @@ if TYPE_CHECKING:
 @click.option("--emit-ir", "emit_ir", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="Also write the final Relax module (after every pass, before compiling) as TVMScript.")
 @click.option("--auto-fallback", is_flag=True,
-              help="Find ONNX nodes to keep float32 until diff's tolerance holds on seeded inputs; writes "
-              "OUTDIR/fallback.yaml (pass it back with --colors).")
+              help="Find ONNX nodes to keep float32 until diff's tolerance holds on several input sets, then check "
+              "them on held-out ones; writes OUTDIR/fallback.yaml (pass it back with --colors).")
 @click.option("--atol", multiple=True, metavar="[NAME:]VALUE", help="With --auto-fallback: as diff's --atol.")
 @click.option("--rtol", multiple=True, metavar="[NAME:]VALUE", help="With --auto-fallback: as diff's --rtol.")
 @click.option("--min-cosine", multiple=True, metavar="[NAME:]VALUE",
               help="With --auto-fallback: as diff's --min-cosine.")
 @click.option("--iterations", type=int, default=None, metavar="N",
-              help="With --auto-fallback: N seeded input sets (seeds 0…N-1, as diff's) must all pass (default 1).")
+              help="With --auto-fallback: search on N seeded input sets (seeds 0…N-1, as diff's; default 4, "
+              "or the --calibration inputs when given).")
+@validation_option
 @click.option("--max-compiles", type=int, default=None, metavar="N",
               help="With --auto-fallback: most compiles the search may use, the final build included (default 10).")
 @handles_user_errors
 def convert(model: str, dtype: str, build: dict[str, Any],
             output_dir: str, json_summary: bool, auto_fallback: bool = False, atol: tuple[str, ...] = (),
             rtol: tuple[str, ...] = (), min_cosine: tuple[str, ...] = (), iterations: int | None = None,
-            max_compiles: int | None = None, emit_ir: str | None = None, lower_only: bool = False) -> None:
+            max_compiles: int | None = None, validation: str | None = None, emit_ir: str | None = None,
+            lower_only: bool = False) -> None:
     """Convert MODEL.onnx to DTYPE and compile it into OUTPUT."""
     import json  # noqa: PLC0415
 
@@ -54,7 +57,7 @@ def convert(model: str, dtype: str, build: dict[str, Any],
 
     config = ConvertConfig(model=model, dtype=dtype, **build)
     given = (("--atol", atol), ("--rtol", rtol), ("--min-cosine", min_cosine), ("--iterations", iterations),
-             ("--max-compiles", max_compiles))
+             ("--max-compiles", max_compiles), ("--validation", validation))
     search_flags = [flag for flag, value in given if value not in (None, ())]
     if search_flags and not auto_fallback:
         raise UserError(f"{', '.join(search_flags)}: only used by --auto-fallback",
@@ -72,12 +75,13 @@ def convert(model: str, dtype: str, build: dict[str, Any],
     with stages() as on_stage:
         if auto_fallback:
             fallback, manifest = _auto_fallback(config, output_dir, on_stage, atol, rtol, min_cosine, iterations,
-                                                max_compiles)
+                                                max_compiles, validation)
             if emit_ir:
                 write_ir(fallback.build.passes.mod, emit_ir)
         else:
             _result, manifest = convert_model(config, output_dir, on_stage=on_stage, emit_ir=emit_ir)
-    failed = fallback is not None and not fallback.passed  # exit 1 like diff; the artifact is still written
+    # exit 1 like diff when the search or the held-out check fails; the artifact is still written
+    failed = fallback is not None and not fallback.passed
     if json_summary:
         click.echo(json.dumps(manifest, indent=2))
         sys.exit(EXIT_ACCURACY_FAILED if failed else 0)
@@ -125,13 +129,14 @@ def _lower_only(config: ConvertConfig, output_dir: str, json_summary: bool, emit
 
 def _auto_fallback(config: ConvertConfig, output_dir: str, on_stage: Callable[[str], None],
                    atol: tuple[str, ...], rtol: tuple[str, ...], min_cosine: tuple[str, ...],
-                   iterations: int | None, max_compiles: int | None) -> tuple[FallbackResult, dict[str, Any]]:
+                   iterations: int | None, max_compiles: int | None,
+                   validation: str | None) -> tuple[FallbackResult, dict[str, Any]]:
     from amptool.compare.tolerance import parse_tolerance_flags  # noqa: PLC0415
     from amptool.convert import export_build  # noqa: PLC0415
     from amptool.fallback import DEFAULT_MAX_COMPILES, FALLBACK_FILE, FallbackConfig, auto_fallback  # noqa: PLC0415
 
     policy = parse_tolerance_flags(atol=atol, rtol=rtol, min_cosine=min_cosine)
-    search = FallbackConfig(convert=config, tolerance=policy, iterations=1 if iterations is None else iterations,
+    search = FallbackConfig(convert=config, tolerance=policy, iterations=iterations, validation=validation,
                             max_compiles=DEFAULT_MAX_COMPILES if max_compiles is None else max_compiles)
     result = auto_fallback(search, on_stage=on_stage)
     manifest = export_build(result.build, output_dir, on_stage,

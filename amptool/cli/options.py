@@ -24,6 +24,12 @@ calibration_option = click.option(
          "(default: the seeded random inputs diff uses).",
 )
 
+validation_option = click.option(
+    "--validation", "validation", metavar="X.npz", default=None, type=click.Path(exists=True, dir_okay=False),
+    help="With --auto-fallback: held-out inputs (one array per model input) the colours found must also pass "
+         "(default: the 4 seeds after the search's).",
+)
+
 low_precision_io_option = click.option(
     "--low-precision-io", is_flag=True,
     help="Take and return float32 tensors in the low dtype (the caller holds fp16/bf16 data).",

@@ -253,14 +253,29 @@ def fallback_table(section: dict[str, Any]) -> Table:
 
 
 def fallback_line(section: dict[str, Any], dtype: str) -> str:
-    """``PASSED | …`` / ``FAILED | …``: compiles, nodes kept, compute left in the low dtype."""
+    """``PASSED | …`` / ``FAILED | …``: compiles, nodes kept, compute left in the low dtype, and the
+    worst output on the search's input sets and on the held-out ones. A held-out failure after a
+    passing search leads the line: colours that did not generalise are the news."""
     kept = section["nodes_kept_fp32"]
     names = ", ".join(kept[:5]) + (f", … ({len(kept)} in all)" if len(kept) > 5 else "")
     final = section["final"] or {}
+    search, held = section["search"], section["held_out"]
     verdict = "PASSED" if section["passed"] else "FAILED"
-    return (f"{verdict} | auto-fallback | {section['compiles']} compiles | {len(kept)} node(s) kept float32"
+    reason = ""
+    if search["passed"] and not held["passed"]:
+        reason = (f" | held-out check failed: output '{held['worst_output']}' {held['failure']} on "
+                  f"{held['worst_set']} (search passed on {search['source']})")
+    if final.get("passed"):
+        on_search = f"{_fmt(final.get('tolerance_ratio'), 3)}× tolerance"
+    else:
+        on_search = f"{final.get('failure')} on {search['worst_set']}"
+    if held["passed"]:
+        other = f"'{held['worst_output']}' " if held["worst_output"] != final.get("name") else ""
+        on_held = f"{other}{_fmt(held['tolerance_ratio'], 3)}× tolerance"
+    else:
+        on_held = "failed" if reason else f"failed ({held['worst_output']} on {held['worst_set']})"
+    return (f"{verdict} | auto-fallback{reason} | {section['compiles']} compiles | {len(kept)} node(s) kept float32"
             + (f" ({names})" if kept else "")
             + f" | {section['fraction_low_precision']:.1%} of compute in {dtype} "
-            f"(was {section['fraction_low_precision_before']:.1%}) | worst output '{final.get('name')}': "
-            + (f"{_fmt(final.get('tolerance_ratio'), 3)}× tolerance" if final.get("passed") else
-               str(final.get("failure"))))
+            f"(was {section['fraction_low_precision_before']:.1%}) | worst output '{final.get('name')}' on search "
+            f"{search['source']}: {on_search} | held-out {held['source']}: {on_held}")

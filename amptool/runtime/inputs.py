@@ -174,16 +174,16 @@ def _check_names(path: str, found: Sequence[str], expected: Sequence[str], what:
                         f"The file needs exactly one array per model {what}: {', '.join(expected) or '(none)'}.")
 
 
-def load_inputs(path: str, specs: Sequence[TensorSpec]) -> dict[str, np.ndarray]:
-    """Arrays from an .npz: exactly the model's inputs, each with the model's dtype and rank."""
-    arrays = read_npz(path, "--inputs")
+def load_inputs(path: str, specs: Sequence[TensorSpec], flag: str = "--inputs") -> dict[str, np.ndarray]:
+    """Arrays from an .npz (given with ``flag``): exactly the model's inputs, each with the model's dtype."""
+    arrays = read_npz(path, flag)
     names = [s.name for s in specs]
-    _check_names(path, list(arrays), names, "input", "--inputs")
+    _check_names(path, list(arrays), names, "input", flag)
     for spec in specs:
         want = np.dtype(spec.dtype)
         if arrays[spec.name].dtype != want:
             raise UserError(
-                f"--inputs {path}: array '{spec.name}' is {arrays[spec.name].dtype}, the model expects {want}",
+                f"{flag} {path}: array '{spec.name}' is {arrays[spec.name].dtype}, the model expects {want}",
                 f"Save it with .astype('{want}').",
             )
     return {n: arrays[n] for n in names}
