@@ -291,7 +291,7 @@ def test_unknown_builtin_preset_directly():
 
 
 @pytest.mark.parametrize("parent", ["default", "./other.yaml", "3"])
-def test_extends_must_be_builtin(tmp_path, parent):
+def test_extends_must_be_builtin_or_a_file(tmp_path, parent):
     err, path = _load_error(tmp_path, f"version: 1\nextends: {parent}\n")
     assert path in err.message
     assert "'extends'" in err.message and "builtin:<preset>" in err.message

@@ -6,7 +6,8 @@ a misspelt op silently falling through to "unknown" is exactly the bug users can
 Schema::
 
     version: 1
-    extends: builtin:default          # optional: a preset to start from
+    extends: builtin:default          # optional: a preset, or another colour-list file (relative
+                                      # to this one) to start from
     always: [Conv, relax.matmul]      # a list replaces the preset's list …
     follow: {add: [...], remove: [...]}   # … add/remove edits it
     never: [...]
@@ -25,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import functools
+import os
 from importlib import resources
 from typing import Any
 
@@ -52,7 +54,12 @@ def load_policy(path_or_preset: str | None = None) -> ColorPolicy:
     """A policy from a YAML file, or from ``builtin:<name>``; the default preset if None."""
     source = path_or_preset or f"{BUILTIN_PREFIX}default"
     raw, label = _read(source, context="--colors")
-    return _resolve(raw, label, chain=(label,))
+    return _resolve(raw, label, chain=(_identity(label),))
+
+
+def _identity(source: str) -> str:
+    """What makes two ``extends`` names the same list (for cycle detection)."""
+    return source if source.startswith(BUILTIN_PREFIX) else os.path.realpath(source)
 
 
 # --------------------------------------------------------------------------- reading
@@ -113,15 +120,23 @@ def _resolve(raw: dict[str, Any], label: str, chain: tuple[str, ...]) -> ColorPo
     base: ColorPolicy | None = None
     if "extends" in raw:
         parent = raw["extends"]
-        if not isinstance(parent, str) or not parent.startswith(BUILTIN_PREFIX):
+        if not isinstance(parent, str) or not parent.strip():
             raise UserError(
-                f"{label}: 'extends' must be 'builtin:<preset>', got {parent!r}",
+                f"{label}: 'extends' must be 'builtin:<preset>' or a colour-list file, got {parent!r}",
                 f"Built-in presets: {', '.join(BUILTIN_PREFIX + p for p in builtin_presets())}.",
             )
-        if parent in chain:
-            raise UserError(f"{label}: 'extends' forms a cycle ({' → '.join(chain + (parent,))})")
+        if not parent.startswith(BUILTIN_PREFIX):  # a file, relative to the file that extends it
+            given, parent = parent, os.path.normpath(os.path.join(os.path.dirname(label), os.path.expanduser(parent)))
+            if not os.path.isfile(parent):
+                raise UserError(
+                    f"{label}: 'extends' names {given!r}, which is neither 'builtin:<preset>' nor a file ({parent})",
+                    f"Built-in presets: {', '.join(BUILTIN_PREFIX + p for p in builtin_presets())}; "
+                    "a file path is relative to the file that extends it.",
+                )
+        if _identity(parent) in chain:
+            raise UserError(f"{label}: 'extends' forms a cycle ({' → '.join(chain + (_identity(parent),))})")
         parent_raw, parent_label = _read(parent, context=f"{label}: 'extends'")
-        base = _resolve(parent_raw, parent_label, chain + (parent_label,))
+        base = _resolve(parent_raw, parent_label, chain + (_identity(parent_label),))
 
     colors: dict[str, Color] = {}
     reasons: dict[str, str] = dict(base.reasons) if base else {}
