@@ -1,20 +1,31 @@
 """``bench``: onnxruntime float32, amptool float32 and amptool in low precision, timed side by
-side in one process (library API; ``amptool bench`` is the shell).
+side, each runtime in a process of its own (library API; ``amptool bench`` is the shell).
 
-How it times: every variant is built first (amptool's own convert path, ``build_model``), then
-all run on the same seeded inputs in rounds. Each round visits every variant — in an order that
-rotates from round to round — with one untimed run (it absorbs the previous runtime's spinning
-worker threads and refills caches) before ``runs`` timed runs. Medians and 90th percentiles
-are over all timed runs. On a shared machine absolute times drift; ratios of variants timed
-in the same rounds do not, so reports lead with ratios.
+How it times: every variant is built first, here (amptool's own convert path, ``build_model``),
+and exported into a private temporary directory (removed afterwards, also on error) as an
+artifact. Then each variant — onnxruntime on the (pinned) ONNX model, and every artifact — is
+loaded in its own worker process (``amptool.bench_worker``), all on the same seeded inputs and
+thread count. Isolation is the point: TVM's and onnxruntime's pools spin after a run, and in one
+process the spinning pool of one runtime can slow the next one's timed runs (issue 13: a BERT-mini
+export at 2 threads reported onnxruntime at 9.6 ms, 2.4 ms alone, flattering amptool's ratios ~4x).
 
-Threads: TVM's pool and onnxruntime's intra-op pool get the same count, set before anything
-runs (TVM sizes its pool once per thread).
+Workers run one at a time, in rounds. Each round visits every variant — in an order that
+rotates from round to round, so slow drift of a shared machine hits every variant alike. A
+visit is one untimed run (it refills caches the others evicted; the first visit adds ``warmup``
+more), then ``runs`` timed runs, then a settle gap: the turn ends only when the worker's
+threads have gone idle, so the next worker never shares the cores with a spinning pool (TVM's
+spins for 150+ ms after a run, far longer than a fixed 20–50 ms pause; the report keeps each
+variant's median settle time). Medians and 90th percentiles are over all timed runs. On a shared
+machine absolute times drift; ratios of variants timed in the same rounds do not, so reports
+lead with ratios.
 
-GPU targets: inputs are copied to the device once; every timed call ends with a device
-synchronize, so a time covers the kernels finishing, not just their launch. onnxruntime uses
-its CUDAExecutionProvider when that is installed (its times include copying the inputs to
-the GPU), else the CPU; the report names which.
+Threads: TVM's pool and onnxruntime's intra-op pool get the same count, set in each worker
+before anything runs (TVM sizes its pool once per thread).
+
+GPU targets: a worker loads its variant on the device it was built for and copies the inputs
+there once; every timed call ends with a device synchronize, so a time covers the kernels
+finishing, not just their launch. onnxruntime uses its CUDAExecutionProvider when that is
+installed (its times include copying the inputs to the GPU), else the CPU; the report names which.
 """
 
 from __future__ import annotations
@@ -24,6 +35,7 @@ import datetime
 import math
 import os
 import platform
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,8 +46,8 @@ import onnx
 
 from amptool import __version__, _tvm
 from amptool.artifact import load_artifact
-from amptool.convert import DTYPES, ConvertConfig, build_model
-from amptool.dtypes import as_float_dtype
+from amptool.bench_worker import ONNXRUNTIME_RUNTIME, TVM_RUNTIME, Worker, WorkerSpec, isolated_workers
+from amptool.convert import DTYPES, BuildResult, ConvertConfig, build_model, export_build
 from amptool.errors import UserError
 from amptool.frontend.load import load_model
 from amptool.frontend.prepare import pin_shapes, reference_model
@@ -44,6 +56,7 @@ from amptool.runtime.inputs import generate_inputs
 from amptool.targets import require_device, resolve_target
 
 ONNXRUNTIME = "onnxruntime-float32"
+ISOLATION = "process per runtime"
 StageCallback = Callable[[str], None]
 ProgressCallback = Callable[[int, int], None]
 
@@ -101,6 +114,7 @@ class BenchConfig:
 class VariantTiming:
     variant: str
     times_ms: list[float] = field(default_factory=list)
+    settle_ms: list[float] = field(default_factory=list)  # per turn: until its worker's threads were idle
     build_s: float | None = None  # the whole convert path; None when loaded from an artifact
     compile_s: float | None = None  # its TVM compile stage
 
@@ -123,6 +137,16 @@ class VariantTiming:
         }
 
 
+@dataclass(frozen=True)
+class _Variant:
+    """A built (or given) artifact directory, for its worker to load."""
+
+    path: str
+    device: str
+    build_s: float | None  # the whole convert path; None when loaded from an artifact
+    compile_s: float | None
+
+
 @dataclass
 class BenchReport:
     model: str
@@ -136,6 +160,7 @@ class BenchReport:
     date: str
     onnxruntime_provider: str = "CPUExecutionProvider"
     clock: str = "wall clock per call"
+    isolation: str = ISOLATION
 
     def timing(self, variant: str) -> VariantTiming | None:
         return next((r for r in self.results if r.variant == variant), None)
@@ -173,6 +198,8 @@ class BenchReport:
             "host": self.host,
             "onnxruntime_provider": self.onnxruntime_provider,
             "clock": self.clock,
+            "isolation": self.isolation,
+            "settle_ms": {r.variant: round(float(np.median(r.settle_ms)), 1) for r in self.results if r.settle_ms},
             "versions": self.versions,
             "date": self.date,
         }
@@ -187,70 +214,81 @@ def default_threads() -> int:
 
 def bench_model(config: BenchConfig, on_stage: StageCallback | None = None,
                 on_progress: ProgressCallback | None = None) -> BenchReport:
-    """Build every variant, then time them interleaved; see the module docstring."""
+    """Build every variant, then time each in its own process, in turns; see the module docstring."""
     notify = on_stage or (lambda _name: None)
     if not os.path.isdir(config.model):
         require_device(resolve_target(config.target, config.cuda_arch))  # no builds for a GPU that is not there
     threads = config.threads or default_threads()
-    tvm_threads = _tvm.set_num_threads(threads)  # before anything creates TVM's pool
-    timings: list[VariantTiming] = [VariantTiming(ONNXRUNTIME)]
-    runners: list[Callable[[], Any]] = []
-
-    if os.path.isdir(config.model):
-        variants, specs, model, fixed = _from_artifact(config, notify)
-    else:
-        variants, specs, model, fixed = _from_onnx(config, notify)
-    feeds = {**generate_inputs(specs, model, seed=config.seed), **fixed}
-    notify("onnxruntime session")
-    ort_model = pin_shapes(reference_model(model), specs) if (config.batch or config.input_shapes) else model
-    provider = _onnxruntime_provider(config.target)
-    runners.append(_onnxruntime_runner(ort_model, threads, feeds, provider))
-    devices = {compiled.device for compiled, _b, _c in variants.values()}
-    for name, (compiled, build_s, compile_s) in variants.items():
-        timings.append(VariantTiming(name, build_s=build_s, compile_s=compile_s))
-        runners.append(_tvm_runner(compiled, feeds))
-
-    notify("timing")
-    _time_rounds(runners, timings, config, on_progress)
+    _tvm.set_num_threads(threads)  # the builds' pool here; each worker sizes its own
+    with tempfile.TemporaryDirectory(prefix="amptool-bench-") as scratch:
+        if os.path.isdir(config.model):
+            variants, specs, model, fixed = _from_artifact(config, notify, scratch)
+        else:
+            variants, specs, model, fixed = _from_onnx(config, notify, scratch)
+        feeds = {**generate_inputs(specs, model, seed=config.seed), **fixed}
+        ort_model = pin_shapes(reference_model(model), specs) if (config.batch or config.input_shapes) else model
+        ort_path = os.path.join(scratch, "onnxruntime.onnx")
+        with open(ort_path, "wb") as handle:
+            handle.write(ort_model.SerializeToString())
+        provider = _onnxruntime_provider(config.target)
+        workers = [WorkerSpec(ONNXRUNTIME, ONNXRUNTIME_RUNTIME, ort_path, threads, feeds, provider=provider),
+                   *(WorkerSpec(name, TVM_RUNTIME, v.path, threads, feeds) for name, v in variants.items())]
+        timings = [VariantTiming(ONNXRUNTIME),
+                   *(VariantTiming(name, build_s=v.build_s, compile_s=v.compile_s) for name, v in variants.items())]
+        notify("loading each variant in its own process")
+        with isolated_workers(workers) as running:
+            notify("timing")
+            _time_rounds(running, timings, config, on_progress)
+    devices = {v.device for v in variants.values()}
     return BenchReport(
         model=config.model,
         target=config.target,
         threads=threads,
-        tvm_threads=tvm_threads,
+        tvm_threads=min(int(w.info["tvm_threads"]) for w in running if "tvm_threads" in w.info),
         inputs=specs,
         results=timings,
         host={**host_info(), **_gpu_info(devices)},
         versions={"amptool": __version__, **_tvm.versions(), **_runtime_versions()},
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        onnxruntime_provider=provider,
+        onnxruntime_provider=str(running[0].info.get("provider", provider)),
         clock="wall clock per call" if devices == {"cpu"} else "wall clock per call, device synchronised after each",
     )
 
 
-def _from_onnx(config: BenchConfig, notify: StageCallback) -> tuple[
-        dict[str, tuple[Any, float | None, float | None]], list[TensorSpec], onnx.ModelProto, dict[str, np.ndarray]]:
+def _from_onnx(config: BenchConfig, notify: StageCallback, scratch: str) -> tuple[
+        dict[str, _Variant], list[TensorSpec], onnx.ModelProto, dict[str, np.ndarray]]:
+    """A build per dtype, each exported to ``scratch`` (for its worker) as soon as it is built."""
     model = load_model(config.model).model
     shapes = _input_shapes(config, graph_inputs(model))
-    variants: dict[str, tuple[Any, float | None, float | None]] = {}
+    variants: dict[str, _Variant] = {}
     specs: list[TensorSpec] = []
     fixed: dict[str, np.ndarray] = {}
     for dtype in dict.fromkeys(("float32", *config.dtypes)):
         name = amptool_variant(dtype)
         convert = ConvertConfig(model=config.model, dtype=dtype, colors=config.colors, target=config.target,
                                 cuda_arch=config.cuda_arch, input_shapes=shapes, **config.build)
-        start = time.perf_counter()
-        build = build_model(convert, on_stage=_prefixed(notify, name))
-        variants[name] = (build.compiled(), time.perf_counter() - start, build.timings_s.get("compile"))
+        variants[name], build = _build_variant(convert, name, notify, scratch)
         specs = specs or [TensorSpec(s.name, _declared_dtype(model, s), s.shape) for s in build.inputs]
         fixed = build.fixed_inputs
     return variants, specs, model, fixed
 
 
-def _from_artifact(config: BenchConfig, notify: StageCallback) -> tuple[
-        dict[str, tuple[Any, float | None, float | None]], list[TensorSpec], onnx.ModelProto, dict[str, np.ndarray]]:
+def _build_variant(convert: ConvertConfig, name: str, notify: StageCallback, scratch: str) -> tuple[
+        _Variant, BuildResult]:
+    """Build, then export to ``scratch/name``: what the variant's worker loads."""
+    start = time.perf_counter()
+    build = build_model(convert, on_stage=_prefixed(notify, name))
+    build_s = time.perf_counter() - start
+    path = os.path.join(scratch, name)
+    export_build(build, path, _prefixed(notify, name))
+    return _Variant(path, build.device, build_s, build.timings_s.get("compile")), build
+
+
+def _from_artifact(config: BenchConfig, notify: StageCallback, scratch: str) -> tuple[
+        dict[str, _Variant], list[TensorSpec], onnx.ModelProto, dict[str, np.ndarray]]:
     """The artifact's build next to a fresh float32 build of its model, at its input shapes."""
     notify("load artifact")
-    manifest, compiled = load_artifact(config.model)
+    manifest, compiled = load_artifact(config.model)  # loads here to fail early; its worker loads it again
     path = manifest.get("model", {}).get("path", "")
     if not os.path.isfile(path):
         raise UserError(f"{config.model} was built from {path or 'an unrecorded model'}, which is not there",
@@ -268,13 +306,10 @@ def _from_artifact(config: BenchConfig, notify: StageCallback) -> tuple[
     fp32 = ConvertConfig(model=path, dtype="float32", colors=None, target=manifest.get("target", config.target),
                          cuda_arch=manifest.get("arch"), target_options=tuple(manifest.get("target_options", ())),
                          input_shapes=shapes, fixed_inputs=tuple(f"{n}={_fixed_text(v)}" for n, v in fixed.items()))
-    variants: dict[str, tuple[Any, float | None, float | None]] = {}
+    variants: dict[str, _Variant] = {}
     if manifest.get("dtype") != "float32":
-        start = time.perf_counter()
-        build = build_model(fp32, on_stage=_prefixed(notify, amptool_variant("float32")))
-        variants[amptool_variant("float32")] = (build.compiled(), time.perf_counter() - start,
-                                                build.timings_s.get("compile"))
-    variants[amptool_variant(str(manifest.get("dtype")))] = (compiled, None, None)
+        variants[amptool_variant("float32")] = _build_variant(fp32, amptool_variant("float32"), notify, scratch)[0]
+    variants[amptool_variant(str(manifest.get("dtype")))] = _Variant(config.model, compiled.device, None, None)
     return variants, specs, model, fixed
 
 
@@ -317,46 +352,17 @@ def _onnxruntime_provider(target: str) -> str:
     return "CPUExecutionProvider"
 
 
-def _onnxruntime_runner(model: onnx.ModelProto, threads: int, feeds: Mapping[str, np.ndarray],
-                        provider: str = "CPUExecutionProvider") -> Callable[[], Any]:
-    import onnxruntime as ort  # noqa: PLC0415
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.log_severity_level = 4
-    try:
-        session = ort.InferenceSession(model.SerializeToString(), options,
-                                       providers=list(dict.fromkeys([provider, "CPUExecutionProvider"])))
-    except Exception as err:
-        text = str(err).strip().splitlines()
-        raise UserError(f"onnxruntime cannot run the model: {text[0][:300] if text else err!r}") from err
-    names = {i.name for i in session.get_inputs()}
-    inputs = {k: v for k, v in feeds.items() if k in names}
-    return lambda: session.run(None, inputs)
-
-
-def _tvm_runner(compiled: Any, feeds: Mapping[str, np.ndarray]) -> Callable[[], Any]:
-    dtypes = compiled.input_dtypes or [None] * len(compiled.input_names)
-    arrays = [as_float_dtype(feeds[n], d) for n, d in zip(compiled.input_names, dtypes)]
-    return _tvm.prepared_call(compiled.vm, arrays, compiled.device)
-
-
-def _time_rounds(runners: list[Callable[[], Any]], timings: list[VariantTiming], config: BenchConfig,
+def _time_rounds(workers: list[Worker], timings: list[VariantTiming], config: BenchConfig,
                  on_progress: ProgressCallback | None) -> None:
-    total = config.rounds * len(runners)
-    for runner in runners:
-        for _ in range(config.warmup):
-            runner()
+    """Rounds of turns, one worker busy at a time, in an order that rotates every round."""
+    total = config.rounds * len(workers)
     done = 0
     for round_index in range(config.rounds):
-        shift = round_index % len(runners)
-        for index in [*range(shift, len(runners)), *range(shift)]:
-            runners[index]()  # untimed: settles the other runtime's threads and the caches
-            for _ in range(config.runs):
-                start = time.perf_counter()
-                runners[index]()
-                timings[index].times_ms.append((time.perf_counter() - start) * 1e3)
+        shift = round_index % len(workers)
+        for index in [*range(shift, len(workers)), *range(shift)]:
+            untimed = 1 + (config.warmup if round_index == 0 else 0)  # refills caches evicted by the others
+            timings[index].times_ms.extend(workers[index].time(untimed, config.runs))  # returns once quiet
+            timings[index].settle_ms.append(workers[index].settle_ms[-1])
             done += 1
             if on_progress:
                 on_progress(done, total)

@@ -119,3 +119,9 @@ def mobilenet_v2(batch: int = 1, image: int = 224) -> onnx.ModelProto:
 def bert_base(layers: int = 12, seq: int = 128) -> onnx.ModelProto:
     """BERT-base shape (d_model 768, 12 heads, GELU MLP 3072) from amptool's model zoo."""
     return model_zoo.transformer_encoder(vocab=30522, seq=seq, d_model=768, heads=12, layers=layers)
+
+
+def bert_mini(layers: int = 4, seq: int = 128) -> onnx.ModelProto:
+    """BERT-mini shape (d_model 256, 4 heads, GELU MLP 1024, 4 layers): the export on which bench's
+    onnxruntime time was ~4x too slow before each runtime got a process of its own."""
+    return model_zoo.transformer_encoder(vocab=30522, seq=seq, d_model=256, heads=4, layers=layers)

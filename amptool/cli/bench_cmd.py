@@ -1,4 +1,4 @@
-"""``amptool bench``: time onnxruntime and amptool builds side by side; print ratios."""
+"""``amptool bench``: time onnxruntime and amptool builds, each in its own process; print ratios."""
 
 from __future__ import annotations
 
@@ -28,11 +28,13 @@ from amptool.convert import DTYPES
 def bench(model: str, dtypes: tuple[str, ...], build: dict[str, Any], batch: int | None, threads: int | None,
           rounds: int, runs: int, json_path: str | None) -> None:
     """Time MODEL (.onnx, or an 'amptool convert' output directory) under onnxruntime float32,
-    amptool float32 and amptool in each DTYPE, interleaved in one run; print time ratios.
+    amptool float32 and amptool in each DTYPE; print time ratios.
 
     \b
-    Ratios are what to read: variants are timed in the same rounds, so load from other
-    processes slows them alike. On a GPU every timed call ends with a device synchronize.
+    Each variant runs in a process of its own, one at a time, so one runtime's thread pool
+    never slows another. Ratios are what to read: variants take turns in the same rounds, so
+    load from other processes slows them alike. On a GPU every timed call ends with a device
+    synchronize.
     """
     from amptool.bench import BenchConfig, bench_model  # noqa: PLC0415
     from amptool.fileio import write_json  # noqa: PLC0415

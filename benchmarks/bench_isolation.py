@@ -1,0 +1,135 @@
+"""Is ``amptool bench``'s onnxruntime time honest? Bench's median against onnxruntime alone.
+
+    .venv/bin/python benchmarks/bench_isolation.py --check-isolation               # BERT-mini, 2 threads
+    .venv/bin/python benchmarks/bench_isolation.py --model bert_base --threads 1   # print only
+
+bench times every runtime in a process of its own (see amptool.bench). This script times the
+same onnxruntime session — same model, thread count and seeded inputs — standalone in a fresh
+process that loads nothing but onnxruntime, once before bench runs and once after (so slow
+drift of a shared machine lands on both sides), and prints bench's onnxruntime median, the
+standalone median and their ratio. ``--check-isolation`` exits 1 when the ratio is outside
+1 ± ``--tolerance`` (15%). When the standalone runs before and after disagree by more than
+that, the machine was busy and the line NOISY says so: rerun then. Bench runs with the fp16
+and bf16 variants: the case in which onnxruntime was reported ~4x slower than alone when all
+runtimes shared one process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+HERE = Path(__file__).resolve().parent
+if str(HERE.parent) not in sys.path:
+    sys.path.insert(0, str(HERE.parent))
+
+#: Run by a fresh interpreter: only onnxruntime and numpy, the session as a user would open it.
+_STANDALONE = """
+import json, sys, time
+import numpy as np, onnxruntime as ort
+model, feeds_path = sys.argv[1], sys.argv[2]
+threads, warmup, runs = (int(a) for a in sys.argv[3:6])
+options = ort.SessionOptions()
+options.intra_op_num_threads = threads
+options.log_severity_level = 4
+session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+with np.load(feeds_path) as stored:
+    feeds = {i.name: stored[i.name] for i in session.get_inputs()}
+for _ in range(warmup):
+    session.run(None, feeds)
+times = []
+for _ in range(runs):
+    start = time.perf_counter()
+    session.run(None, feeds)
+    times.append((time.perf_counter() - start) * 1e3)
+print(json.dumps(times))
+"""
+
+
+def standalone_onnxruntime_ms(model_path: str, feeds: Mapping[str, np.ndarray], threads: int, runs: int = 40,
+                              warmup: int = 5) -> list[float]:
+    """Milliseconds of ``runs`` back-to-back onnxruntime CPU calls in a fresh process: the reference
+    bench's onnxruntime time must match."""
+    with tempfile.TemporaryDirectory(prefix="amptool-standalone-") as tmp:
+        feeds_path = os.path.join(tmp, "feeds.npz")
+        arrays: dict[str, Any] = dict(feeds)
+        np.savez(feeds_path, **arrays)
+        done = subprocess.run([sys.executable, "-c", _STANDALONE, model_path, feeds_path, str(threads), str(warmup),
+                               str(runs)], capture_output=True, text=True, check=True)
+    return [float(ms) for ms in json.loads(done.stdout.strip().splitlines()[-1])]
+
+
+def seeded_feeds(model_path: str, seed: int = 0) -> dict[str, np.ndarray]:
+    """The inputs bench draws for this model (same generator, same seed)."""
+    from amptool.frontend.signature import graph_inputs  # noqa: PLC0415
+    from amptool.runtime.inputs import generate_inputs  # noqa: PLC0415
+
+    model = onnx.load(model_path)
+    return generate_inputs(graph_inputs(model), model, seed=seed)
+
+
+def _models() -> dict[str, Callable[[], onnx.ModelProto]]:
+    from benchmarks import models  # noqa: PLC0415
+
+    return {"bert_mini": models.bert_mini, "bert_base": models.bert_base}
+
+
+def main() -> int:
+    from amptool.bench import ONNXRUNTIME, BenchConfig, bench_model  # noqa: PLC0415
+
+    builders = _models()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=sorted(builders), default="bert_mini")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--standalone-runs", type=int, default=100, help="timed runs per standalone process")
+    parser.add_argument("--tolerance", type=float, default=0.15, help="allowed |ratio - 1| (default 0.15)")
+    parser.add_argument("--check-isolation", action="store_true", help="exit 1 when the ratio is outside the band")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="amptool-isolation-") as tmp:
+        path = os.path.join(tmp, f"{args.model}.onnx")
+        onnx.save(builders[args.model](), path)
+        feeds = seeded_feeds(path)
+        load_before = os.getloadavg()[0]
+        before = standalone_onnxruntime_ms(path, feeds, args.threads, runs=args.standalone_runs)
+        config = BenchConfig(model=path, dtypes=("float16", "bfloat16"), threads=args.threads, rounds=args.rounds,
+                             runs=args.runs)
+        report = bench_model(config, on_stage=lambda stage: print(f"   {stage}", file=sys.stderr, flush=True))
+        after = standalone_onnxruntime_ms(path, feeds, args.threads, runs=args.standalone_runs)
+        load_after = os.getloadavg()[0]
+
+    timing = report.timing(ONNXRUNTIME)
+    assert timing is not None
+    alone = before + after
+    alone_ms = float(np.median(alone))
+    ratio = timing.median_ms / alone_ms
+    low, high = 1 - args.tolerance, 1 + args.tolerance
+    print(f"{args.model}, {args.threads} thread(s), load average {load_before:.1f} before, {load_after:.1f} after")
+    for result in report.results:
+        print(f"  bench {result.variant:<22} median {result.median_ms:8.3f} ms  ({len(result.times_ms)} runs)")
+    print(f"  standalone onnxruntime         median {alone_ms:8.3f} ms  ({len(alone)} runs in two fresh processes: "
+          f"{np.median(before):.3f} ms before bench, {np.median(after):.3f} ms after)")
+    drift = max(np.median(before), np.median(after)) / min(np.median(before), np.median(after)) - 1
+    if drift > args.tolerance:
+        print(f"  NOISY: the two standalone medians differ by {drift:.0%}; the machine was busy (onnxruntime at "
+              "threads = cores slows down far more than TVM under outside load): rerun on an idle machine")
+    verdict = "PASSED" if low <= ratio <= high else "FAILED"
+    print(f"ISOLATION {verdict} | bench/standalone onnxruntime {ratio:.3f} (allowed {low:.2f}-{high:.2f}) | "
+          f"isolation: {report.isolation}")
+    return 1 if args.check_isolation and verdict == "FAILED" else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
