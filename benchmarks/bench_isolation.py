@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_isolation.py --check-isolation               # BERT-mini, 2 threads
     .venv/bin/python benchmarks/bench_isolation.py --model bert_base --threads 1   # print only
 
-bench times every runtime in a process of its own (see amptool.bench). This script times the
+bench times every runtime in a process of its own (see amptool.app.bench). This script times the
 same onnxruntime session — same model, thread count and seeded inputs — standalone in a fresh
 process that loads nothing but onnxruntime, once before bench runs and once after (so slow
 drift of a shared machine lands on both sides), and prints bench's onnxruntime median, the
@@ -85,7 +85,7 @@ def _models() -> dict[str, Callable[[], onnx.ModelProto]]:
 
 
 def main() -> int:
-    from amptool.bench import ONNXRUNTIME, BenchConfig, bench_model  # noqa: PLC0415
+    from amptool.app.bench import ONNXRUNTIME, BenchConfig, bench_model  # noqa: PLC0415
 
     builders = _models()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

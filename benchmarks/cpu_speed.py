@@ -12,7 +12,7 @@ Models (built in code or shipped by the onnx wheel; nothing is downloaded):
 
 The onnx wheel's light_* models have constant placeholder weights whose activations overflow
 float16; their outputs are meaningless but their kernels are the real ones, which is all timing
-needs. Each model's variants are timed interleaved in the same rounds (see amptool.bench), so
+needs. Each model's variants are timed interleaved in the same rounds (see amptool.app.bench), so
 the ratios hold on a busy machine even where the milliseconds do not; the table records the load.
 """
 
@@ -31,7 +31,7 @@ import onnx
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from amptool.bench import ONNXRUNTIME, BenchConfig, BenchReport, amptool_variant, bench_model  # noqa: E402
+from amptool.app.bench import ONNXRUNTIME, BenchConfig, BenchReport, amptool_variant, bench_model  # noqa: E402
 from benchmarks import models  # noqa: E402
 
 LIGHT = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data" / "light"

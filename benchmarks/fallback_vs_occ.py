@@ -31,8 +31,8 @@ import onnx
 
 from amptool.compare.stats import compare_output
 from amptool.compare.tolerance import default_tolerance
-from amptool.convert import ConvertConfig
-from amptool.fallback import FallbackConfig, auto_fallback
+from amptool.app.convert import ConvertConfig
+from amptool.app.fallback import FallbackConfig, auto_fallback
 from amptool.frontend.prepare import reference_model
 from amptool.frontend.signature import graph_inputs, parse_input_shapes, pin_input_specs
 from amptool.runtime.inputs import generate_inputs

@@ -7,7 +7,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from amptool.calibrate import activation_peaks
+from amptool.app.calibrate import activation_peaks
 from tests.conftest import read_json
 
 

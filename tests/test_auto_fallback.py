@@ -13,9 +13,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from amptool.colors import load_policy
 from amptool.colors.policy import Color
-from amptool.convert import ConvertConfig
+from amptool.app.convert import ConvertConfig
 from amptool.errors import UserError
-from amptool.fallback import FallbackConfig, literal_pattern, with_fp32_nodes
+from amptool.app.fallback import FallbackConfig, literal_pattern, with_fp32_nodes
 from amptool.testing import model_zoo
 from tests.conftest import read_json
 

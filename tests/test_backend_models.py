@@ -14,8 +14,8 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from amptool.convert import ConvertConfig
-from amptool.diff import DiffConfig, diff_model
+from amptool.app.convert import ConvertConfig
+from amptool.app.diff import DiffConfig, diff_model
 from amptool.errors import UserError
 from amptool.runtime.inputs import save_arrays
 from tests.conftest import ONNX_DATA

@@ -12,9 +12,9 @@ import numpy as np
 import onnx
 import pytest
 
-from amptool import bench
-from amptool.bench import ONNXRUNTIME, BenchConfig, BenchReport, VariantTiming, bench_model
-from amptool.bench_worker import ONNXRUNTIME_RUNTIME, WorkerSpec, isolated_workers
+from amptool.app import bench
+from amptool.app.bench import ONNXRUNTIME, BenchConfig, BenchReport, VariantTiming, bench_model
+from amptool.app.bench_worker import ONNXRUNTIME_RUNTIME, WorkerSpec, isolated_workers
 from amptool.errors import UserError
 from amptool.testing import model_zoo
 from benchmarks.bench_isolation import seeded_feeds, standalone_onnxruntime_ms

@@ -8,7 +8,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from amptool.convert import ConvertConfig, build_model, rewrite_model
+from amptool.app.convert import ConvertConfig, build_model, rewrite_model
 
 
 def _model(nodes, inits, x_shape, opset, extra_inputs=()):

@@ -16,7 +16,7 @@ from tvm.script import relax as R  # noqa: N812
 
 from amptool import _tvm
 from amptool.colors import load_policy
-from amptool.convert import ConvertConfig, build_model
+from amptool.app.convert import ConvertConfig, build_model
 from amptool.frontend.importer import import_model
 from amptool.frontend.signature import graph_inputs, pin_input_specs
 from amptool.passes.concretize_like import concretize_like, rules

@@ -11,7 +11,7 @@ import onnx.parser
 import pytest
 
 from amptool import _tvm
-from amptool.convert import ConvertConfig, build_model
+from amptool.app.convert import ConvertConfig, build_model
 
 tvm = pytest.importorskip("tvm")
 

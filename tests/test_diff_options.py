@@ -24,8 +24,8 @@ from amptool.compare.tolerance import (
     TolerancePolicy,
     parse_tolerance_flags,
 )
-from amptool.convert import ConvertConfig
-from amptool.diff import DiffConfig
+from amptool.app.convert import ConvertConfig
+from amptool.app.diff import DiffConfig
 from amptool.errors import UserError
 from amptool.frontend.signature import TensorSpec, graph_inputs
 from amptool.runtime.inputs import (

@@ -203,7 +203,7 @@ def _onnx_matmul_conv(path: str) -> None:
 @pytest.mark.slow
 @needs_cuda
 def test_convert_for_cuda_reports_tensor_cores_in_the_manifest(tmp_path):
-    from amptool.convert import ConvertConfig, convert_model  # noqa: PLC0415
+    from amptool.app.convert import ConvertConfig, convert_model  # noqa: PLC0415
 
     model = str(tmp_path / "m.onnx")
     _onnx_matmul_conv(model)

@@ -1,7 +1,7 @@
 """ONNX Gradient (ai.onnx.preview.training) through the whole convert pipeline.
 
 onnxruntime cannot run these models, so the references are the onnx wheel's stored outputs,
-float64 central finite differences (amptool.gradient_reference) and, for the model built
+float64 central finite differences (amptool.app.gradient_reference) and, for the model built
 here, the closed-form derivative computed in numpy.
 """
 
@@ -14,10 +14,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from amptool.artifact import load_artifact
+from amptool.app.artifact import load_artifact
 from amptool.errors import UserError
 from amptool.frontend.gradient import check_gradients, forward_only
-from amptool.gradient_reference import GradientReference, finite_difference_gradients
+from amptool.app.gradient_reference import GradientReference, finite_difference_gradients
 from tests.conftest import ONNX_DATA, read_json
 
 TRAINING = "ai.onnx.preview.training"
@@ -122,7 +122,7 @@ def test_own_mlp_gradient_through_convert(run_cli, tmp_path, dtype):
 
 
 def test_a_node_rule_on_the_gradient_keeps_the_backward_graph_float32(tmp_path):
-    from amptool.convert import ConvertConfig, build_model
+    from amptool.app.convert import ConvertConfig, build_model
 
     colors = tmp_path / "colors.yaml"
     colors.write_text('version: 1\nextends: builtin:default\nnodes:\n  - {match: "grad", color: never}\n')
@@ -133,7 +133,7 @@ def test_a_node_rule_on_the_gradient_keeps_the_backward_graph_float32(tmp_path):
 
 
 def test_non_scalar_y_is_the_gradient_of_its_sum_and_xs_may_be_intermediate(tmp_path):
-    from amptool.convert import ConvertConfig, build_model
+    from amptool.app.convert import ConvertConfig, build_model
 
     model = _mlp_model(["H"], y="T", grad_inputs=["H"])
     built = build_model(ConvertConfig(model=_save(model, tmp_path), dtype="float32"))
@@ -142,7 +142,7 @@ def test_non_scalar_y_is_the_gradient_of_its_sum_and_xs_may_be_intermediate(tmp_
 
 
 def test_zs_are_held_constant(tmp_path):
-    from amptool.convert import ConvertConfig, build_model
+    from amptool.app.convert import ConvertConfig, build_model
 
     model = _mlp_model(["W"], zs=("X",))
     built = build_model(ConvertConfig(model=_save(model, tmp_path), dtype="float32"))
@@ -156,7 +156,7 @@ def test_zs_are_held_constant(tmp_path):
 def test_prepare_folds_around_a_constant_x_without_cutting_it(tmp_path):
     """xs = [a weight read only through Transpose]: a plain constant folder would fold the
     Transpose into a constant, leaving the weight unreachable from y."""
-    from amptool.convert import ConvertConfig, build_model
+    from amptool.app.convert import ConvertConfig, build_model
 
     transpose = helper.make_node("Transpose", ["W_T"], ["W"], name="untranspose", perm=[1, 0])
     model = _mlp_model(["W_T"], zs=("X",))
@@ -173,7 +173,7 @@ def test_prepare_folds_around_a_constant_x_without_cutting_it(tmp_path):
 
 def test_gradient_is_taken_at_the_values_fed_to_the_node(tmp_path):
     """Gradient(xs=[X, W]) fed (2·X, W): the derivative at 2·X, not at X."""
-    from amptool.convert import ConvertConfig, build_model
+    from amptool.app.convert import ConvertConfig, build_model
 
     double = helper.make_node("Mul", ["X", "two"], ["X2"], name="double")
     model = _mlp_model(["X", "W"], grad_inputs=["X2", "W"], extra_nodes=(double,))
@@ -246,7 +246,7 @@ def test_cross_entropy_gradients_pass_diff(run_cli, tmp_path, dtype):
 
 def test_erf_has_a_gradient_rule(tmp_path):
     """TVM 0.27 has none; amptool registers d erf(x) = 2/√π·exp(−x²) (GELU in PyTorch exports)."""
-    from amptool.convert import ConvertConfig, build_model
+    from amptool.app.convert import ConvertConfig, build_model
 
     erf = helper.make_node("Erf", ["T"], ["E"], name="erf")
     model = _mlp_model(["X"], y="E", extra_nodes=(erf,))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from amptool.convert import ConvertConfig, rewrite_model
+from amptool.app.convert import ConvertConfig, rewrite_model
 from tests.conftest import read_json
 
 

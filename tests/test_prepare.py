@@ -8,7 +8,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from amptool.convert import ConvertConfig, build_model
+from amptool.app.convert import ConvertConfig, build_model
 from amptool.errors import UserError
 from amptool.frontend.fold import fold_model
 from amptool.frontend.signature import TensorSpec, parse_fixed_inputs

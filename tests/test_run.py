@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from amptool import _tvm
-from amptool.convert import ConvertConfig, build_model
+from amptool.app.convert import ConvertConfig, build_model
 from tests.conftest import read_json
 
 HAS_GPU = _tvm.cuda_compute_version() is not None
@@ -33,7 +33,7 @@ def fp16_artifact(tmp_path_factory) -> tuple[Path, Path, dict[str, np.ndarray]]:
     """tiny_cnn converted to float16 for llvm, and an inputs file for it."""
     import onnx
 
-    from amptool.convert import convert_model
+    from amptool.app.convert import convert_model
     from amptool.testing import model_zoo
 
     root = tmp_path_factory.mktemp("artifact")

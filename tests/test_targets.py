@@ -141,7 +141,7 @@ def test_cli_bad_target_options_is_one_line_exit_2(zoo_model, run_cli, tmp_path)
 def test_cuda_manifest_records_the_resolved_target(zoo_model, run_cli, tmp_path, monkeypatch):
     """Wiring only (the CUDA build itself is the slow test below): what resolve_target chose
     reaches the manifest."""
-    import amptool.convert as convert
+    import amptool.app.convert as convert
 
     real = convert._compile
     monkeypatch.setattr(convert, "_compile", lambda mod, spec: real(mod, {"kind": "llvm"}))
@@ -220,7 +220,7 @@ def test_gpu_check_stops_cleanly_without_a_gpu(tmp_path):
 
 @pytest.mark.skipif(HAS_GPU, reason="a GPU is visible: the CUDA diff runs")
 def test_diff_on_cuda_without_a_gpu_exits_3_before_building(zoo_model, run_cli, tmp_path, monkeypatch):
-    import amptool.convert as convert
+    import amptool.app.convert as convert
 
     monkeypatch.setattr(convert, "rewrite_model", lambda *a, **k: pytest.fail("built for a device that is not here"))
     result = run_cli("diff", zoo_model("tiny_cnn"), "--target", "cuda", "--json", str(tmp_path / "r.json"))

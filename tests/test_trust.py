@@ -18,7 +18,7 @@ import pytest
 from click.testing import Result
 from onnx import TensorProto, helper
 
-from amptool import outdir
+from amptool.app import outdir
 from amptool.errors import EXIT_INTERNAL_ERROR, EXIT_USER_ERROR
 
 AMPTOOL = [sys.executable, "-m", "amptool"]

@@ -10,7 +10,7 @@ import click
 
 from amptool.cli.console import err, handles_user_errors, out
 from amptool.cli.options import build_options
-from amptool.convert import DTYPES
+from amptool.app.convert import DTYPES
 
 
 @click.command()
@@ -36,7 +36,7 @@ def bench(model: str, dtypes: tuple[str, ...], build: dict[str, Any], batch: int
     load from other processes slows them alike. On a GPU every timed call ends with a device
     synchronize.
     """
-    from amptool.bench import BenchConfig, bench_model  # noqa: PLC0415
+    from amptool.app.bench import BenchConfig, bench_model  # noqa: PLC0415
     from amptool.fileio import write_json  # noqa: PLC0415
 
     build = dict(build)
@@ -86,7 +86,7 @@ def _fmt_ratio(value: float | None) -> str:
 def _table(report: Any) -> Any:
     from rich.table import Table  # noqa: PLC0415
 
-    from amptool.bench import ONNXRUNTIME, amptool_variant  # noqa: PLC0415
+    from amptool.app.bench import ONNXRUNTIME, amptool_variant  # noqa: PLC0415
 
     where = (f"{report.host['gpu']} (compute {report.host['gpu_compute']}), onnxruntime on "
              f"{report.onnxruntime_provider.removesuffix('ExecutionProvider')}" if "gpu" in report.host
@@ -107,7 +107,7 @@ def _table(report: Any) -> Any:
 
 def _summary(report: Any) -> str:
     """One grep-friendly line: each amptool variant's ratios, then the thread count."""
-    from amptool.bench import ONNXRUNTIME  # noqa: PLC0415
+    from amptool.app.bench import ONNXRUNTIME  # noqa: PLC0415
 
     parts = []
     for r in report.results:

@@ -13,8 +13,8 @@ from amptool.cli.options import model_options, validation_option
 from amptool.errors import EXIT_ACCURACY_FAILED, UserError
 
 if TYPE_CHECKING:
-    from amptool.convert import ConvertConfig
-    from amptool.fallback import FallbackResult
+    from amptool.app.convert import ConvertConfig
+    from amptool.app.fallback import FallbackResult
 
 
 @click.command()
@@ -52,8 +52,8 @@ def convert(model: str, dtype: str, build: dict[str, Any],
     import json  # noqa: PLC0415
 
     from amptool.cli import render  # noqa: PLC0415
-    from amptool.convert import ConvertConfig, check_ir_path, convert_model, write_ir  # noqa: PLC0415
-    from amptool.outdir import check_output_dir  # noqa: PLC0415
+    from amptool.app.convert import ConvertConfig, check_ir_path, convert_model, write_ir  # noqa: PLC0415
+    from amptool.app.outdir import check_output_dir  # noqa: PLC0415
 
     config = ConvertConfig(model=model, dtype=dtype, **build)
     given = (("--atol", atol), ("--rtol", rtol), ("--min-cosine", min_cosine), ("--iterations", iterations),
@@ -108,8 +108,8 @@ def _lower_only(config: ConvertConfig, output_dir: str, json_summary: bool, emit
     import json  # noqa: PLC0415
 
     from amptool.cli import render  # noqa: PLC0415
-    from amptool.convert import write_ir  # noqa: PLC0415
-    from amptool.lower import LOWERED_NAME, lower_model  # noqa: PLC0415
+    from amptool.app.convert import write_ir  # noqa: PLC0415
+    from amptool.app.lower import LOWERED_NAME, lower_model  # noqa: PLC0415
 
     with stages() as on_stage:
         rewritten, manifest = lower_model(config, output_dir, on_stage=on_stage)
@@ -132,8 +132,8 @@ def _auto_fallback(config: ConvertConfig, output_dir: str, on_stage: Callable[[s
                    iterations: int | None, max_compiles: int | None,
                    validation: str | None) -> tuple[FallbackResult, dict[str, Any]]:
     from amptool.compare.tolerance import parse_tolerance_flags  # noqa: PLC0415
-    from amptool.convert import export_build  # noqa: PLC0415
-    from amptool.fallback import DEFAULT_MAX_COMPILES, FALLBACK_FILE, FallbackConfig, auto_fallback  # noqa: PLC0415
+    from amptool.app.convert import export_build  # noqa: PLC0415
+    from amptool.app.fallback import DEFAULT_MAX_COMPILES, FALLBACK_FILE, FallbackConfig, auto_fallback  # noqa: PLC0415
 
     policy = parse_tolerance_flags(atol=atol, rtol=rtol, min_cosine=min_cosine)
     search = FallbackConfig(convert=config, tolerance=policy, iterations=iterations, validation=validation,

@@ -65,8 +65,8 @@ def diff(model: str, dtype: str, build: dict[str, Any],
     """
     from amptool.cli import render  # noqa: PLC0415
     from amptool.compare.tolerance import parse_tolerance_flags  # noqa: PLC0415
-    from amptool.convert import ConvertConfig  # noqa: PLC0415
-    from amptool.diff import DiffConfig, diff_model  # noqa: PLC0415
+    from amptool.app.convert import ConvertConfig  # noqa: PLC0415
+    from amptool.app.diff import DiffConfig, diff_model  # noqa: PLC0415
     from amptool.runtime.inputs import parse_val_ranges  # noqa: PLC0415
 
     for flag, path in (("--json", json_path), ("--plot", plot_path), ("--save-inputs", save_inputs),

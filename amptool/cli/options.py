@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from amptool.convert import DTYPES
+from amptool.app.convert import DTYPES
 
 fixed_input_option = click.option(
     "--fixed-input", "fixed_inputs", multiple=True, metavar="NAME=VALUE",

@@ -7,7 +7,7 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from amptool.diff import DiffReport
+from amptool.app.diff import DiffReport
 
 
 def _fmt(value: Any, digits: int = 4) -> str:
@@ -184,7 +184,7 @@ def verdict_line(report: DiffReport) -> str:
 
 
 def layers_table(layers: Any, limit: int = 40) -> Table:
-    """Per-layer errors (an ``amptool.per_layer.LayerReport``) in graph order, the first jump
+    """Per-layer errors (an ``amptool.app.per_layer.LayerReport``) in graph order, the first jump
     highlighted. Beyond ``limit`` rows: the first and last nodes, every jump with the nodes just
     before it, then the largest errors; gaps are marked. JSON has every node."""
     rows = layers.layers

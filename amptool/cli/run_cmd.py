@@ -23,7 +23,7 @@ def run(artifact: str, inputs_path: str, output_path: str, device: str | None) -
     Needs only the TVM runtime: works with a TVM installed without its compiler library.
     Exit 2 for a bad OUTDIR or inputs, 3 when the device is not there.
     """
-    from amptool.runtime.deploy import RunConfig, run_artifact  # noqa: PLC0415
+    from amptool.app.deploy import RunConfig, run_artifact  # noqa: PLC0415
 
     result = run_artifact(RunConfig(artifact=artifact, inputs=inputs_path, output=output_path, device=device))
     shapes = ", ".join(f"{name} {value.dtype.name}{list(value.shape)}" for name, value in result.outputs.items())

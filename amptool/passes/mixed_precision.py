@@ -17,7 +17,7 @@ Range guards (``range_guards=True``) win over the lists: a constant whose values
 the low dtype, or whose non-zeros mostly underflow to zero, is never cast — the op
 consuming it computes in float32 and the decision is reported. Likewise an op whose ONNX
 node saw activations above ``activation_limit`` in calibration (``activation_peaks``, from
-amptool.calibrate) stays float32.
+amptool.app.calibrate) stays float32.
 
 Why our own pass: TVM's ``ToMixedPrecision`` is fp16-only, keeps policies as global C++
 attributes, crashes on Clip/HardSigmoid and silently skips non-dataflow blocks (any model

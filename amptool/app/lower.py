@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from amptool import _tvm
-from amptool.artifact import write_artifact, write_manifest
-from amptool.convert import BuildResult, ConvertConfig, Rewritten, _io_specs, resolve, rewrite_model
+from amptool.app.artifact import write_artifact, write_manifest
+from amptool.app.convert import BuildResult, ConvertConfig, Rewritten, _io_specs, resolve, rewrite_model
 from amptool.frontend.signature import graph_outputs
 
 LOWERED_NAME = "lowered.py"

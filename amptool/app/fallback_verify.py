@@ -2,7 +2,7 @@
 
 A search judged on one input set overfits: on a GoogLeNet export the colours found on seed 0
 passed there (0.975× tolerance, 11 nodes kept float32) and failed on unseen seeds at
-1.24–1.46×. So ``amptool.fallback`` judges every candidate on several sets — the
+1.24–1.46×. So ``amptool.app.fallback`` judges every candidate on several sets — the
 ``--calibration`` inputs when given, else seeds ``seed … seed+N-1`` (N = 4 by default), each
 compile run once per set — and then checks the final build on sets the search never saw:
 ``--validation``'s inputs, or the 4 seeds after the search's. Each group gets a ``Verdict``;
@@ -27,7 +27,7 @@ from amptool.compare.aggregate import severity, worst_case
 from amptool.compare.stats import compare_output
 from amptool.compare.tolerance import TolerancePolicy
 from amptool.frontend.signature import TensorSpec
-from amptool.per_layer import reference_tensors
+from amptool.app.per_layer import reference_tensors
 from amptool.runtime.inputs import check_input_shapes, generate_inputs, load_inputs
 
 

@@ -4,7 +4,7 @@ side, each runtime in a process of its own (library API; ``amptool bench`` is th
 How it times: every variant is built first, here (amptool's own convert path, ``build_model``),
 and exported into a private temporary directory (removed afterwards, also on error) as an
 artifact. Then each variant — onnxruntime on the (pinned) ONNX model, and every artifact — is
-loaded in its own worker process (``amptool.bench_worker``), all on the same seeded inputs and
+loaded in its own worker process (``amptool.app.bench_worker``), all on the same seeded inputs and
 thread count. Isolation is the point: TVM's and onnxruntime's pools spin after a run, and in one
 process the spinning pool of one runtime can slow the next one's timed runs (issue 13: a BERT-mini
 export at 2 threads reported onnxruntime at 9.6 ms, 2.4 ms alone, flattering amptool's ratios ~4x).
@@ -45,9 +45,9 @@ import numpy as np
 import onnx
 
 from amptool import __version__, _tvm
-from amptool.artifact import load_artifact
-from amptool.bench_worker import ONNXRUNTIME_RUNTIME, TVM_RUNTIME, Worker, WorkerSpec, isolated_workers
-from amptool.convert import DTYPES, BuildResult, ConvertConfig, build_model, export_build
+from amptool.app.artifact import load_artifact
+from amptool.app.bench_worker import ONNXRUNTIME_RUNTIME, TVM_RUNTIME, Worker, WorkerSpec, isolated_workers
+from amptool.app.convert import DTYPES, BuildResult, ConvertConfig, build_model, export_build
 from amptool.errors import UserError
 from amptool.frontend.load import load_model
 from amptool.frontend.prepare import pin_shapes, reference_model

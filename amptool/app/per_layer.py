@@ -3,7 +3,7 @@
 Both sides are run with their intermediate tensors exposed. onnxruntime runs the *prepared*
 model (the one that was imported: same node names, numerics checked equal to the original)
 with every main-graph tensor added as a graph output and optimisations off, so no tensor is
-fused away. The converted side is the *probe module* (``amptool.probe``): the rewritten
+fused away. The converted side is the *probe module* (``amptool.app.probe``): the rewritten
 Relax module whose ``main`` also returns every binding named after an ONNX node, cast to
 float32, compiled like any other. Outputs whose shapes disagree are skipped and counted.
 
@@ -24,7 +24,7 @@ such problem on its inputs already,
     of 0.9–2; PP-OCRv4 rec's Clips 9×). Errors that truly jump grow in bulk.
 An input that was not probed carries the worst error of the inputs of the node producing
 it. Nodes are listed in the graph's (topological) order; ``first_jump`` is the first node
-that jumped. ``amptool.fallback`` ranks candidates by ``rms_growth``.
+that jumped. ``amptool.app.fallback`` ranks candidates by ``rms_growth``.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import onnx
 
 from amptool.compare.tolerance import Tolerance, default_tolerance
 from amptool.errors import UserError, error_summary
-from amptool.probe import Probe, compile_probed
+from amptool.app.probe import Probe, compile_probed
 
 #: A node's relative error must grow by more than this over its inputs' to be a jump.
 JUMP_GROWTH = 10.0
@@ -225,7 +225,7 @@ def per_layer_report(
     tol: Tolerance | None = None,
     on_stage: Any = None,
 ) -> LayerReport:
-    """Per-layer errors of ``build`` (an ``amptool.convert.BuildResult``) on ``feeds``.
+    """Per-layer errors of ``build`` (an ``amptool.app.convert.BuildResult``) on ``feeds``.
 
     Compiles the probe variant of the build's rewritten module (one more compile)."""
     notify = on_stage or (lambda _name: None)

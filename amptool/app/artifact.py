@@ -7,7 +7,7 @@ Layout of OUTDIR:
   lowered.py      instead of model.so after ``convert --lower-only``: the scheduled module
 
 Everything is written into a private temporary sibling first and swapped into place
-atomically; only a new, empty or artifact directory is ever written (:mod:`amptool.outdir`).
+atomically; only a new, empty or artifact directory is ever written (:mod:`amptool.app.outdir`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 from amptool import _tvm
 from amptool.errors import TargetUnavailableError, UserError
-from amptool.outdir import MANIFEST_NAME, artifact_files, write_directory
+from amptool.app.outdir import MANIFEST_NAME, artifact_files, write_directory
 from amptool.runtime.tvm_runner import CompiledModel
 
 LIBRARY_NAME = "model.so"
@@ -28,7 +28,7 @@ LIBRARY_NAME = "model.so"
 
 def write_artifact(output_dir: str, write_files: Callable[[str], None]) -> None:
     """Call ``write_files(tmpdir)`` (which writes the manifest last, with :func:`write_manifest`),
-    then let the new directory replace ``output_dir`` atomically; see :mod:`amptool.outdir`."""
+    then let the new directory replace ``output_dir`` atomically; see :mod:`amptool.app.outdir`."""
 
     def write(tmp: str) -> list[str]:
         write_files(tmp)

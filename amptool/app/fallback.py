@@ -3,12 +3,12 @@
 Blind bisection over node segments (onnxconverter-common's ``auto_convert_mixed_precision``)
 needs one build per probe and, on real models, tens to hundreds of them. Here one compile
 gives both the model outputs, which decide pass/fail, and every node's error
-(``amptool.per_layer``), which ranks what to try next. Pass/fail is read from the unprobed
+(``amptool.app.per_layer``), which ranks what to try next. Pass/fail is read from the unprobed
 ``main``: the probed copy is fused differently, and on PP-OCRv4 rec that moved the output's
 max_abs by 0.0027 against a bound of 0.010 — enough to pass a search that the export fails.
 
     measure(colours)        rewrite (the import is reused) → one compile of ``main`` and,
-                            beside it, the probed copy (``amptool.probe``) → run on every
+                            beside it, the probed copy (``amptool.app.probe``) → run on every
                             search set → outputs of ``main`` (the kernels a normal build has)
                             vs onnxruntime decide pass/fail (all sets must pass); the probed
                             copy gives per-layer errors on the set that fails worst
@@ -28,7 +28,7 @@ max_abs by 0.0027 against a bound of 0.010 — enough to pass a search that the 
     final build             the passing colours compiled normally (a passing plain build from
                             the bisection is reused) and checked again on the search sets
     held-out check          the final build run, no compile, on sets the search never saw:
-                            --validation's, else the 4 seeds after the search's (amptool.fallback_verify)
+                            --validation's, else the 4 seeds after the search's (amptool.app.fallback_verify)
 
 The search sets are ``--calibration``'s inputs when given, else seeds ``seed … seed+N-1``
 (N = ``iterations``, default 4). ``max_compiles`` counts every compile, the final one included
@@ -53,7 +53,7 @@ from amptool.colors.loader import BUILTIN_PREFIX
 from amptool.colors.policy import Color, ColorPolicy, NodeRule
 from amptool.compare.aggregate import severity, worst_case
 from amptool.compare.tolerance import TolerancePolicy
-from amptool.convert import (
+from amptool.app.convert import (
     BuildResult,
     ConvertConfig,
     Rewritten,
@@ -62,12 +62,12 @@ from amptool.convert import (
     rewrite_with_policy,
 )
 from amptool.errors import UserError
-from amptool.fallback_verify import InputSet, Model, Verdict, check_outputs, input_sets, judge
+from amptool.app.fallback_verify import InputSet, Model, Verdict, check_outputs, input_sets, judge
 from amptool.fileio import finite_only
 from amptool.frontend.signature import TensorSpec, graph_inputs
 from amptool.passes import stats
-from amptool.per_layer import LayerReport, compare_layers
-from amptool.probe import compile_probed
+from amptool.app.per_layer import LayerReport, compare_layers
+from amptool.app.probe import compile_probed
 
 FALLBACK_FILE = "fallback.yaml"
 DEFAULT_MAX_COMPILES = 10
@@ -298,7 +298,7 @@ class _Search:
 
 def _target(config: ConvertConfig) -> tuple[dict[str, Any], str]:
     """The spec and device ``config`` builds for (with --cuda-arch / --target-options)."""
-    from amptool.convert import resolve  # noqa: PLC0415
+    from amptool.app.convert import resolve  # noqa: PLC0415
 
     target = resolve(config)
     return target.spec, target.device

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 
 from amptool import __version__, _tvm
-from amptool.artifact import LIBRARY_NAME, write_artifact, write_manifest
-from amptool.calibrate import Calibration, activation_peaks
+from amptool.app.artifact import LIBRARY_NAME, write_artifact, write_manifest
+from amptool.app.calibrate import Calibration, activation_peaks
 from amptool.colors import ColorPolicy, load_policy
 from amptool.errors import TargetUnavailableError, UserError
 from amptool.frontend.importer import ImportedModel, NodeOrigin, import_model
@@ -38,7 +38,7 @@ from amptool.frontend.signature import (
     parse_input_shapes,
     pin_input_specs,
 )
-from amptool.outdir import check_output_dir
+from amptool.app.outdir import check_output_dir
 from amptool.passes import stats
 from amptool.passes.pipeline import PassResult, run_passes
 from amptool.runtime.inputs import check_input_shapes, generate_inputs, load_inputs

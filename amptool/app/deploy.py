@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from amptool import _tvm
-from amptool.artifact import check_runnable, load_artifact, read_manifest
+from amptool.app.artifact import check_runnable, load_artifact, read_manifest
 from amptool.errors import UserError
 from amptool.frontend.signature import TensorSpec
 from amptool.runtime.inputs import check_input_shapes, load_inputs, save_arrays

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from amptool.colors.policy import Color
-from amptool.convert import ConvertConfig, Rewritten, rewrite_model
+from amptool.app.convert import ConvertConfig, Rewritten, rewrite_model
 from amptool.passes import stats
 from amptool.passes.mixed_precision import Decision
 

@@ -1,4 +1,4 @@
-"""Bench's isolated workers: every runtime that ``amptool.bench`` times runs in a process of its own.
+"""Bench's isolated workers: every runtime that ``amptool.app.bench`` times runs in a process of its own.
 
 Why: TVM's and onnxruntime's thread pools spin for a while after each run. In one process the
 pool of the runtime timed last can keep the cores busy while the next one is timed (issue 13, a
@@ -240,7 +240,7 @@ def _onnxruntime_call(spec: WorkerSpec) -> tuple[Callable[[], Any], dict[str, An
 def _tvm_call(spec: WorkerSpec) -> tuple[Callable[[], Any], dict[str, Any]]:
     """The artifact's VM on its device, inputs copied there once; a GPU call ends synchronised."""
     from amptool import _tvm  # noqa: PLC0415
-    from amptool.artifact import load_artifact  # noqa: PLC0415
+    from amptool.app.artifact import load_artifact  # noqa: PLC0415
     from amptool.dtypes import as_float_dtype  # noqa: PLC0415
 
     threads = _tvm.set_num_threads(spec.threads)  # before the pool exists: TVM sizes it once

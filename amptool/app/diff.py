@@ -20,11 +20,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from amptool.artifact import load_artifact
+from amptool.app.artifact import load_artifact
 from amptool.compare.aggregate import mean_over, severity, worst_case
 from amptool.compare.stats import compare_output
 from amptool.compare.tolerance import Tolerance, ToleranceOverride, TolerancePolicy
-from amptool.convert import ConvertConfig, build_model, resolve
+from amptool.app.convert import ConvertConfig, build_model, resolve
 from amptool.errors import UserError
 from amptool.fileio import finite_only
 from amptool.frontend.gradient import has_gradients
@@ -65,7 +65,7 @@ class DiffConfig:
     check_stat: str | None = None
     max_scale_error: float | None = None
     per_output: tuple[tuple[str, ToleranceOverride], ...] = ()
-    per_layer: bool = False  # also compare every ONNX node's output (amptool.per_layer)
+    per_layer: bool = False  # also compare every ONNX node's output (amptool.app.per_layer)
 
     def __post_init__(self) -> None:
         if self.per_layer and (self.artifact or self.reference_outputs):
@@ -116,7 +116,7 @@ class DiffReport:
     manifest: dict[str, Any] = field(default_factory=dict)
     #: Output name → (reference, converted) arrays of its worst iteration; for plots, not JSON.
     samples: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
-    layers: Any = None  # amptool.per_layer.LayerReport, with --per-layer
+    layers: Any = None  # amptool.app.per_layer.LayerReport, with --per-layer
 
     @property
     def worst(self) -> dict[str, Any] | None:
@@ -216,7 +216,7 @@ def diff_model(config: DiffConfig, on_stage: Callable[[str], None] | None = None
 
     layers = None
     if config.per_layer:  # on the last input set; --artifact/--reference-outputs are refused above
-        from amptool.per_layer import per_layer_report  # noqa: PLC0415
+        from amptool.app.per_layer import per_layer_report  # noqa: PLC0415
 
         start = time.perf_counter()
         layers = per_layer_report(build, feeds, policy.resolve(dtype), notify)
@@ -261,7 +261,7 @@ def _reference_runner(model: Any) -> _Reference:
     """onnxruntime float32; for models with Gradient nodes (which onnxruntime cannot run), its
     forward outputs plus float64 central finite differences for the gradients."""
     if has_gradients(model):
-        from amptool.gradient_reference import GradientReference  # noqa: PLC0415
+        from amptool.app.gradient_reference import GradientReference  # noqa: PLC0415
 
         return GradientReference(model)
     return OnnxruntimeRunner(reference_model(model))
