@@ -1,6 +1,9 @@
-"""Dtype names (TVM's and ONNX's: 'float16', 'bfloat16', …) as numpy dtypes, in one place.
+"""Dtype names (TVM's and ONNX's: 'float16', 'bfloat16', 'float8_e4m3fn', …) as numpy dtypes, in one place.
 
-numpy has no bfloat16; ml_dtypes supplies it (imported only when asked for).
+numpy has no bfloat16, float8 or int4; ml_dtypes supplies them (imported only when asked for).
+Their numpy ``kind`` is 'V' (void) — except float8_e5m2's, which is 'f' — so code that asks
+``dtype.kind`` misses or misreads them: :func:`is_ml_dtype` and :func:`numeric_kind` say what
+they are.
 """
 
 from __future__ import annotations
@@ -9,12 +12,39 @@ import numpy as np
 
 
 def numpy_dtype(name: str) -> np.dtype:
-    """The numpy dtype for ``name``; bfloat16 through ml_dtypes."""
-    if name == "bfloat16":
+    """The numpy dtype for ``name``; bfloat16, float8, int4, … through ml_dtypes."""
+    try:
+        return np.dtype(name)
+    except TypeError:
         import ml_dtypes  # noqa: PLC0415
 
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
+        if not hasattr(ml_dtypes, name):
+            raise
+        return np.dtype(getattr(ml_dtypes, name))
+
+
+def is_ml_dtype(dtype: np.dtype) -> bool:
+    """Whether ``dtype`` is one of ml_dtypes' types (registered with numpy as user-defined)."""
+    return np.dtype(dtype).num >= 256  # NPY_USERDEF: numpy's own types are numbered below it
+
+
+def numeric_kind(dtype: np.dtype) -> str:
+    """numpy's kind letter ('f', 'i', 'u', 'b', …); for an ml_dtypes type (kind 'V'), 'f' for its
+    floats (bfloat16, float8, float4) and 'i'/'u' for its integers (int4, uint4, int2, uint2)."""
+    dtype = np.dtype(dtype)
+    if not is_ml_dtype(dtype):
+        return dtype.kind
+    import ml_dtypes  # noqa: PLC0415
+
+    try:
+        ml_dtypes.finfo(dtype)
+        return "f"
+    except ValueError:
+        pass
+    try:
+        return "i" if int(ml_dtypes.iinfo(dtype).min) < 0 else "u"
+    except ValueError:
+        return "V"
 
 
 def as_float_dtype(array: np.ndarray, name: str | None) -> np.ndarray:

@@ -1,5 +1,5 @@
 """CPU kernels that TVM's default legalization does not give: packed-weight conv2d and matmul,
-and erf/tanh that vectorize.
+erf/tanh that vectorize, and cosh/sinh that compile at all.
 
 What: ``LegalizeOps`` runs with :func:`legalize_map`, which turns
 
@@ -9,7 +9,10 @@ What: ``LegalizeOps`` runs with :func:`legalize_map`, which turns
   packed as ``[N/B, K, B]``;
 * ``relax.erf`` / ``relax.tanh`` into TVM's polynomial ``fast_erf`` / ``fast_tanh``, with
   NaN passed through (the polynomials clamp their input, which would turn a NaN from a
-  float16 overflow into a finite number and hide it from ``diff``).
+  float16 overflow into a finite number and hide it from ``diff``);
+* ``relax.cosh`` / ``relax.sinh`` into ``exp``-based computes: LLVM has no vector form of the
+  ``tirx.cosh``/``tirx.sinh`` intrinsics, so TVM's own legalization fails to compile
+  ("unknown intrinsic") as soon as the schedule vectorizes the loop, which it always does.
 
 Why: with the weight laid out so that ``B`` output channels (one SIMD vector) sit next to
 each other, the schedule in :mod:`amptool.build.cpu_schedules` keeps a tile of outputs in
@@ -25,11 +28,13 @@ own legalization (and are scheduled by the generic rules).
 Preserves: the products and the summation order (input channel, then kernel row, then
 kernel column; ``k`` for matmul) of TOPI's computes; low-precision inputs are cast to the
 accumulation dtype (the call's output dtype) before padding, which is exact. ``fast_erf`` and
-``fast_tanh`` differ from libm by at most ~3e-7 absolute on float32.
+``fast_tanh`` differ from libm by at most ~3e-7 absolute on float32; cosh/sinh are within 1.5 ulp
+of libm on float32 and float64 and overflow at the same |x| (onnxruntime's inf).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -63,6 +68,8 @@ def legalize_map() -> dict[str, Callable[[Any, Any], Any]]:
         "relax.matmul": _legalize_matmul,
         "relax.erf": _legalize_erf,
         "relax.tanh": _legalize_tanh,
+        "relax.cosh": _legalize_cosh,
+        "relax.sinh": _legalize_sinh,
     }
 
 
@@ -385,5 +392,59 @@ def _legalize_unary(bb: Any, call: Any, fast: Callable[[Any], Any], name: str) -
             lambda *i: tirx.Select(tirx.isnan(x32(*i)), x32(*i), y(*i)).astype(dtype),
             name=name,
         )
+
+    return bb.call_te(compute, call.args[0], primfunc_name_hint=name)
+
+
+# --------------------------------------------------------------------------- cosh / sinh
+
+#: 1/3!, 1/5!, …, 1/17!: sinh's odd Taylor series to float64 precision for |x| < 1.
+_SINH_SERIES = tuple(1.0 / math.factorial(k) for k in range(3, 19, 2))
+
+
+def _legalize_cosh(bb: Any, call: Any) -> Any:
+    return _legalize_hyperbolic(bb, call, odd=False)
+
+
+def _legalize_sinh(bb: Any, call: Any) -> Any:
+    return _legalize_hyperbolic(bb, call, odd=True)
+
+
+def _legalize_hyperbolic(bb: Any, call: Any, *, odd: bool) -> Any:
+    """cosh / sinh from ``exp``, which LLVM can vectorize (``tirx.cosh``/``sinh`` it cannot:
+    "unknown intrinsic" as soon as the loop is vectorized, i.e. always in this pipeline).
+
+    With ``t = exp(|x|/2)``: ``(t/2)·t ± (1/2)/t/t``, so the large term overflows exactly where
+    cosh/sinh do (|x| ≈ 89.4 in float32, onnxruntime's inf) rather than where ``exp(|x|)`` does
+    (88.7). sinh for |x| < 1 is its Taylor series (``e^x − e^−x`` cancels there). Computed in
+    float32 for float16/bfloat16 (float64 for float64), then rounded once to the call's dtype.
+    """
+    dtype = str(call.ty.dtype)
+    if dtype not in (*_FLOATS, "float64"):
+        return _default(bb, call)
+    compute_dtype = "float64" if dtype == "float64" else "float32"
+    name = "amp_sinh" if odd else "amp_cosh"
+
+    def compute(x: Any) -> Any:
+        from tvm import te, tirx  # noqa: PLC0415
+
+        src = _cast_input(x, compute_dtype)
+        half, one = tirx.const(0.5, compute_dtype), tirx.const(1.0, compute_dtype)
+
+        def body(*index: Any) -> Any:
+            v = src(*index)
+            t = tirx.exp(tirx.abs(v) * half)
+            large, small = (half * t) * t, (half / t) / t
+            if not odd:
+                return (large + small).astype(dtype)
+            square = v * v
+            series = tirx.const(_SINH_SERIES[-1], compute_dtype)
+            for coefficient in reversed(_SINH_SERIES[:-1]):
+                series = series * square + tirx.const(coefficient, compute_dtype)
+            magnitude = large - small
+            outer = tirx.Select(v < tirx.const(0.0, compute_dtype), -magnitude, magnitude)
+            return tirx.Select(tirx.abs(v) < one, v + v * square * series, outer).astype(dtype)
+
+        return te.compute(x.shape, body, name=name)
 
     return bb.call_te(compute, call.args[0], primfunc_name_hint=name)

@@ -1,7 +1,9 @@
 """Error statistics between a reference and a converted output, computed in float64.
 
 Both sides are cast up to float64 before anything is computed (fp16 differences computed
-in fp16 are themselves rounded). Every key is always present; None where it does not apply.
+in fp16 are themselves rounded); ml_dtypes' bfloat16/float8 count as floats and int4/uint4
+as integers (numpy's kind for them is 'V', or 'f' for float8_e5m2). Every key is always
+present; None where it does not apply.
 
 The verdict (``passed``) requires, in this order (``failed_check`` names the first that failed):
   * ``shape`` — the same shape;
@@ -48,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from amptool.compare.tolerance import CHECK_STATS, DEFAULT_TOLERANCES, Tolerance, default_tolerance
+from amptool.dtypes import is_ml_dtype, numeric_kind
 
 __all__ = ["CHECK_STATS", "DEFAULT_TOLERANCES", "STAT_KEYS", "Tolerance", "compare_output", "default_tolerance"]
 
@@ -78,19 +81,23 @@ def compare_output(name: str, reference: np.ndarray, converted: np.ndarray, tol:
     result["unchecked"] = []
     if ref.shape != out.shape:
         return _verdict(result, "shape", f"shape {list(out.shape)} != reference {list(ref.shape)}")
-    numeric = ref.dtype.kind in "fiub" and out.dtype.kind in "fiub"
-    exact = ref.dtype.kind in "iub" and out.dtype.kind in "iub"  # indices, counts, masks
+    ref_kind, out_kind = numeric_kind(ref.dtype), numeric_kind(out.dtype)  # ml_dtypes' bfloat16/float8/int4 too
+    numeric = ref_kind in "fiub" and out_kind in "fiub"
+    exact = ref_kind in "iub" and out_kind in "iub"  # indices, counts, masks
     if not numeric:
+        if "V" in (ref_kind, out_kind) and ref.dtype != out.dtype:  # raw bytes: np.load of a bfloat16 .npz entry
+            return _verdict(result, "values", f"cannot compare {ref.dtype} with {out.dtype} (an .npz keeps "
+                            "bfloat16/float8 arrays as raw bytes: store them as float32)")
         same = bool(np.array_equal(ref, out))
         return _verdict(result, None if same else "values", None if same else "values differ")
-    r = ref.astype(np.float64)
-    o = out.astype(np.float64)
+    r = np.asarray(ref, dtype=np.float64)
+    o = np.asarray(out, dtype=np.float64)
     result["nan"], result["inf"] = int(np.isnan(o).sum()), int(np.isinf(o).sum())
     result["nan_reference"], result["inf_reference"] = int(np.isnan(r).sum()), int(np.isinf(r).sum())
     if r.size == 0:
         return _verdict(result, None, None)
     finite = np.isfinite(o) & np.isfinite(r)
-    diff = np.abs(o - r)[finite]
+    diff = np.abs(o[finite] - r[finite])
     ref_abs = np.abs(r)[finite]
     scale = float(ref_abs.max()) if ref_abs.size else 0.0
     if diff.size:
@@ -100,7 +107,7 @@ def compare_output(name: str, reference: np.ndarray, converted: np.ndarray, tol:
         result["psnr_db"] = _psnr_db(r[finite], o[finite])
         result["tolerance_ratio"] = _ratio(diff, ref_abs, scale, tol)
     gain = None
-    if ref.dtype.kind == "f" and out.dtype.kind == "f":
+    if ref_kind == "f" and out_kind == "f":
         result["topk_agree"] = _topk_agree(r, o)
         gain = _gain(r[finite], o[finite])
         result["scale_error"] = None if gain is None else abs(gain - 1.0)
@@ -111,8 +118,11 @@ def compare_output(name: str, reference: np.ndarray, converted: np.ndarray, tol:
     nonfinite = _nonfinite_mismatch(r, o)
     if nonfinite:
         return _verdict(result, "nonfinite", nonfinite)
-    if exact and not np.array_equal(ref, out):
-        return _verdict(result, "exact", f"{int(np.sum(ref != out))} integer/bool elements differ (must match exactly)")
+    if exact:
+        ref_int, out_int = _integers(ref), _integers(out)
+        if not np.array_equal(ref_int, out_int):
+            return _verdict(result, "exact", f"{int(np.sum(ref_int != out_int))} integer/bool elements differ "
+                            "(must match exactly)")
     judged = [c for c in ("cosine", "scale_error") if result[c] is not None and c not in result["unchecked"]]
     if "cosine" in judged and result["cosine"] < tol.min_cosine:
         return _verdict(result, "cosine", f"cosine {result['cosine']:.6f} < min_cosine {tol.min_cosine:g}")
@@ -122,6 +132,11 @@ def compare_output(name: str, reference: np.ndarray, converted: np.ndarray, tol:
     if diff.size and not _within(diff, ref_abs, scale, tol):
         return _verdict(result, "tolerance", _tolerance_failure(result, diff, ref_abs, scale, tol))
     return _verdict(result, None, None)
+
+
+def _integers(array: np.ndarray) -> np.ndarray:
+    """Integer/bool values in a numpy integer dtype (ml_dtypes' int4 compares unreliably as is)."""
+    return array.astype(np.int64) if is_ml_dtype(array.dtype) else array
 
 
 def _verdict(result: dict[str, Any], check: str | None, failure: str | None) -> dict[str, Any]:

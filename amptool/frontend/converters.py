@@ -17,6 +17,7 @@ import numpy as np
 from amptool import _tvm
 from amptool.errors import UserError
 from amptool.frontend.clip_pad import convert_clip, convert_pad
+from amptool.frontend.narrow_casts import convert_cast, convert_cast_like
 from amptool.frontend.rnn import convert_gru, convert_lstm, convert_rnn
 
 Converter = Callable[[Any, list[Any], dict[str, Any]], Any]
@@ -98,4 +99,8 @@ CONVERTERS: dict[str, Converter] = {
     "RNN": convert_rnn,
     # ReverseSequence: no converter in TVM's frontend; tf2onnx's bidirectional RNNs use it.
     "ReverseSequence": _reverse_sequence,
+    # Cast / CastLike to float8, int4/uint4 or bfloat16, and from float8: TVM computes those
+    # wrong on LLVM (narrow_casts.py says how); all other casts decline to TVM's converter.
+    "Cast": convert_cast,
+    "CastLike": convert_cast_like,
 }

@@ -31,6 +31,7 @@ from amptool.frontend.converters import CONVERTERS
 from amptool.frontend.gradient import check_gradients, is_gradient
 from amptool.frontend.gradient_lower import lower_gradient
 from amptool.frontend.load import Names, default_opset, iter_nodes
+from amptool.frontend.narrow_casts import check_narrow_types
 from amptool.frontend.signature import TensorSpec
 
 #: Node types the frontend handles outside its converter map.
@@ -127,6 +128,7 @@ def import_model(model: onnx.ModelProto, inputs: Sequence[TensorSpec]) -> Import
     """ONNX → Relax with static input shapes and named bindings."""
     check_supported(model)
     check_bounded_outputs(model)
+    check_narrow_types(model)
     importer = _make_importer(
         shape_dict={s.name: [int(d) for d in (s.shape or ())] for s in inputs},
         dtype_dict={s.name: s.dtype for s in inputs},
