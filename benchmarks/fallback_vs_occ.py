@@ -29,12 +29,13 @@ from typing import Any
 import numpy as np
 import onnx
 
-from amptool.compare.stats import compare_output
-from amptool.compare.tolerance import default_tolerance
 from amptool.app.convert import ConvertConfig
 from amptool.app.fallback import FallbackConfig, auto_fallback
+from amptool.compare.stats import compare_output
+from amptool.compare.tolerance import default_tolerance
+from amptool.frontend.input_values import parse_input_shape, resolve_input_shapes
 from amptool.frontend.prepare import reference_model
-from amptool.frontend.signature import graph_inputs, parse_input_shapes, pin_input_specs
+from amptool.frontend.signature import graph_inputs, pin_input_specs
 from amptool.runtime.inputs import generate_inputs
 from amptool.runtime.onnxruntime_runner import run_onnxruntime
 from amptool.testing import model_zoo
@@ -59,16 +60,17 @@ def main() -> int:
             path, guards = os.path.join(tmp, "scale_beyond_fp16.onnx"), False
             onnx.save(model_zoo.scale_beyond_fp16(), path)
         model = onnx.load(path)
-        specs = pin_input_specs(graph_inputs(model), parse_input_shapes(tuple(args.input_shape),
-                                                                       [s.name for s in graph_inputs(model)]))
+        shapes = dict(parse_input_shape(text) for text in args.input_shape)
+        declared = graph_inputs(model)
+        specs = pin_input_specs(declared, resolve_input_shapes(shapes, [s.name for s in declared]))
         feeds = generate_inputs(specs, model, seed=0)
         reference = run_onnxruntime(reference_model(model), feeds)
-        rows = [_amptool(path, tuple(args.input_shape), guards), _occ(model, feeds, reference)]
+        rows = [_amptool(path, shapes, guards), _occ(model, feeds, reference)]
     _print(os.path.basename(path), rows)
     return 0
 
 
-def _amptool(path: str, shapes: tuple[str, ...], guards: bool) -> dict[str, Any]:
+def _amptool(path: str, shapes: dict[str, tuple[int, ...]], guards: bool) -> dict[str, Any]:
     start = time.perf_counter()
     result = auto_fallback(FallbackConfig(convert=ConvertConfig(model=path, input_shapes=shapes,
                                                                 range_guards=guards)))

@@ -11,7 +11,8 @@ from onnx import TensorProto, helper, numpy_helper
 from amptool.app.convert import ConvertConfig, build_model
 from amptool.errors import UserError
 from amptool.frontend.fold import fold_model
-from amptool.frontend.signature import TensorSpec, parse_fixed_inputs
+from amptool.frontend.input_values import fixed_input_arrays, parse_fixed_input
+from amptool.frontend.signature import TensorSpec
 from tests.conftest import read_json
 
 
@@ -112,7 +113,7 @@ def test_if_on_a_pinned_shape_is_inlined():
 def test_branch_with_constant_pad_chain_converts_and_matches(tmp_path):
     path = tmp_path / "branchy.onnx"
     onnx.save(_branchy_model(), path)
-    build = build_model(ConvertConfig(model=str(path), dtype="float16", input_shapes=("x:2x8",)))
+    build = build_model(ConvertConfig(model=str(path), dtype="float16", input_shapes={"x": (2, 8)}))
     assert "fold-subgraphs" in build.prepare_steps
     x = np.random.default_rng(1).standard_normal((2, 8)).astype(np.float32)
     for mode in (0, 1):
@@ -135,9 +136,15 @@ def test_fixed_input_bakes_value_and_drops_the_input(tmp_path, run_cli):
     assert manifest["ops_by_dtype"].get("relax.nn.pad") or manifest["ops_by_dtype"]  # imported one branch
 
 
+def _fixed(texts, specs):
+    """--fixed-input as the CLI reads it: parsed at the edge, resolved against the model."""
+    return fixed_input_arrays(dict(parse_fixed_input(t) for t in texts), specs)
+
+
 @pytest.mark.parametrize(
     ("text", "fragment"),
-    [("mode", "is not NAME=VALUE"), ("nope=1", "unknown input 'nope'"), ("mode=abc", "is not a int64 value"),
+    [("mode", "is not NAME=VALUE"), ("nope=1", "unknown input 'nope'"), ("mode=abc", "is not a number"),
+     ("mode=1.5", "is not a int64 value"),
      ("mode=1,2", "gives 2 value(s) but 'mode' has shape []: needs 1 value"),
      ("grid=1,2,3", "but 'grid' has shape [2, 2]: needs 1 or 4 values"),
      ("ragged=1,2", "but 'ragged' has shape [2, n]: needs a static shape")],
@@ -146,21 +153,21 @@ def test_fixed_input_errors_are_one_line(text, fragment):
     specs = [TensorSpec("x", "float32", (1, 8)), TensorSpec("mode", "int64", ()),
              TensorSpec("grid", "float32", (2, 2)), TensorSpec("ragged", "float32", (2, "n"))]
     with pytest.raises(UserError) as info:
-        parse_fixed_inputs([text], specs)
+        _fixed([text], specs)
     assert fragment in str(info.value)
 
 
 def test_fixed_input_fills_an_n_d_input():
     """One value fills a static N-D input; as many values as elements fill it row-major."""
     specs = [TensorSpec("mask", "bool", (2, 3)), TensorSpec("grid", "float32", (2, 2))]
-    fixed = parse_fixed_inputs(["mask=1", "grid=1,2,3,4"], specs)
+    fixed = _fixed(["mask=1", "grid=1,2,3,4"], specs)
     assert fixed["mask"].dtype == np.bool_ and fixed["mask"].shape == (2, 3) and fixed["mask"].all()
     assert fixed["grid"].tolist() == [[1.0, 2.0], [3.0, 4.0]]
 
 
 def test_fixed_input_parses_floats_and_bools():
     specs = [TensorSpec("t", "float32", ()), TensorSpec("flag", "bool", (1,))]
-    fixed = parse_fixed_inputs(["t=0.5", "flag=true"], specs)
+    fixed = _fixed(["t=0.5", "flag=true"], specs)
     assert fixed["t"].dtype == np.float32 and float(fixed["t"]) == 0.5
     assert fixed["flag"].dtype == np.bool_ and fixed["flag"].tolist() == [True]
 

@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from amptool import _tvm
-from amptool.errors import TargetUnavailableError, UserError
 from amptool.app.outdir import MANIFEST_NAME, artifact_files, write_directory
+from amptool.errors import TargetUnavailableError, UserError
 from amptool.runtime.tvm_runner import CompiledModel
 
 LIBRARY_NAME = "model.so"

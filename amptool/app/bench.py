@@ -49,6 +49,7 @@ from amptool.app.artifact import load_artifact
 from amptool.app.bench_worker import ONNXRUNTIME_RUNTIME, TVM_RUNTIME, Worker, WorkerSpec, isolated_workers
 from amptool.app.convert import DTYPES, BuildResult, ConvertConfig, build_model, export_build
 from amptool.errors import UserError
+from amptool.frontend.input_values import ONLY_INPUT
 from amptool.frontend.load import load_model
 from amptool.frontend.prepare import pin_shapes, reference_model
 from amptool.frontend.signature import TensorSpec, graph_inputs
@@ -75,7 +76,7 @@ class BenchConfig:
     cuda_arch: str | None = None  # --cuda-arch for --target cuda; None: the local GPU's
     batch: int | None = None
     threads: int | None = None  # None: every CPU this process may run on
-    input_shapes: tuple[str, ...] = ()
+    input_shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # as ConvertConfig's
     colors: str | None = None
     #: Other ConvertConfig fields for the builds (fixed_inputs, low_precision_io, prepare, …);
     #: an artifact carries its own, so they must stay unset for one.
@@ -101,9 +102,9 @@ class BenchConfig:
     def _check_artifact_options(self) -> None:
         """An artifact was built with its own options: one given here would silently not apply."""
         defaults = {f.name: f.default for f in dataclasses.fields(ConvertConfig)}
-        given = {"colors": self.colors, "input_shapes": self.input_shapes, **self.build}
+        given = {"colors": self.colors, "input_shapes": dict(self.input_shapes) or None, **self.build}
         changed = sorted(name for name, value in given.items()
-                         if name in defaults and value not in (defaults[name], None, ()))
+                         if name in defaults and value not in (defaults[name], None, (), {}))
         if changed:
             raise UserError(f"{self.model} is an artifact, built with its own options; "
                             f"{', '.join(changed)} cannot change it",
@@ -185,6 +186,10 @@ class BenchReport:
                 if value is not None:
                     found[f"{r.variant}/{baseline}"] = round(value, 4)
         return found
+
+    def to_json(self) -> dict[str, Any]:
+        """What ``--json`` writes."""
+        return self.as_json()
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -302,10 +307,10 @@ def _from_artifact(config: BenchConfig, notify: StageCallback, scratch: str) -> 
                         "An artifact is compiled for fixed shapes; bench the ONNX model instead.")
     fixed = {n: np.asarray(v, dtype=declared[n].dtype) for n, v in manifest.get("fixed_inputs", {}).items()
              if n in declared}
-    shapes = tuple(f"{s.name}:{'x'.join(str(d) for d in s.shape or ())}" for s in specs)
+    shapes = {s.name: tuple(int(d) for d in s.shape or ()) for s in specs}
     fp32 = ConvertConfig(model=path, dtype="float32", colors=None, target=manifest.get("target", config.target),
                          cuda_arch=manifest.get("arch"), target_options=tuple(manifest.get("target_options", ())),
-                         input_shapes=shapes, fixed_inputs=tuple(f"{n}={_fixed_text(v)}" for n, v in fixed.items()))
+                         input_shapes=shapes, fixed_inputs=fixed)
     variants: dict[str, _Variant] = {}
     if manifest.get("dtype") != "float32":
         variants[amptool_variant("float32")] = _build_variant(fp32, amptool_variant("float32"), notify, scratch)[0]
@@ -317,30 +322,25 @@ def _prefixed(notify: StageCallback, prefix: str) -> StageCallback:
     return lambda stage: notify(f"{prefix}: {stage}")
 
 
-def _fixed_text(value: np.ndarray) -> str:
-    return ",".join(str(v) for v in np.asarray(value).ravel().tolist())
-
-
 def _declared_dtype(model: onnx.ModelProto, spec: TensorSpec) -> str:
     """The dtype the ONNX model takes (a low-precision-io build may take the low dtype)."""
     return next((s.dtype for s in graph_inputs(model) if s.name == spec.name), spec.dtype)
 
 
-def _input_shapes(config: BenchConfig, declared: Sequence[TensorSpec]) -> tuple[str, ...]:
+def _input_shapes(config: BenchConfig, declared: Sequence[TensorSpec]) -> dict[str, tuple[int, ...]]:
     """--input-shape as given, plus ``--batch`` as the first dim of every other input."""
-    if not config.batch:
-        return config.input_shapes
-    named = {text.rpartition(":")[0] for text in config.input_shapes}
-    shapes = list(config.input_shapes)
+    shapes = dict(config.input_shapes)
+    if not config.batch or (ONLY_INPUT in shapes and len(declared) == 1):
+        return shapes
     for spec in declared:
-        if spec.name in named or not spec.shape:
+        if spec.name in shapes or not spec.shape:
             continue
         rest = spec.shape[1:]
         if not all(isinstance(d, int) for d in rest):
             raise UserError(f"--batch cannot pin input '{spec.name}': dims {list(spec.shape)} are not static",
                             f"Also pass --input-shape {spec.name}:{config.batch}x…")
-        shapes.append(f"{spec.name}:{'x'.join(str(d) for d in (config.batch, *rest))}")
-    return tuple(shapes)
+        shapes[spec.name] = (config.batch, *(int(d) for d in rest))
+    return shapes
 
 
 def _onnxruntime_provider(target: str) -> str:

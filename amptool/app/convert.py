@@ -24,9 +24,11 @@ import numpy as np
 from amptool import __version__, _tvm
 from amptool.app.artifact import LIBRARY_NAME, write_artifact, write_manifest
 from amptool.app.calibrate import Calibration, activation_peaks
+from amptool.app.outdir import check_output_dir
 from amptool.colors import ColorPolicy, load_policy
 from amptool.errors import TargetUnavailableError, UserError
 from amptool.frontend.importer import ImportedModel, NodeOrigin, import_model
+from amptool.frontend.input_values import FixedValue, fixed_input_arrays, resolve_input_shapes
 from amptool.frontend.load import LoadedModel, load_model
 from amptool.frontend.prepare import prepare_model
 from amptool.frontend.signature import (
@@ -34,11 +36,8 @@ from amptool.frontend.signature import (
     TensorSpec,
     graph_inputs,
     graph_outputs,
-    parse_fixed_inputs,
-    parse_input_shapes,
     pin_input_specs,
 )
-from amptool.app.outdir import check_output_dir
 from amptool.passes import stats
 from amptool.passes.pipeline import PassResult, run_passes
 from amptool.runtime.inputs import check_input_shapes, generate_inputs, load_inputs
@@ -57,10 +56,12 @@ class ConvertConfig:
     dtype: str = "float16"
     colors: str | None = None
     target: str = "llvm"
-    input_shapes: tuple[str, ...] = ()
+    #: input name → dims ("" names the model's only input); parsed from --input-shape at the edge
+    input_shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     range_guards: bool = True
     prepare: bool = True
-    fixed_inputs: tuple[str, ...] = ()  # NAME=VALUE: inputs baked in as constants
+    #: input name → value (a number, numbers, or an array): inputs baked in as constants
+    fixed_inputs: Mapping[str, FixedValue] = field(default_factory=dict)
     calibration: str | None = None  # .npz of inputs for the activation guard; None = seeded
     low_precision_io: bool = False  # float32 inputs/outputs become the low dtype
     cuda_arch: str | None = None  # --cuda-arch sm_XX; None: the local GPU's, else targets.DEFAULT_CUDA_ARCH
@@ -71,6 +72,13 @@ class ConvertConfig:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise UserError(f"Unknown dtype '{self.dtype}'. Choose one of: {', '.join(DTYPES)}.")
+        for name in ("input_shapes", "fixed_inputs"):
+            if not isinstance(getattr(self, name), Mapping):
+                raise UserError(f"{name} takes a mapping of input name → value, got {getattr(self, name)!r}",
+                                "e.g. input_shapes={'x': (1, 3, 224, 224)}, fixed_inputs={'sr': 16000}.")
+        shapes = {name: tuple(dims) for name, dims in self.input_shapes.items()}
+        object.__setattr__(self, "input_shapes", shapes)
+        object.__setattr__(self, "fixed_inputs", dict(self.fixed_inputs))
         check_target_flags(self.target, self.cuda_arch, self.target_options)
 
 
@@ -188,9 +196,9 @@ def rewrite_model(
 
     loaded: LoadedModel = timed("load", lambda: load_model(config.model))
     declared = graph_inputs(loaded.model)
-    fixed = parse_fixed_inputs(config.fixed_inputs, declared)
+    fixed = fixed_input_arrays(config.fixed_inputs, declared)
     declared = [s for s in declared if s.name not in fixed]
-    shapes = parse_input_shapes(config.input_shapes, [s.name for s in declared])
+    shapes = resolve_input_shapes(config.input_shapes, [s.name for s in declared])
     inputs = pin_input_specs(declared, shapes, arrays, max_bytes=config.max_input_bytes)
     prepared = timed(
         "prepare",

@@ -21,17 +21,19 @@ from typing import Any, Protocol
 import numpy as np
 
 from amptool.app.artifact import load_artifact
+from amptool.app.convert import ConvertConfig, build_model, resolve
 from amptool.compare.aggregate import mean_over, severity, worst_case
 from amptool.compare.stats import compare_output
-from amptool.compare.tolerance import Tolerance, ToleranceOverride, TolerancePolicy
-from amptool.app.convert import ConvertConfig, build_model, resolve
+from amptool.compare.tolerance import Tolerance, TolerancePolicy
 from amptool.errors import UserError
 from amptool.fileio import finite_only
 from amptool.frontend.gradient import has_gradients
+from amptool.frontend.input_values import fixed_input_arrays
 from amptool.frontend.load import load_model
 from amptool.frontend.prepare import reference_model
-from amptool.frontend.signature import TensorSpec, graph_inputs, graph_outputs, parse_fixed_inputs
+from amptool.frontend.signature import TensorSpec, graph_inputs, graph_outputs
 from amptool.runtime.inputs import (
+    check_input_arrays,
     check_input_shapes,
     check_val_ranges,
     generate_inputs,
@@ -47,24 +49,20 @@ from amptool.targets import require_device
 
 @dataclass(frozen=True)
 class DiffConfig:
-    """What to compare and how strictly. ``atol``…``max_scale_error`` override the dtype's default
-    for every output; ``per_output`` overrides them for single outputs."""
+    """What to compare and how strictly: ``tolerance`` overrides the dtype's default tolerances,
+    for every output or for single ones."""
 
     convert: ConvertConfig
     artifact: str | None = None
     inputs_path: str | None = None
+    input_arrays: Mapping[str, np.ndarray] | None = None  # the Python API's inputs={name: array}
     save_inputs: str | None = None
     seed: int = 0
     iterations: int = 1
     val_ranges: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     reference_outputs: str | None = None
     save_outputs: str | None = None
-    atol: float | None = None
-    rtol: float | None = None
-    min_cosine: float | None = None
-    check_stat: str | None = None
-    max_scale_error: float | None = None
-    per_output: tuple[tuple[str, ToleranceOverride], ...] = ()
+    tolerance: TolerancePolicy = field(default_factory=TolerancePolicy)
     per_layer: bool = False  # also compare every ONNX node's output (amptool.app.per_layer)
 
     def __post_init__(self) -> None:
@@ -76,7 +74,7 @@ class DiffConfig:
             raise UserError(f"--iterations {self.iterations}: need at least 1")
         if self.iterations > 1:
             single = [flag for flag, value in (
-                ("--inputs", self.inputs_path), ("--reference-outputs", self.reference_outputs),
+                ("--inputs", self.inputs_path or self.input_arrays), ("--reference-outputs", self.reference_outputs),
                 ("--save-inputs", self.save_inputs), ("--save-outputs", self.save_outputs)) if value]
             if single:
                 raise UserError(
@@ -84,20 +82,12 @@ class DiffConfig:
                     f"but {', '.join(single)} work with one set",
                     "Drop --iterations, or drop those flags (--seed S --iterations N is reproducible by itself).",
                 )
-        if self.val_ranges and self.inputs_path:
+        if self.val_ranges and (self.inputs_path or self.input_arrays):
             raise UserError("--val-range shapes generated inputs, but --inputs gives them",
                             "Drop --val-range, or drop --inputs.")
 
     def policy(self) -> TolerancePolicy:
-        return TolerancePolicy(
-            default=ToleranceOverride(atol=self.atol, rtol=self.rtol, min_cosine=self.min_cosine,
-                                      check_stat=self.check_stat, max_scale_error=self.max_scale_error),
-            per_output=self.per_output,
-        )
-
-    def tolerance(self, dtype: str) -> Tolerance:
-        """The tolerance of outputs without a per-output override."""
-        return self.policy().resolve(dtype)
+        return self.tolerance
 
 
 @dataclass
@@ -117,6 +107,15 @@ class DiffReport:
     #: Output name → (reference, converted) arrays of its worst iteration; for plots, not JSON.
     samples: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
     layers: Any = None  # amptool.app.per_layer.LayerReport, with --per-layer
+
+    @property
+    def verdict(self) -> str:
+        """The grep-friendly last line diff prints: ``PASSED | …`` or ``FAILED | …``."""
+        return verdict_line(self)
+
+    def to_json(self) -> dict[str, Any]:
+        """What ``amptool diff --json`` writes."""
+        return self.as_json()
 
     @property
     def worst(self) -> dict[str, Any] | None:
@@ -165,9 +164,10 @@ def diff_model(config: DiffConfig, on_stage: Callable[[str], None] | None = None
     policy = config.policy()
     policy.check_names(output_names)
     check_val_ranges(config.val_ranges, specs)
-    fixed = parse_fixed_inputs(config.convert.fixed_inputs, specs)
+    fixed = fixed_input_arrays(config.convert.fixed_inputs, specs)
     specs = [s for s in specs if s.name not in fixed]  # fixed inputs are constants of the build
-    arrays = load_inputs(config.inputs_path, specs) if config.inputs_path else None
+    arrays = (check_input_arrays(config.input_arrays, specs, "inputs") if config.input_arrays is not None
+              else load_inputs(config.inputs_path, specs) if config.inputs_path else None)
     stored = load_reference_outputs(config.reference_outputs, output_names) if config.reference_outputs else None
     if config.per_layer and has_gradients(loaded.model):
         raise UserError("--per-layer runs every node in onnxruntime, which cannot run Gradient nodes",
@@ -191,7 +191,7 @@ def diff_model(config: DiffConfig, on_stage: Callable[[str], None] | None = None
     model_dtypes = {s.name: s.dtype for s in specs}
     pinned = [TensorSpec(p.name, model_dtypes.get(p.name, p.dtype), p.shape) for p in pinned]
     if arrays is not None:
-        check_input_shapes(arrays, pinned, f"--inputs {config.inputs_path}")
+        check_input_shapes(arrays, pinned, f"--inputs {config.inputs_path or '(arrays)'}")
 
     runner = None
     if stored is None:
@@ -234,7 +234,7 @@ def diff_model(config: DiffConfig, on_stage: Callable[[str], None] | None = None
         reference={"source": "file" if stored is not None else _reference_source(loaded.model),
                    "path": config.reference_outputs},
         inputs={
-            "source": "file" if arrays is not None else "generated",
+            "source": "arrays" if config.input_arrays is not None else "file" if arrays is not None else "generated",
             "path": config.inputs_path,
             "val_range": {name: list(bounds) for name, bounds in config.val_ranges.items()},
         },
@@ -317,3 +317,45 @@ def _as_float32(array: np.ndarray) -> np.ndarray:
         return array.astype(np.float32)
     return array
 
+
+def verdict_line(report: DiffReport) -> str:
+    """The grep-friendly last line: ``PASSED | …`` or ``FAILED | …``, naming the worst output
+    and the statistic that decided."""
+    worst = report.worst
+    head = f"{report.dtype} on {report.target}"
+    if report.reference.get("path"):
+        head += f" vs {report.reference['path']}"
+    count = report.iterations.get("count", 1)
+    sets = f" × {count} input sets" if count > 1 else ""
+    if worst is None:
+        return f"PASSED | {head} | no outputs"
+    if report.passed:
+        check = worst["tolerance"]["check_error_stat"] if worst.get("tolerance") else "max"
+        ratio = worst.get("tolerance_ratio")
+        of_tol = f"{ratio:.2f}× tolerance"
+        if ratio is None:
+            detail = "compared exactly (no finite numeric elements)"
+        elif check == "elemwise":
+            detail = f"elemwise error up to {of_tol} (max_abs {_number(worst.get('max_abs'))})"
+        else:
+            detail = f"{check}_abs {_number(worst.get(f'{check}_abs'))} = {of_tol}"
+        if worst.get("cosine") is not None:
+            detail += f", cosine {worst['cosine']:.7f}"
+        if worst.get("scale_error") is not None:
+            detail += f", scale_error {worst['scale_error']:.2g}"
+        detail = f"worst output '{worst['name']}': {detail}"
+        n = len(report.outputs)
+        return f"PASSED | {head} | {n} output{'s' if n != 1 else ''}{sets} | {detail}"
+    failed = sum(1 for o in report.outputs if not o["passed"])
+    where = ""
+    if count > 1:
+        seed = report.iterations["seeds"][worst.get("worst_iteration", 0)]
+        where = f" (input set {worst.get('worst_iteration', 0) + 1}/{count}, seed {seed})"
+    return (
+        f"FAILED | {head} | {failed}/{len(report.outputs)} outputs failed{sets} | "
+        f"output '{worst['name']}'{where}: {worst['failure']}"
+    )
+
+
+def _number(value: Any, digits: int = 4) -> str:
+    return "—" if value is None else f"{value:.{digits}g}" if isinstance(value, float) else str(value)

@@ -49,10 +49,6 @@ import numpy as np
 import onnx
 import yaml
 
-from amptool.colors.loader import BUILTIN_PREFIX
-from amptool.colors.policy import Color, ColorPolicy, NodeRule
-from amptool.compare.aggregate import severity, worst_case
-from amptool.compare.tolerance import TolerancePolicy
 from amptool.app.convert import (
     BuildResult,
     ConvertConfig,
@@ -61,13 +57,18 @@ from amptool.app.convert import (
     rewrite_model,
     rewrite_with_policy,
 )
-from amptool.errors import UserError
 from amptool.app.fallback_verify import InputSet, Model, Verdict, check_outputs, input_sets, judge
-from amptool.fileio import finite_only
-from amptool.frontend.signature import TensorSpec, graph_inputs
-from amptool.passes import stats
 from amptool.app.per_layer import LayerReport, compare_layers
 from amptool.app.probe import compile_probed
+from amptool.colors.loader import BUILTIN_PREFIX
+from amptool.colors.policy import Color, ColorPolicy, NodeRule
+from amptool.compare.aggregate import severity, worst_case
+from amptool.compare.tolerance import TolerancePolicy
+from amptool.errors import UserError
+from amptool.fileio import finite_only
+from amptool.frontend.input_values import shape_text, value_text
+from amptool.frontend.signature import TensorSpec, graph_inputs
+from amptool.passes import stats
 
 FALLBACK_FILE = "fallback.yaml"
 DEFAULT_MAX_COMPILES = 10
@@ -385,8 +386,8 @@ def fallback_yaml(config: FallbackConfig, kept: Sequence[str], search: Verdict, 
     else:
         data = {"version": 1, "extends": colors or f"{BUILTIN_PREFIX}default", "nodes": rules}
     flags = [f"--dtype {config.convert.dtype}"]
-    flags += [f"--input-shape {s}" for s in config.convert.input_shapes]
-    flags += [f"--fixed-input {s}" for s in config.convert.fixed_inputs]
+    flags += [f"--input-shape {f'{n}:' if n else ''}{shape_text(d)}" for n, d in config.convert.input_shapes.items()]
+    flags += [f"--fixed-input {n}={value_text(v)}" for n, v in config.convert.fixed_inputs.items()]
     if not config.convert.range_guards:
         flags.append("--no-range-guards")
     if not config.convert.prepare:

@@ -23,11 +23,11 @@ from typing import Any
 import numpy as np
 import onnx
 
+from amptool.app.per_layer import reference_tensors
 from amptool.compare.aggregate import severity, worst_case
 from amptool.compare.stats import compare_output
 from amptool.compare.tolerance import TolerancePolicy
 from amptool.frontend.signature import TensorSpec
-from amptool.app.per_layer import reference_tensors
 from amptool.runtime.inputs import check_input_shapes, generate_inputs, load_inputs
 
 

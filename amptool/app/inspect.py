@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from amptool.colors.policy import Color
 from amptool.app.convert import ConvertConfig, Rewritten, rewrite_model
+from amptool.colors.policy import Color
 from amptool.passes import stats
 from amptool.passes.mixed_precision import Decision
 
@@ -54,6 +54,10 @@ class InspectReport:
         """(ONNX op type, colour, dtype, count), most frequent first."""
         counts = collections.Counter((n.op_type, n.color, n.dtype) for n in self.nodes)
         return sorted(((*key, c) for key, c in counts.items()), key=lambda row: (-row[3], row[0]))
+
+    def to_json(self) -> dict[str, Any]:
+        """What ``--json`` writes."""
+        return self.as_json()
 
     def as_json(self) -> dict[str, Any]:
         passes = self.rewritten.passes

@@ -38,9 +38,9 @@ from typing import Any
 import numpy as np
 import onnx
 
+from amptool.app.probe import Probe, compile_probed
 from amptool.compare.tolerance import Tolerance, default_tolerance
 from amptool.errors import UserError, error_summary
-from amptool.app.probe import Probe, compile_probed
 
 #: A node's relative error must grow by more than this over its inputs' to be a jump.
 JUMP_GROWTH = 10.0

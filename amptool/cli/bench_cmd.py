@@ -8,9 +8,9 @@ from typing import Any
 
 import click
 
+from amptool.app.convert import DTYPES
 from amptool.cli.console import err, handles_user_errors, out
 from amptool.cli.options import build_options
-from amptool.app.convert import DTYPES
 
 
 @click.command()

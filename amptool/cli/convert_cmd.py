@@ -51,9 +51,9 @@ def convert(model: str, dtype: str, build: dict[str, Any],
     """Convert MODEL.onnx to DTYPE and compile it into OUTPUT."""
     import json  # noqa: PLC0415
 
-    from amptool.cli import render  # noqa: PLC0415
     from amptool.app.convert import ConvertConfig, check_ir_path, convert_model, write_ir  # noqa: PLC0415
     from amptool.app.outdir import check_output_dir  # noqa: PLC0415
+    from amptool.cli import render  # noqa: PLC0415
 
     config = ConvertConfig(model=model, dtype=dtype, **build)
     given = (("--atol", atol), ("--rtol", rtol), ("--min-cosine", min_cosine), ("--iterations", iterations),
@@ -107,9 +107,9 @@ def convert(model: str, dtype: str, build: dict[str, Any],
 def _lower_only(config: ConvertConfig, output_dir: str, json_summary: bool, emit_ir: str | None) -> None:
     import json  # noqa: PLC0415
 
-    from amptool.cli import render  # noqa: PLC0415
     from amptool.app.convert import write_ir  # noqa: PLC0415
     from amptool.app.lower import LOWERED_NAME, lower_model  # noqa: PLC0415
+    from amptool.cli import render  # noqa: PLC0415
 
     with stages() as on_stage:
         rewritten, manifest = lower_model(config, output_dir, on_stage=on_stage)
@@ -131,9 +131,9 @@ def _auto_fallback(config: ConvertConfig, output_dir: str, on_stage: Callable[[s
                    atol: tuple[str, ...], rtol: tuple[str, ...], min_cosine: tuple[str, ...],
                    iterations: int | None, max_compiles: int | None,
                    validation: str | None) -> tuple[FallbackResult, dict[str, Any]]:
-    from amptool.compare.tolerance import parse_tolerance_flags  # noqa: PLC0415
     from amptool.app.convert import export_build  # noqa: PLC0415
     from amptool.app.fallback import DEFAULT_MAX_COMPILES, FALLBACK_FILE, FallbackConfig, auto_fallback  # noqa: PLC0415
+    from amptool.compare.tolerance import parse_tolerance_flags  # noqa: PLC0415
 
     policy = parse_tolerance_flags(atol=atol, rtol=rtol, min_cosine=min_cosine)
     search = FallbackConfig(convert=config, tolerance=policy, iterations=iterations, validation=validation,

@@ -63,10 +63,10 @@ def diff(model: str, dtype: str, build: dict[str, Any],
 
     Exit 0 when every output passes, 1 when one fails, 2 on bad input, 3 when the target cannot run here.
     """
-    from amptool.cli import render  # noqa: PLC0415
-    from amptool.compare.tolerance import parse_tolerance_flags  # noqa: PLC0415
     from amptool.app.convert import ConvertConfig  # noqa: PLC0415
     from amptool.app.diff import DiffConfig, diff_model  # noqa: PLC0415
+    from amptool.cli import render  # noqa: PLC0415
+    from amptool.compare.tolerance import parse_tolerance_flags  # noqa: PLC0415
     from amptool.runtime.inputs import parse_val_ranges  # noqa: PLC0415
 
     for flag, path in (("--json", json_path), ("--plot", plot_path), ("--save-inputs", save_inputs),
@@ -84,9 +84,7 @@ def diff(model: str, dtype: str, build: dict[str, Any],
         artifact=artifact, inputs_path=inputs_path, save_inputs=save_inputs, seed=seed,
         iterations=iterations, val_ranges=parse_val_ranges(val_ranges),
         reference_outputs=reference_outputs, save_outputs=save_outputs,
-        atol=policy.default.atol, rtol=policy.default.rtol, min_cosine=policy.default.min_cosine,
-        check_stat=policy.default.check_stat, max_scale_error=policy.default.max_scale_error,
-        per_output=policy.per_output, per_layer=per_layer,
+        tolerance=policy, per_layer=per_layer,
     )
     with stages() as on_stage:
         report = diff_model(config, on_stage=on_stage)
@@ -106,7 +104,7 @@ def diff(model: str, dtype: str, build: dict[str, Any],
 
         title = f"{report.dtype} on {report.target} vs {report.reference_label}: {os.path.basename(model)}"
         plot_outputs(plot_path, report.samples, report.outputs, title)
-    out.print(render.verdict_line(report), markup=False, soft_wrap=True)  # one line, never wrapped
+    out.print(report.verdict, markup=False, soft_wrap=True)  # one line, never wrapped
     sys.exit(EXIT_OK if report.passed else EXIT_ACCURACY_FAILED)
 
 

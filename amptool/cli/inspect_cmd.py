@@ -22,8 +22,8 @@ from amptool.cli.options import model_options
 def inspect(model: str, dtype: str, build: dict[str, Any], json_path: str | None, show_nodes: bool) -> None:
     """Show what converting MODEL to DTYPE would do: colour and dtype per op, casts, guards."""
     from amptool.app.convert import ConvertConfig  # noqa: PLC0415
-    from amptool.fileio import finite_only, write_json  # noqa: PLC0415
     from amptool.app.inspect import inspect_model  # noqa: PLC0415
+    from amptool.fileio import finite_only, write_json  # noqa: PLC0415
 
     config = ConvertConfig(model=model, dtype=dtype, **build)
     with stages() as on_stage:

@@ -11,6 +11,9 @@ from typing import Any
 import click
 
 from amptool.app.convert import DTYPES
+from amptool.cli.console import abort
+from amptool.errors import UserError
+from amptool.frontend.input_values import parse_fixed_input, parse_input_shape
 
 fixed_input_option = click.option(
     "--fixed-input", "fixed_inputs", multiple=True, metavar="NAME=VALUE",
@@ -101,13 +104,18 @@ def build_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def with_build(*args: Any, **kwargs: Any) -> Any:
+        try:  # parse at the edge: the library takes typed values
+            shapes = dict(parse_input_shape(text) for text in kwargs.pop("input_shapes"))
+            fixed = dict(parse_fixed_input(text) for text in kwargs.pop("fixed_inputs"))
+        except UserError as error:
+            abort(error)
         kwargs["build"] = {
             "colors": kwargs.pop("colors"),
             "target": kwargs.pop("target"),
             "cuda_arch": kwargs.pop("cuda_arch"),
             "target_options": kwargs.pop("target_options"),
-            "input_shapes": kwargs.pop("input_shapes"),
-            "fixed_inputs": kwargs.pop("fixed_inputs"),
+            "input_shapes": shapes,
+            "fixed_inputs": fixed,
             "calibration": kwargs.pop("calibration"),
             "low_precision_io": kwargs.pop("low_precision_io"),
             "range_guards": not kwargs.pop("no_range_guards"),

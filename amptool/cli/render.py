@@ -144,45 +144,6 @@ def _nonfinite(o: dict[str, Any]) -> str:
     return text
 
 
-def verdict_line(report: DiffReport) -> str:
-    """The grep-friendly last line: ``PASSED | …`` or ``FAILED | …``, naming the worst output
-    and the statistic that decided."""
-    worst = report.worst
-    head = f"{report.dtype} on {report.target}"
-    if report.reference.get("path"):
-        head += f" vs {report.reference['path']}"
-    count = report.iterations.get("count", 1)
-    sets = f" × {count} input sets" if count > 1 else ""
-    if worst is None:
-        return f"PASSED | {head} | no outputs"
-    if report.passed:
-        check = worst["tolerance"]["check_error_stat"] if worst.get("tolerance") else "max"
-        ratio = worst.get("tolerance_ratio")
-        of_tol = f"{ratio:.2f}× tolerance"
-        if ratio is None:
-            detail = "compared exactly (no finite numeric elements)"
-        elif check == "elemwise":
-            detail = f"elemwise error up to {of_tol} (max_abs {_fmt(worst.get('max_abs'))})"
-        else:
-            detail = f"{check}_abs {_fmt(worst.get(f'{check}_abs'))} = {of_tol}"
-        if worst.get("cosine") is not None:
-            detail += f", cosine {worst['cosine']:.7f}"
-        if worst.get("scale_error") is not None:
-            detail += f", scale_error {worst['scale_error']:.2g}"
-        detail = f"worst output '{worst['name']}': {detail}"
-        n = len(report.outputs)
-        return f"PASSED | {head} | {n} output{'s' if n != 1 else ''}{sets} | {detail}"
-    failed = sum(1 for o in report.outputs if not o["passed"])
-    where = ""
-    if count > 1:
-        seed = report.iterations["seeds"][worst.get("worst_iteration", 0)]
-        where = f" (input set {worst.get('worst_iteration', 0) + 1}/{count}, seed {seed})"
-    return (
-        f"FAILED | {head} | {failed}/{len(report.outputs)} outputs failed{sets} | "
-        f"output '{worst['name']}'{where}: {worst['failure']}"
-    )
-
-
 def layers_table(layers: Any, limit: int = 40) -> Table:
     """Per-layer errors (an ``amptool.app.per_layer.LayerReport``) in graph order, the first jump
     highlighted. Beyond ``limit`` rows: the first and last nodes, every jump with the nodes just

@@ -9,7 +9,6 @@ still unknown stops the run with a line naming the input and how to pin it.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -39,13 +38,43 @@ class TensorSpec:
         return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape or [])}
 
 
-def _dtype_name(elem_type: int) -> str:
+#: Element types no backend here can hold → what to feed instead (inputs).
+_REFUSED: dict[int, str] = {
+    onnx.TensorProto.COMPLEX64: "TVM has no complex tensors; pass real and imaginary parts as two float tensors.",
+    onnx.TensorProto.COMPLEX128: "TVM has no complex tensors; pass real and imaginary parts as two float tensors.",
+    onnx.TensorProto.STRING: "Move string pre/post-processing out of the model.",
+    **{code: "TVM cannot hold this type; take int8/uint8, float16 or float32 and Cast inside the model."
+       for code in (getattr(onnx.TensorProto, name, None)
+                    for name in ("INT4", "UINT4", "FLOAT4E2M1", "FLOAT8E8M0", "INT2", "UINT2", "FLOAT6E2M3",
+                                 "FLOAT6E3M2"))
+       if code is not None},
+}
+#: Output types that do come back: int4/uint4 casts are carried in int8/uint8 (narrow_casts).
+_RETURNED = frozenset({onnx.TensorProto.INT4, onnx.TensorProto.UINT4})
+
+
+def _dtype_name(elem_type: int, role: str, name: str) -> str:
+    """The numpy name of an ONNX element type ('float32', 'bfloat16', 'float8_e4m3fn', …);
+    a UserError naming the tensor for a type amptool cannot handle or does not know."""
     if elem_type == onnx.TensorProto.UNDEFINED:
+        if role == "Input":
+            raise UserError(f"Input '{name}' declares no element type", "Re-export the model with typed inputs.")
         return "undefined"
-    return str(np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)))
+    try:
+        type_name = onnx.TensorProto.DataType.Name(elem_type)
+        dtype = str(np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)))
+    except (KeyError, ValueError, TypeError) as err:
+        raise UserError(
+            f"{role} '{name}' has element type {elem_type}, which is not an ONNX tensor type (onnx {onnx.__version__})",
+            "The file is damaged, or from a newer ONNX than this one: re-export it, or upgrade onnx.",
+        ) from err
+    if elem_type in _REFUSED and not (role == "Output" and elem_type in _RETURNED):
+        hint = _REFUSED[elem_type] if role == "Input" else "Cast it to float32 (or float16) before the output."
+        raise UserError(f"{role} '{name}' is {type_name} ({dtype}), which amptool cannot convert", hint)
+    return dtype
 
 
-def _spec(value: onnx.ValueInfoProto) -> TensorSpec:
+def _spec(value: onnx.ValueInfoProto, role: str) -> TensorSpec:
     ttype = value.type.tensor_type
     shape: tuple[int | str, ...] | None = None
     if ttype.HasField("shape"):
@@ -56,50 +85,18 @@ def _spec(value: onnx.ValueInfoProto) -> TensorSpec:
             else:
                 dims.append(dim.dim_param or "?")
         shape = tuple(dims)
-    return TensorSpec(value.name, _dtype_name(ttype.elem_type), shape)
+    return TensorSpec(value.name, _dtype_name(ttype.elem_type, role, value.name), shape)
 
 
 def graph_inputs(model: onnx.ModelProto) -> list[TensorSpec]:
     """Real inputs: graph inputs that are not backed by an initializer (those are weights)."""
     weights = {init.name for init in model.graph.initializer}
-    return [_spec(v) for v in model.graph.input if v.name not in weights]
+    return [_spec(v, "Input") for v in model.graph.input if v.name not in weights]
 
 
 def graph_outputs(model: onnx.ModelProto) -> list[TensorSpec]:
-    return [_spec(v) for v in model.graph.output]
-
-
-_SHAPE_RE = re.compile(r"^\s*(\d+(?:\s*[x,×]\s*\d+)*)?\s*$")
-
-
-def parse_input_shapes(values: Sequence[str], input_names: Sequence[str]) -> dict[str, tuple[int, ...]]:
-    """Parse ``NAME:1x3x224x224`` (or a bare ``1x3x224x224`` when the model has one input)."""
-    shapes: dict[str, tuple[int, ...]] = {}
-    for raw in values:
-        name, sep, dims_text = raw.rpartition(":")
-        if not sep:
-            if len(input_names) != 1:
-                raise UserError(
-                    f"--input-shape '{raw}' names no input and the model has "
-                    f"{len(input_names)} inputs",
-                    f"Write NAME:DIMS, e.g. {input_names[0] if input_names else 'input'}:1x3x224x224.",
-                )
-            name = input_names[0]
-        if not _SHAPE_RE.match(dims_text):
-            raise UserError(
-                f"--input-shape '{raw}': '{dims_text}' is not a shape",
-                "Write dims as positive integers separated by 'x', e.g. 1x3x224x224 ('' for a scalar).",
-            )
-        if name not in input_names:
-            raise UserError(
-                f"--input-shape names unknown input '{name}'",
-                f"Model inputs: {', '.join(input_names) or '(none)'}.",
-            )
-        dims = tuple(int(d) for d in re.split(r"\s*[x,×]\s*", dims_text.strip()) if d)
-        if any(d <= 0 for d in dims):
-            raise UserError(f"--input-shape '{raw}': dims must be positive")
-        shapes[name] = dims
-    return shapes
+    """The graph outputs; int4/uint4 ones come back from TVM in int8/uint8 (see narrow_casts)."""
+    return [_spec(v, "Output") for v in model.graph.output]
 
 
 #: Most bytes the model inputs of one run may take together (``--max-input-size``): a declared
@@ -200,72 +197,9 @@ def _example(shape: tuple[int | str, ...] | None) -> str:
     return "x".join(str(d) if isinstance(d, int) else "1" for d in shape) or "''"
 
 
-def parse_fixed_inputs(values: Sequence[str], inputs: Sequence[TensorSpec]) -> dict[str, np.ndarray]:
-    """Parse ``NAME=VALUE`` (``sr=16000``, ``flags=1,0,1``) into arrays of the input's dtype.
-
-    A fixed input becomes a constant of the converted model. Why: control flow that reads an
-    input's *value* (silero-vad's ``If(sr == 16000)``) makes both branches part of the import,
-    and the branch not meant for the pinned shapes may not even be well-typed; with the value
-    fixed, the condition folds and only the live branch is imported.
-    """
-    by_name = {s.name: s for s in inputs}
-    fixed: dict[str, np.ndarray] = {}
-    for raw in values:
-        name, sep, text = raw.partition("=")
-        name = name.strip()
-        if not sep or not text.strip():
-            raise UserError(f"--fixed-input '{raw}' is not NAME=VALUE", "Write e.g. --fixed-input sr=16000.")
-        spec = by_name.get(name)
-        if spec is None:
-            raise UserError(
-                f"--fixed-input names unknown input '{name}'",
-                f"Model inputs: {', '.join(by_name) or '(none)'}.",
-            )
-        try:
-            items = [float(t) if spec.dtype.startswith(("float", "bfloat")) else _int_or_bool(t)
-                     for t in text.split(",")]
-            array = np.array(items if len(items) > 1 else items[0], dtype=numpy_dtype(spec.dtype))
-        except (ValueError, TypeError) as err:
-            raise UserError(
-                f"--fixed-input '{raw}': '{text}' is not a {spec.dtype} value ({err})",
-                "Give a number, or comma-separated numbers for a 1-D input.",
-            ) from err
-        if spec.shape is not None and array.ndim != len(spec.shape):
-            array = _fill_shape(raw, spec, array)
-        fixed[name] = array
-    return fixed
-
-
 def _only_batch_dynamic(shape: Sequence[int | str] | None) -> bool:
     """A leading dynamic dim on a rank ≥ 2 input whose other dims are static: the batch of
     nearly every export (``dynamic_axes={"input": {0: "batch"}}``). One is always valid there;
     a dynamic length or spatial dim has no such safe default and must be pinned."""
     return (shape is not None and len(shape) >= 2 and not isinstance(shape[0], int)
             and all(isinstance(d, int) for d in shape[1:]))
-
-
-def _fill_shape(raw: str, spec: TensorSpec, array: np.ndarray) -> np.ndarray:
-    """A fixed value for an N-D input of static shape: one value fills it, or exactly as many
-    values as it has elements fill it in row-major order (``mask=1`` for a [2, 8] mask)."""
-    if spec.is_static:
-        shape = tuple(int(d) for d in spec.shape or ())
-        count = int(np.prod(shape))
-        if array.size == 1:
-            return np.full(shape, array.reshape(()), dtype=array.dtype)
-        if array.size == count:
-            return array.reshape(shape)
-        want = "1 value" if count == 1 else f"1 or {count} values"
-    else:
-        want = "a static shape (pin it with --input-shape)"
-    raise UserError(
-        f"--fixed-input '{raw}' gives {array.size} value(s) but '{spec.name}' has shape "
-        f"[{', '.join(str(d) for d in spec.shape or ())}]: needs {want}",
-        "Give one value to fill it, or every element in row-major order; or pass the array with --inputs.",
-    )
-
-
-def _int_or_bool(text: str) -> int:
-    lowered = text.strip().lower()
-    if lowered in ("true", "false"):
-        return int(lowered == "true")
-    return int(text)

@@ -176,17 +176,23 @@ def _check_names(path: str, found: Sequence[str], expected: Sequence[str], what:
 
 def load_inputs(path: str, specs: Sequence[TensorSpec], flag: str = "--inputs") -> dict[str, np.ndarray]:
     """Arrays from an .npz (given with ``flag``): exactly the model's inputs, each with the model's dtype."""
-    arrays = read_npz(path, flag)
+    return check_input_arrays(read_npz(path, flag), specs, flag, path)
+
+
+def check_input_arrays(arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpec], flag: str,
+                       path: str = "") -> dict[str, np.ndarray]:
+    """Exactly one array per model input, each with the input's dtype (Python callers pass dicts)."""
     names = [s.name for s in specs]
-    _check_names(path, list(arrays), names, "input", flag)
+    _check_names(path or "(arrays)", list(arrays), names, "input", flag)
     for spec in specs:
         want = np.dtype(spec.dtype)
-        if arrays[spec.name].dtype != want:
+        got = np.asarray(arrays[spec.name]).dtype
+        if got != want:
             raise UserError(
-                f"{flag} {path}: array '{spec.name}' is {arrays[spec.name].dtype}, the model expects {want}",
+                f"{flag} {path + ': ' if path else ''}array '{spec.name}' is {got}, the model expects {want}",
                 f"Save it with .astype('{want}').",
             )
-    return {n: arrays[n] for n in names}
+    return {n: np.asarray(arrays[n]) for n in names}
 
 
 def check_input_shapes(arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpec], source: str) -> None:
