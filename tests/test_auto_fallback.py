@@ -11,11 +11,11 @@ import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
+from amptool.app.convert import ConvertConfig
+from amptool.app.fallback import FallbackConfig, literal_pattern, with_fp32_nodes
 from amptool.colors import load_policy
 from amptool.colors.policy import Color
-from amptool.app.convert import ConvertConfig
 from amptool.errors import UserError
-from amptool.app.fallback import FallbackConfig, literal_pattern, with_fp32_nodes
 from amptool.testing import model_zoo
 from tests.conftest import read_json
 

@@ -15,8 +15,8 @@ from tvm.script import ir as I  # noqa: N812
 from tvm.script import relax as R  # noqa: N812
 
 from amptool import _tvm
-from amptool.colors import load_policy
 from amptool.app.convert import ConvertConfig, build_model
+from amptool.colors import load_policy
 from amptool.frontend.importer import import_model
 from amptool.frontend.signature import graph_inputs, pin_input_specs
 from amptool.passes.concretize_like import concretize_like, rules

@@ -1,6 +1,6 @@
 """The CPU pipeline's own kernels against numpy over shapes that stress tiling.
 
-amptool legalizes matmul/conv2d itself and schedules every kernel (amptool.build); a tiling
+amptool legalizes matmul/conv2d itself and schedules every kernel (amptool.compiler); a tiling
 bug there is a silent miscompile that no fp16 statistic can explain. This sweep covers batch
 and row counts that are and are not multiples of the register tiles, widths with remainders
 (1000 = 62·16 + 8) and shapes taken from real models (GPT-2's tied LM head: 2×24 rows × 1000).
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from amptool import _tvm
+from amptool import _tvm, compiler
 
 MATMULS = [
     ((2, 24, 128), (128, 1000), True),   # GPT-2 LM head, left-padded batch of 2
@@ -35,7 +35,7 @@ def _build_and_run(make, args, params):
         with bb.dataflow():
             out = bb.emit_output(bb.emit(make()))
         bb.emit_func_output(out)
-    executable = _tvm.compile_module(bb.get(), {"kind": "llvm", "mcpu": _tvm.host_cpu()})
+    executable = compiler.compile_module(bb.get(), {"kind": "llvm", "mcpu": _tvm.host_cpu()})
     vm = relax.VirtualMachine(executable, tvm.cpu())
     return vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
 

@@ -10,7 +10,7 @@ import onnx
 import onnx.parser
 import pytest
 
-from amptool import _tvm
+from amptool import _tvm, compiler
 from amptool.app.convert import ConvertConfig, build_model
 
 tvm = pytest.importorskip("tvm")
@@ -56,13 +56,13 @@ def _both(path: str, dtype: str, feeds: dict[str, np.ndarray]) -> tuple[list[np.
     """Outputs of amptool's build and of TVM's plain build of the same converted module."""
     result = build_model(ConvertConfig(model=path, dtype=dtype))
     ours = result.compiled().run(feeds)
-    plain_vm = _tvm.vm_from_executable(_tvm.compile_module(result.passes.mod, result.target_spec, pipeline="tvm"))
+    plain_vm = _tvm.vm_from_executable(compiler.compile_module(result.passes.mod, result.target_spec, pipeline="tvm"))
     plain = _tvm.run_vm(plain_vm, [feeds[s.name] for s in result.inputs])
     return [ours[s.name] for s in result.outputs], plain
 
 
 def test_stage_order_is_pinned() -> None:
-    from amptool.build import cpu
+    from amptool.compiler import cpu
 
     assert cpu.STAGES == (
         "library dispatch", "legalize", "annotate patterns", "fold constants", "fuse ops",
@@ -136,8 +136,8 @@ def test_erf_keeps_nan_and_saturates_inf(tmp_path: Path) -> None:
 
 
 def test_conv_weights_are_packed_and_kernels_scheduled(tmp_path: Path) -> None:
-    from amptool.build import cpu
-    from amptool.build.cpu_kernels import CONV2D_BLOCK, vector_lanes
+    from amptool.compiler import cpu
+    from amptool.compiler.cpu_kernels import CONV2D_BLOCK, vector_lanes
 
     path = _save(tmp_path, _conv_model(32))
     mod = build_model(ConvertConfig(model=path, dtype="float32")).passes.mod
@@ -162,7 +162,7 @@ def test_conv_weights_are_packed_and_kernels_scheduled(tmp_path: Path) -> None:
 def test_bfloat16_uses_the_dot_product_instruction(tmp_path: Path, model: str) -> None:
     """Also for a matmul with a batch dim: its tile once failed to tensorize, and the kernel fell
     back to a scalar loop (a BERT encoder in bfloat16 ran 10× slower than in float32)."""
-    from amptool.build.cpu_intrinsics import has_bf16_dot
+    from amptool.compiler.cpu_intrinsics import has_bf16_dot
 
     target = _tvm.make_target({"kind": "llvm", "mcpu": _tvm.host_cpu()})
     if not has_bf16_dot(target):

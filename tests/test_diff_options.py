@@ -17,6 +17,8 @@ import numpy as np
 import onnx
 import pytest
 
+from amptool.app.convert import ConvertConfig
+from amptool.app.diff import DiffConfig
 from amptool.compare.stats import COUNT_KEYS, STAT_KEYS
 from amptool.compare.tolerance import (
     DEFAULT_TOLERANCES,
@@ -24,8 +26,6 @@ from amptool.compare.tolerance import (
     TolerancePolicy,
     parse_tolerance_flags,
 )
-from amptool.app.convert import ConvertConfig
-from amptool.app.diff import DiffConfig
 from amptool.errors import UserError
 from amptool.frontend.signature import TensorSpec, graph_inputs
 from amptool.runtime.inputs import (

@@ -14,8 +14,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from amptool import _tvm
-from amptool.build import cuda_compile, cuda_inspect
-from amptool.build.gpu_names import c_identifier
+from amptool.compiler import cuda_compile, cuda_inspect
+from amptool.compiler.gpu_names import c_identifier
 
 HAS_CUDA_CODEGEN = _tvm.has_global_func("target.build.cuda")
 HAS_NVCC = cuda_compile.find_nvcc() is not None
@@ -60,7 +60,7 @@ def test_c_identifier():
 
 
 def test_gpu_pipeline_stage_order():
-    from amptool.build import gpu  # noqa: PLC0415
+    from amptool.compiler import gpu  # noqa: PLC0415
 
     assert gpu.STAGES[0] == "sanitize names" and gpu.STAGES.index("schedule") < gpu.STAGES.index("finalize")
     for spec in ({"kind": "cuda", "arch": "sm_90"}, {"kind": "vulkan"}):
@@ -89,13 +89,13 @@ def _gemm(m: int, dtype: str, out_dtype: str):  # noqa: ANN202
     ],
 )
 def test_tensor_core_rule_declines(spec, m, dtype, out_dtype):
-    from amptool.build.cuda_matmul import TensorCoreMatmul  # noqa: PLC0415
+    from amptool.compiler.cuda_matmul import TensorCoreMatmul  # noqa: PLC0415
 
     assert TensorCoreMatmul().apply(_gemm(m, dtype, out_dtype), _tvm.make_target(spec), False) is None
 
 
 def test_sm_version_reads_arch_suffixes():
-    from amptool.build.cuda_matmul import sm_version  # noqa: PLC0415
+    from amptool.compiler.cuda_matmul import sm_version  # noqa: PLC0415
 
     assert sm_version(_tvm.make_target({"kind": "cuda", "arch": "sm_90a"})) == 90
     assert sm_version(_tvm.make_target({"kind": "cuda", "arch": "sm_80"})) == 80
@@ -134,7 +134,7 @@ def _relax_model(dtype: str):  # noqa: ANN202
 
 @pytest.fixture(scope="module")
 def fp16_sm90():  # noqa: ANN201
-    from amptool.build import gpu  # noqa: PLC0415
+    from amptool.compiler import gpu  # noqa: PLC0415
 
     executable, timings = gpu.build(_relax_model("float16"), _tvm.make_target({"kind": "cuda", "arch": "sm_90"}))
     return executable, timings
@@ -173,7 +173,7 @@ def test_generated_source_compiles_for_sm90(fp16_sm90):
 @needs_cuda
 @pytest.mark.parametrize(("arch", "tensor_cores"), [("sm_80", True), ("sm_75", False)])
 def test_bfloat16_uses_tensor_cores_from_sm80(arch, tensor_cores):
-    from amptool.build import gpu  # noqa: PLC0415
+    from amptool.compiler import gpu  # noqa: PLC0415
 
     executable, _ = gpu.build(_relax_model("bfloat16"), _tvm.make_target({"kind": "cuda", "arch": arch}))
     report = cuda_inspect.tensor_core_kernels(executable)

@@ -15,9 +15,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from amptool.app.artifact import load_artifact
+from amptool.app.gradient_reference import GradientReference, finite_difference_gradients
 from amptool.errors import UserError
 from amptool.frontend.gradient import check_gradients, forward_only
-from amptool.app.gradient_reference import GradientReference, finite_difference_gradients
 from tests.conftest import ONNX_DATA, read_json
 
 TRAINING = "ai.onnx.preview.training"

@@ -14,7 +14,7 @@ import onnx.parser
 import pytest
 from onnx import numpy_helper
 
-from amptool import _tvm
+from amptool import _tvm, compiler
 from amptool.colors import load_policy
 from amptool.colors.policy import Color
 from amptool.frontend.importer import import_model
@@ -175,7 +175,7 @@ def test_if_branches_are_converted_and_agree():
     mod, report = _convert(model)
     assert any(d.relax_op == "relax.matmul" and d.dtype == "float16" for d in report.decisions)
     assert str(mod["main"].ret_ty.dtype) == "float32"
-    executable = _tvm.compile_module(_tvm.fold_constant(mod), {"kind": "llvm"})
+    executable = compiler.compile_module(_tvm.fold_constant(mod), {"kind": "llvm"})
     vm = _tvm.vm_from_executable(executable)
     x = RNG.standard_normal((1, 4)).astype(np.float32)
     w = numpy_helper.to_array(model.graph.initializer[0])

@@ -8,12 +8,12 @@ import onnx.parser
 import pytest
 
 from amptool import _tvm
-from amptool.compare.tolerance import default_tolerance
 from amptool.app.convert import ConvertConfig, rewrite_model
 from amptool.app.diff import DiffConfig
-from amptool.errors import UserError
 from amptool.app.per_layer import LAYER_KEYS, compare_layers
 from amptool.app.probe import Probe, compile_probed, expose_bindings, plan_probes
+from amptool.compare.tolerance import default_tolerance
+from amptool.errors import UserError
 from tests.conftest import read_json
 
 

@@ -22,12 +22,12 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from amptool import _tvm
+from amptool import _tvm, compiler
+from amptool.compiler.targets import get_target
 from amptool.errors import UserError
 from amptool.frontend.importer import import_model
 from amptool.frontend.signature import TensorSpec, graph_inputs, graph_outputs
 from amptool.runtime.tvm_runner import CompiledModel
-from amptool.targets import get_target
 
 ATOL = RTOL = 1e-4
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
@@ -147,7 +147,7 @@ def _run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, 
 def amptool_fp32(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """amptool's import, shapes pinned from ``feeds``, compiled as is for llvm (float32)."""
     specs = [TensorSpec(s.name, str(feeds[s.name].dtype), feeds[s.name].shape) for s in graph_inputs(model)]
-    executable = _tvm.compile_module(import_model(model, specs).mod, get_target("llvm").build_spec())
+    executable = compiler.compile_module(import_model(model, specs).mod, get_target("llvm").build_spec())
     compiled = CompiledModel(
         vm=_tvm.vm_from_executable(executable),
         input_names=[s.name for s in specs],

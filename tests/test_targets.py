@@ -9,7 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from amptool import _tvm, targets
+from amptool import _tvm
+from amptool.compiler import targets
 from amptool.errors import TargetUnavailableError, UserError
 from tests.conftest import read_json
 

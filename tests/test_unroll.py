@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from amptool.frontend.fold import fold_model
-from amptool.frontend.load import iter_nodes
+from amptool.frontend.graph import iter_nodes
 from amptool.frontend.prepare import pin_shapes
 from amptool.frontend.signature import TensorSpec
 from amptool.frontend.unroll import MAX_TRIP_COUNT, refusals, unroll_loops

@@ -7,22 +7,18 @@ Callers use ``from amptool import _tvm`` and ``_tvm.NAME``; the parts:
 
   common    the lazy import, native-stderr silencing, global-function lookups
   ir        Relax types, constants, op names, passes, rebuilding calls (the pass's hot path)
-  build     targets, compile/lower entry points, exported libraries, LLVM/toolchain facts
+  build     targets, exported libraries, LLVM/toolchain facts (the pipelines: amptool.compiler)
   runtime   devices, the VM, thread pools — all of it works under a runtime-only TVM
 """
 
 from __future__ import annotations
 
 from amptool._tvm.build import (  # noqa: F401
-    GPU_KINDS,
-    PIPELINES,
-    compile_module,
     count_prim_funcs,
     export_library,
     host_cpu,
     llvm_is_valid_cpu,
     llvm_unknown_features,
-    lower_module,
     make_target,
     toolchain_versions,
     versions,

@@ -25,56 +25,6 @@ def make_target(spec: dict[str, Any]) -> Any:
     return tvm.target.Target(spec)
 
 
-#: Build pipelines: amptool's (fusion + packed kernels + schedules; LLVM only, other targets
-#: fall back to TVM's) and TVM's own default (``tvm.compile``: unfused, unscheduled on CPU).
-PIPELINES = ("amptool", "tvm")
-
-
-def compile_module(mod: Any, target_spec: dict[str, Any], *, pipeline: str = "amptool") -> Any:
-    """A Relax VM executable for ``target_spec``; see ``amptool.build.cpu`` for the CPU pipeline."""
-    import tvm  # noqa: PLC0415
-
-    if pipeline not in PIPELINES:
-        raise ValueError(f"unknown pipeline {pipeline!r}; expected one of {PIPELINES}")
-    target = make_target(target_spec)
-    with quiet_native_stderr():
-        if pipeline == "amptool" and str(target.kind.name) == "llvm":
-            from amptool.build import cpu  # noqa: PLC0415
-
-            executable, _timings = cpu.build(mod, target)
-            return executable
-        if pipeline == "amptool" and str(target.kind.name) in GPU_KINDS:
-            from amptool.build import gpu  # noqa: PLC0415
-
-            executable, _timings = gpu.build(mod, target)
-            return executable
-        return tvm.compile(mod, target=target)
-
-
-#: Target kinds built by ``amptool.build.gpu`` (TVM's default CUDA pipeline leaves most fp16 GEMMs
-#: and every bf16 one off the tensor cores; see that module).
-GPU_KINDS = ("cuda", "vulkan")
-
-
-def lower_module(mod: Any, target_spec: dict[str, Any]) -> Any:
-    """The scheduled IRModule that codegen would take for ``target_spec`` (``--lower-only``):
-    Relax lowered to VM calls, every PrimFunc scheduled. Needs no codegen for the target, so a
-    Vulkan or CUDA target can be checked on a machine whose TVM cannot build for it."""
-
-    target = make_target(target_spec)
-    kind = str(target.kind.name)
-    with quiet_native_stderr():
-        if kind == "llvm":
-            from amptool.build import cpu  # noqa: PLC0415
-
-            return cpu.lower(mod, target)
-        if kind in GPU_KINDS:
-            from amptool.build import gpu  # noqa: PLC0415
-
-            return gpu.lower(mod, target)
-    raise ValueError(f"no lowering for target kind {kind!r}")
-
-
 def export_library(executable: Any, path: str) -> None:
     with quiet_native_stderr():
         executable.export_library(path)

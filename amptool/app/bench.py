@@ -48,13 +48,13 @@ from amptool import __version__, _tvm
 from amptool.app.artifact import load_artifact
 from amptool.app.bench_worker import ONNXRUNTIME_RUNTIME, TVM_RUNTIME, Worker, WorkerSpec, isolated_workers
 from amptool.app.convert import DTYPES, BuildResult, ConvertConfig, build_model, export_build
+from amptool.compiler.targets import require_device, resolve_target
 from amptool.errors import UserError
 from amptool.frontend.input_values import ONLY_INPUT
 from amptool.frontend.load import load_model
 from amptool.frontend.prepare import pin_shapes, reference_model
 from amptool.frontend.signature import TensorSpec, graph_inputs
 from amptool.runtime.inputs import generate_inputs
-from amptool.targets import require_device, resolve_target
 
 ONNXRUNTIME = "onnxruntime-float32"
 ISOLATION = "process per runtime"

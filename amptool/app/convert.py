@@ -21,11 +21,12 @@ from typing import Any
 
 import numpy as np
 
-from amptool import __version__, _tvm
+from amptool import __version__, _tvm, compiler
 from amptool.app.artifact import LIBRARY_NAME, write_artifact, write_manifest
 from amptool.app.calibrate import Calibration, activation_peaks
 from amptool.app.outdir import check_output_dir
 from amptool.colors import ColorPolicy, load_policy
+from amptool.compiler.targets import ResolvedTarget, check_target_flags, resolve_target
 from amptool.errors import TargetUnavailableError, UserError
 from amptool.frontend.importer import ImportedModel, NodeOrigin, import_model
 from amptool.frontend.input_values import FixedValue, fixed_input_arrays, resolve_input_shapes
@@ -42,7 +43,6 @@ from amptool.passes import stats
 from amptool.passes.pipeline import PassResult, run_passes
 from amptool.runtime.inputs import check_input_shapes, generate_inputs, load_inputs
 from amptool.runtime.tvm_runner import CompiledModel
-from amptool.targets import ResolvedTarget, check_target_flags, resolve_target
 
 DTYPES = ("float16", "bfloat16", "float32")
 StageCallback = Callable[[str], None]
@@ -386,14 +386,14 @@ def export_build(
 
 def _compile(mod: Any, target_spec: dict[str, Any]) -> Any:
     try:
-        return _tvm.compile_module(mod, target_spec)
+        return compiler.compile_module(mod, target_spec)
     except Exception as err:
         raise RuntimeError(f"TVM failed to compile the converted module: {err}") from err
 
 
 def _tensor_cores(executable: Any) -> dict[str, Any]:
-    """CUDA kernels with / without tensor-core instructions (see amptool.build.cuda_inspect)."""
-    from amptool.build.cuda_inspect import tensor_core_kernels  # noqa: PLC0415
+    """CUDA kernels with / without tensor-core instructions (see amptool.compiler.cuda_inspect)."""
+    from amptool.compiler.cuda_inspect import tensor_core_kernels  # noqa: PLC0415
 
     return tensor_core_kernels(executable)
 

@@ -25,6 +25,7 @@ from amptool.app.convert import ConvertConfig, build_model, resolve
 from amptool.compare.aggregate import mean_over, severity, worst_case
 from amptool.compare.stats import compare_output
 from amptool.compare.tolerance import Tolerance, TolerancePolicy
+from amptool.compiler.targets import require_device
 from amptool.errors import UserError
 from amptool.fileio import finite_only
 from amptool.frontend.gradient import has_gradients
@@ -44,7 +45,6 @@ from amptool.runtime.inputs import (
 )
 from amptool.runtime.onnxruntime_runner import OnnxruntimeRunner
 from amptool.runtime.tvm_runner import CompiledModel
-from amptool.targets import require_device
 
 
 @dataclass(frozen=True)

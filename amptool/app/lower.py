@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from amptool import _tvm
+from amptool import _tvm, compiler
 from amptool.app.artifact import write_artifact, write_manifest
 from amptool.app.convert import BuildResult, ConvertConfig, Rewritten, _io_specs, resolve, rewrite_model
 from amptool.frontend.signature import graph_outputs
@@ -31,7 +31,7 @@ def lower_model(config: ConvertConfig, output_dir: str,
     notify("lower")
     start = time.perf_counter()
     try:
-        lowered = _tvm.lower_module(rewritten.passes.mod, target.spec)
+        lowered = compiler.lower_module(rewritten.passes.mod, target.spec)
     except Exception as err:
         raise RuntimeError(f"TVM failed to lower the converted module for {config.target}: {err}") from err
     rewritten.timings_s["lower"] = time.perf_counter() - start
@@ -61,6 +61,6 @@ def lower_model(config: ConvertConfig, output_dir: str,
 
 
 def _codegen_missing(name: str) -> str | None:
-    from amptool.targets import known_target  # noqa: PLC0415
+    from amptool.compiler.targets import known_target  # noqa: PLC0415
 
     return known_target(name).missing()

@@ -23,9 +23,10 @@ from typing import Any
 import numpy as np
 import onnx
 
-from amptool import _tvm
+from amptool import _tvm, compiler
 from amptool.errors import error_summary
-from amptool.frontend.importer import NodeOrigin, identifier
+from amptool.frontend.graph import identifier
+from amptool.frontend.importer import NodeOrigin
 from amptool.frontend.signature import TensorSpec
 from amptool.passes.mixed_precision import Decision
 from amptool.runtime.tvm_runner import CompiledModel
@@ -244,7 +245,7 @@ def compile_probed(
     names = list(dict.fromkeys(p.var for p in probes))
     entry = _PROBE_ENTRY if beside else "main"
     try:
-        executable = _tvm.compile_module(expose_bindings(mod, names, entry), target_spec)
+        executable = compiler.compile_module(expose_bindings(mod, names, entry), target_spec)
     except Exception as err:
         raise RuntimeError(f"TVM failed to compile the probe module: {error_summary(err, last=True)}") from err
     by_var = {p.var: p for p in probes}

@@ -37,7 +37,7 @@ import onnx
 from onnx import helper
 
 from amptool.errors import UserError
-from amptool.frontend.load import TRAINING_DOMAIN, iter_nodes
+from amptool.frontend.graph import TRAINING_DOMAIN, iter_nodes
 
 _FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
                           onnx.TensorProto.BFLOAT16})

@@ -23,6 +23,7 @@ from amptool import _tvm
 from amptool.dtypes import numpy_dtype
 from amptool.errors import UserError, error_summary
 from amptool.frontend.gradient import GradientSpec, forward_model
+from amptool.frontend.graph import identifier
 
 _HINT = "See README 'Training graphs (Gradient)' for what amptool differentiates."
 
@@ -166,7 +167,7 @@ def _inline(bb: Any, adjoint: Any, args: Sequence[Any], spec: GradientSpec, forw
         if isinstance(value, relax.Var) or _tvm.is_constant(value):  # an alias (the adjoint's *_out vars)
             mapping[binding.var] = value
             continue
-        var = bb.emit(value, name_hint=fresh(f"{_identifier(spec.node)}_{inner}"))
+        var = bb.emit(value, name_hint=fresh(f"{identifier(spec.node)}_{inner}"))
         mapping[binding.var] = var
         origin = provenance.get(inner)
         if inner in forward and origin is not None and origin.node != spec.node:
@@ -199,9 +200,3 @@ def _static_type(arg: Any, where: str, name: str) -> tuple[tuple[int, ...], str]
     if ty is None or static is None:
         raise UserError(f"{where}: '{name}' has no static shape", "Pin input shapes with --input-shape.")
     return static, str(ty.dtype)
-
-
-def _identifier(name: str) -> str:
-    from amptool.frontend.importer import identifier  # noqa: PLC0415
-
-    return identifier(name)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import io
-import re
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ from amptool.errors import UserError, error_summary
 from amptool.frontend.converters import CONVERTERS
 from amptool.frontend.gradient import check_gradients, is_gradient
 from amptool.frontend.gradient_lower import lower_gradient
-from amptool.frontend.load import Names, default_opset, iter_nodes
+from amptool.frontend.graph import Names, default_opset, identifier, iter_nodes
 from amptool.frontend.narrow_casts import check_narrow_types
 from amptool.frontend.signature import TensorSpec
 
@@ -116,12 +115,6 @@ def _loop_reasons(model: onnx.ModelProto, missing: dict[str, list[str]]) -> str:
     reasons = refusals(model)
     named = [(op, n, reasons[n]) for op in ("Loop", "Scan") for n in missing.get(op, []) if n in reasons]
     return "".join(f". {op} '{n}' is not unrolled: {why}" for op, n, why in named[:3])
-
-
-def identifier(name: str) -> str:
-    """A Relax-friendly identifier for an ONNX name ('/layer1/0/Conv' → 'layer1_0_Conv')."""
-    text = re.sub(r"\W+", "_", name).strip("_") or "node"
-    return text if (text[0].isalpha() or text[0] == "_") else f"n_{text}"
 
 
 def import_model(model: onnx.ModelProto, inputs: Sequence[TensorSpec]) -> ImportedModel:

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import onnx
 
 from amptool.errors import UserError, error_summary
 from amptool.fileio import check_regular_file, physical_memory
+from amptool.frontend.graph import default_opset, iter_nodes
 
 #: Ops that mean the model is already quantized: amptool converts float models.
 QUANTIZED_OPS = frozenset(
@@ -44,8 +44,6 @@ QUANTIZED_OPS = frozenset(
     }
 )
 
-STANDARD_DOMAINS = ("", "ai.onnx")
-TRAINING_DOMAIN = "ai.onnx.preview.training"
 
 log = logging.getLogger(__name__)
 
@@ -105,28 +103,6 @@ def _onnxruntime_accepts(model: onnx.ModelProto) -> bool:
     return True
 
 
-@dataclass(frozen=True)
-class Names:
-    """Names already used anywhere in the model, and fresh ones derived from a base."""
-
-    taken: set[str]
-
-    def fresh(self, base: str) -> str:
-        name, k = base, 1
-        while name in self.taken:
-            k += 1
-            name = f"{base}_{k}"
-        self.taken.add(name)
-        return name
-
-
-def default_opset(model: onnx.ModelProto) -> int:
-    for imp in model.opset_import:
-        if imp.domain in STANDARD_DOMAINS:
-            return int(imp.version)
-    return 1
-
-
 def name_nodes(graph: onnx.GraphProto, prefix: str = "") -> None:
     """Give every unnamed node (subgraphs included) a unique deterministic name."""
     taken = {n.name for n in graph.node if n.name}
@@ -143,16 +119,6 @@ def name_nodes(graph: onnx.GraphProto, prefix: str = "") -> None:
             for sub in attr.graphs:
                 name_nodes(sub, prefix=f"{node.name}/{attr.name}/")
 
-
-def iter_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
-    """All nodes, including those inside If/Loop/Scan subgraphs."""
-    for node in graph.node:
-        yield node
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from iter_nodes(attr.g)
-            for sub in attr.graphs:
-                yield from iter_nodes(sub)
 
 
 def _refuse_quantized(model: onnx.ModelProto, path: str) -> None:

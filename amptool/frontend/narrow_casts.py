@@ -352,7 +352,7 @@ def _int4(value: Any, dtype: str, *, signed: bool) -> Any:
 def check_narrow_types(model: onnx.ModelProto) -> None:
     """Refuse tensors of a type TVM cannot store (4-bit floats, E8M0, 2-bit and 4-bit integer
     constants), naming the first such tensor."""
-    from amptool.frontend.load import iter_nodes  # noqa: PLC0415
+    from amptool.frontend.graph import iter_nodes  # noqa: PLC0415
 
     stored: dict[int, str] = {**UNSUPPORTED, onnx.TensorProto.INT4: "int4", onnx.TensorProto.UINT4: "uint4"}
     graphs = [model.graph] + [a.g for n in iter_nodes(model.graph) for a in n.attribute if a.HasField("g")]

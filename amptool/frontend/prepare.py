@@ -26,7 +26,8 @@ import onnx
 from amptool.errors import error_summary
 from amptool.frontend.fold import fold_model
 from amptool.frontend.gradient import fold_protected, has_gradients
-from amptool.frontend.load import default_opset, name_nodes
+from amptool.frontend.graph import default_opset
+from amptool.frontend.load import name_nodes
 from amptool.frontend.signature import TensorSpec
 
 log = logging.getLogger(__name__)

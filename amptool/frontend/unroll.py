@@ -36,7 +36,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from amptool.errors import error_summary
-from amptool.frontend.load import Names, iter_nodes
+from amptool.frontend.graph import Names, iter_nodes
 from amptool.frontend.unroll_body import (
     BodyCopier,
     attr_graph,

@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from amptool.frontend.load import Names, iter_nodes
+from amptool.frontend.graph import Names, iter_nodes
 
 #: ``(copy index, previous copy's outputs or None, names the live body reads) → body inputs``.
 Feed = Callable[[int, "list[str] | None", "set[str]"], list[str]]

@@ -1,11 +1,11 @@
 """The CPU (LLVM) build pipeline: fusion, packed-weight kernels, schedules — no tuning.
 
     library dispatch     sampling/sort ops → TVM's CPU implementations
-    legalize             Relax ops → TIR; conv2d/matmul/erf/tanh via amptool.build.cpu_kernels
+    legalize             Relax ops → TIR; conv2d/matmul/erf/tanh via amptool.compiler.cpu_kernels
     annotate patterns    each PrimFunc's fusion class (elementwise, injective, reduction…)
     fold constants       packed weights and other constant-only kernels evaluated once
     fuse ops, fuse tir   conv/matmul + bias + residual add + activation + cast → one kernel
-    schedule             amptool.build.cpu_schedules: tiled, vectorized, parallel
+    schedule             amptool.compiler.cpu_schedules: tiled, vectorized, parallel
     lower dataflow, finalize   TVM's own passes (memory planning, VM lowering)
 
 Why not ``tvm.compile(mod, target)``: its default pipeline for LLVM legalizes and stops — no
@@ -27,11 +27,27 @@ from typing import Any
 import tvm
 from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 
-from amptool.build import stages
-from amptool.build.cpu_kernels import legalize_map
-from amptool.build.cpu_schedules import default_rules
+from amptool.compiler import stages
+from amptool.compiler.cpu_kernels import legalize_map
+from amptool.compiler.cpu_schedules import (
+    Guarded,
+    Tiling,
+    injective,
+    packed_conv2d,
+    packed_matmul,
+    parallel_outer,
+    row_reduction,
+    tiled_reduction,
+)
+from amptool.compiler.cpu_schedules_bf16 import packed_conv2d_bf16, packed_matmul_bf16
 
 STAGES = stages.STAGES
+
+
+def default_rules(tiling: Tiling | None = None) -> list[Any]:
+    """The schedule rules in the order they are tried (``tiling=None``: derived from the target)."""
+    return [Guarded(fn, tiling) for fn in (packed_conv2d, packed_matmul, packed_conv2d_bf16, packed_matmul_bf16,
+                                           tiled_reduction, injective, row_reduction, parallel_outer)]
 
 
 def stage_passes(target: Any) -> stages.Stages:

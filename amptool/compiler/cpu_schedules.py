@@ -4,7 +4,7 @@ What: after fusion each kernel is one PrimFunc; the first rule that applies sche
 
 * ``packed_conv2d`` / ``packed_matmul`` (and their bfloat16 twins in ``cpu_schedules_bf16``,
   one ``vdpbf16ps`` per 16 channels × 2 inputs) — the ``amp_conv2d`` / ``amp_matmul`` blocks of
-  :mod:`amptool.build.cpu_kernels`: a register tile of ``rows × vector`` accumulators (rows:
+  :mod:`amptool.compiler.cpu_kernels`: a register tile of ``rows × vector`` accumulators (rows:
   output columns or matrix rows, unrolled; vector: the packed output channels), the reduction
   loops around it, the outer loops fused and parallel, the fused epilogue (bias, residual
   add, activation, cast) computed per tile while it is in cache.
@@ -40,7 +40,7 @@ from tvm.s_tir import dlight
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm.sym import detect_linear_equation
 
-from amptool.build.cpu_kernels import (
+from amptool.compiler.cpu_kernels import (
     CAST_BLOCK,
     CONV2D_BLOCK,
     MATMUL_BLOCK,
@@ -75,7 +75,7 @@ class Tiling:
         return Tiling(lanes=lanes, accumulators=accumulator_budget(lanes))
 
 
-class _Guarded(dlight.ScheduleRule):
+class Guarded(dlight.ScheduleRule):
     """Adapts a rule function; a schedule error means 'not applicable', logged, never fatal."""
 
     def __init__(self, fn: Rule, tiling: Tiling | None) -> None:
@@ -93,14 +93,6 @@ class _Guarded(dlight.ScheduleRule):
         except Exception as err:  # noqa: BLE001 - TVM raises many types; the next rule decides
             log.debug("schedule rule %s skipped: %s", self.fn.__name__, str(err).splitlines()[-1:])
             return None
-
-
-def default_rules(tiling: Tiling | None = None) -> list[Any]:
-    """The rules in the order they are tried (``tiling=None``: derived from the target)."""
-    from amptool.build.cpu_schedules_bf16 import packed_conv2d_bf16, packed_matmul_bf16  # noqa: PLC0415
-
-    return [_Guarded(fn, tiling) for fn in (packed_conv2d, packed_matmul, packed_conv2d_bf16, packed_matmul_bf16,
-                                            tiled_reduction, injective, row_reduction, parallel_outer)]
 
 
 def _work(sch: Any) -> int | None:

@@ -1,5 +1,5 @@
 """Schedule rules for the bfloat16 kernels: ``packed_conv2d``/``packed_matmul``'s register tiles
-with each 16-channel × input-pair step one ``vdpbf16ps`` (:mod:`amptool.build.cpu_intrinsics`).
+with each 16-channel × input-pair step one ``vdpbf16ps`` (:mod:`amptool.compiler.cpu_intrinsics`).
 
 When not: targets without AVX512-BF16 never produce these blocks (``cpu_kernels`` checks the
 target first). Preserves: values up to the instruction's rounding (see ``cpu_intrinsics``).
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from amptool.build.cpu_intrinsics import DOT_BF16, LLVM_IR
-from amptool.build.cpu_kernels import CONV2D_BF16_BLOCK, MATMUL_BF16_BLOCK
-from amptool.build.cpu_schedules import (
+from amptool.compiler.cpu_intrinsics import DOT_BF16, LLVM_IR
+from amptool.compiler.cpu_kernels import CONV2D_BF16_BLOCK, MATMUL_BF16_BLOCK
+from amptool.compiler.cpu_schedules import (
     Tiling,
     _conv_tile,
     _divisor,
@@ -25,7 +25,7 @@ from amptool.build.cpu_schedules import (
 
 def packed_conv2d_bf16(sch: Any, tiling: Tiling) -> Any | None:
     """``amp_conv2d_bf16``: ``packed_conv2d``'s tile, each 16-channel × input-pair step one
-    ``vdpbf16ps`` (:mod:`amptool.build.cpu_intrinsics`)."""
+    ``vdpbf16ps`` (:mod:`amptool.compiler.cpu_intrinsics`)."""
     conv = _find_block(sch, CONV2D_BF16_BLOCK)
     if conv is None:
         return None

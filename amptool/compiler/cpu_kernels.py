@@ -15,7 +15,7 @@ What: ``LegalizeOps`` runs with :func:`legalize_map`, which turns
   ("unknown intrinsic") as soon as the schedule vectorizes the loop, which it always does.
 
 Why: with the weight laid out so that ``B`` output channels (one SIMD vector) sit next to
-each other, the schedule in :mod:`amptool.build.cpu_schedules` keeps a tile of outputs in
+each other, the schedule in :mod:`amptool.compiler.cpu_schedules` keeps a tile of outputs in
 registers, broadcasts one input value per FMA and loads the weights with one vector load —
 the classic direct-convolution micro-kernel. Packing happens once, in numpy, on constants
 (amptool's fp32 folding makes every weight a constant before this runs). ``libm`` erf is
@@ -142,7 +142,7 @@ def _current_lanes() -> int:
 def _bf16_dot_available() -> bool:
     import tvm  # noqa: PLC0415
 
-    from amptool.build.cpu_intrinsics import has_bf16_dot  # noqa: PLC0415
+    from amptool.compiler.cpu_intrinsics import has_bf16_dot  # noqa: PLC0415
 
     target = tvm.target.Target.current(allow_none=True)
     return target is not None and has_bf16_dot(target)
@@ -260,7 +260,7 @@ def _conv2d_bf16(data: Any, packed: Any, *, strides: list[int], padding: list[in
     uint32 (``[N, IC/2, H, W]``), weights ``[OC/16, IC/2, KH, KW, 16, 2]``; float32 accumulation."""
     from tvm import te, tirx  # noqa: PLC0415
 
-    from amptool.build.cpu_intrinsics import high_bf16, low_bf16, pack_pair, weight_float  # noqa: PLC0415
+    from amptool.compiler.cpu_intrinsics import high_bf16, low_bf16, pack_pair, weight_float  # noqa: PLC0415
 
     batch, in_channels, height, width = (int(d) for d in data.shape)
     _, pairs, kh, kw, block, _ = (int(d) for d in packed.shape)
@@ -345,7 +345,7 @@ def _matmul_bf16(a: Any, packed: Any, *, n: int) -> Any:
     weights ``[N/16, K/2, 16, 2]``; float32 accumulation."""
     from tvm import te  # noqa: PLC0415
 
-    from amptool.build.cpu_intrinsics import high_bf16, low_bf16, pack_pair, weight_float  # noqa: PLC0415
+    from amptool.compiler.cpu_intrinsics import high_bf16, low_bf16, pack_pair, weight_float  # noqa: PLC0415
 
     *batch, m, k = (int(d) for d in a.shape)
     block = int(packed.shape[-2])

@@ -4,7 +4,7 @@
     library dispatch     sampling/sort ops → TVM's GPU implementations
     legalize             Relax ops → TIR
     annotate patterns, fold constants, fuse ops, fuse tir
-    schedule             amptool.build.cuda_matmul.TensorCoreMatmul (fp16/bf16 GEMMs and convs
+    schedule             amptool.compiler.cuda_matmul.TensorCoreMatmul (fp16/bf16 GEMMs and convs
                          → TVM's wmma schedule), then DLight's GPU rules: Matmul, GEMV,
                          Reduction, GeneralReduction, Fallback
     lower dataflow, finalize   TVM's own passes for the target (memory planning, VM lowering)
@@ -28,9 +28,9 @@ from tvm.relax.backend.cuda import pipeline as cuda_pipeline
 from tvm.relax.backend.gpu_generic import pipeline as generic_pipeline
 from tvm.s_tir import dlight
 
-from amptool.build import stages
-from amptool.build.cuda_matmul import TensorCoreMatmul
-from amptool.build.gpu_names import sanitize_names
+from amptool.compiler import stages
+from amptool.compiler.cuda_matmul import TensorCoreMatmul
+from amptool.compiler.gpu_names import sanitize_names
 
 STAGES = ("sanitize names", *stages.STAGES)
 

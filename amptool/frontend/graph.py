@@ -1,0 +1,56 @@
+"""Facts about an ONNX graph every frontend stage shares: walking nested subgraphs, the default
+opset, fresh names, and the Relax identifier each ONNX node's bindings are named after.
+
+Its own module because load, prepare, the unrollers, the importer and the Gradient lowering all
+need them, and none of those should import another only for a helper (that made import cycles).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import onnx
+
+STANDARD_DOMAINS = ("", "ai.onnx")
+TRAINING_DOMAIN = "ai.onnx.preview.training"
+
+
+def iter_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """All nodes, including those inside If/Loop/Scan subgraphs."""
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from iter_nodes(attr.g)
+            for sub in attr.graphs:
+                yield from iter_nodes(sub)
+
+
+def default_opset(model: onnx.ModelProto) -> int:
+    for imp in model.opset_import:
+        if imp.domain in STANDARD_DOMAINS:
+            return int(imp.version)
+    return 1
+
+
+@dataclass(frozen=True)
+class Names:
+    """Names already used anywhere in the model, and fresh ones derived from a base."""
+
+    taken: set[str]
+
+    def fresh(self, base: str) -> str:
+        name, k = base, 1
+        while name in self.taken:
+            k += 1
+            name = f"{base}_{k}"
+        self.taken.add(name)
+        return name
+
+
+def identifier(name: str) -> str:
+    """A Relax-friendly identifier for an ONNX name ('/layer1/0/Conv' → 'layer1_0_Conv')."""
+    text = re.sub(r"\W+", "_", name).strip("_") or "node"
+    return text if (text[0].isalpha() or text[0] == "_") else f"n_{text}"
