@@ -71,21 +71,21 @@ def standalone_onnxruntime_ms(model_path: str, feeds: Mapping[str, np.ndarray], 
 
 def seeded_feeds(model_path: str, seed: int = 0) -> dict[str, np.ndarray]:
     """The inputs bench draws for this model (same generator, same seed)."""
-    from amptool.frontend.signature import graph_inputs  # noqa: PLC0415
-    from amptool.runtime.inputs import generate_inputs  # noqa: PLC0415
+    from amptool.frontend.signature import graph_inputs
+    from amptool.runtime.inputs import generate_inputs
 
     model = onnx.load(model_path)
     return generate_inputs(graph_inputs(model), model, seed=seed)
 
 
 def _models() -> dict[str, Callable[[], onnx.ModelProto]]:
-    from benchmarks import models  # noqa: PLC0415
+    from benchmarks import models
 
     return {"bert_mini": models.bert_mini, "bert_base": models.bert_base}
 
 
 def main() -> int:
-    from amptool.app.bench import ONNXRUNTIME, BenchConfig, bench_model  # noqa: PLC0415
+    from amptool.app.bench import ONNXRUNTIME, BenchConfig, bench_model
 
     builders = _models()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

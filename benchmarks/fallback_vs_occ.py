@@ -102,7 +102,7 @@ def _occ(model: onnx.ModelProto, feeds: dict[str, np.ndarray], reference: dict[s
     with contextlib.redirect_stdout(io.StringIO()):  # it prints every attempt
         try:
             converted = auto_convert_mixed_precision(model, dict(feeds), validate_fn=validate, keep_io_types=True)
-        except Exception as err:  # it raises when even its final model fails
+        except Exception as err:  # noqa: BLE001 - it raises when even its final model fails
             return {"tool": "onnxconverter-common", "seconds": time.perf_counter() - start,
                     "attempts": calls["n"] - 1, "kept": None, "nodes_fp16": None, "compute_fp16": None,
                     "worst": {"name": "-", "passed": False, "failure": f"raised: {err}".splitlines()[0],

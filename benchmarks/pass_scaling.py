@@ -66,19 +66,19 @@ class _Weights:
         self.rng = np.random.default_rng(seed)
 
     def matrix(self) -> Any:
-        from tvm import relax  # noqa: PLC0415
+        from tvm import relax
 
         return relax.const((self.rng.standard_normal((WIDTH, WIDTH)) / WIDTH).astype(np.float32))
 
     def row(self) -> Any:
-        from tvm import relax  # noqa: PLC0415
+        from tvm import relax
 
         return relax.const((self.rng.standard_normal((1, WIDTH)) * 0.1).astype(np.float32))
 
 
 def build_chain(ops: int) -> tuple[Any, int]:
     """x → (matmul → add → relu) × ops/3; returns the module and its op count."""
-    from tvm import relax  # noqa: PLC0415
+    from tvm import relax
 
     weights = _Weights()
     bb = relax.BlockBuilder()
@@ -98,7 +98,7 @@ def build_chain(ops: int) -> tuple[Any, int]:
 
 def build_ladder(ops: int) -> tuple[Any, int]:
     """Two cross-linked chains (see the module docstring), 6 ops per rung."""
-    from tvm import relax  # noqa: PLC0415
+    from tvm import relax
 
     weights = _Weights()
     bb = relax.BlockBuilder()
@@ -125,15 +125,15 @@ SHAPES: dict[str, Callable[[int], tuple[Any, int]]] = {"chain": build_chain, "la
 
 
 def amptool_pass() -> Callable[[Any], Any]:
-    from amptool.colors import load_policy  # noqa: PLC0415
-    from amptool.passes.mixed_precision import to_mixed_precision  # noqa: PLC0415
+    from amptool.colors import load_policy
+    from amptool.passes.mixed_precision import to_mixed_precision
 
     policy = load_policy("builtin:default")
     return lambda mod: to_mixed_precision(mod, policy, "float16")[0]
 
 
 def builtin_pass() -> Callable[[Any], Any]:
-    from tvm import relax  # noqa: PLC0415
+    from tvm import relax
 
     # out_dtype is the accumulation dtype of matmul/conv: float32, as amptool's default.
     transform = relax.transform.ToMixedPrecision(out_dtype="float32")
@@ -142,8 +142,8 @@ def builtin_pass() -> Callable[[Any], Any]:
 
 def work_done(mod: Any, name: str) -> tuple[int, int]:
     """(casts, ops computing in float16) of a rewritten module; raises if ill-formed."""
-    from amptool import _tvm  # noqa: PLC0415
-    from amptool.passes import stats  # noqa: PLC0415
+    from amptool import _tvm
+    from amptool.passes import stats
 
     _tvm.assert_well_formed(mod, name)  # relax.analysis.well_formed, raising on a violation
     table = stats.ops_by_dtype(mod)
@@ -215,9 +215,9 @@ def _markdown(header: list[str], body: list[list[str]]) -> list[str]:
 
 
 def _environment() -> str:
-    import platform  # noqa: PLC0415
+    import platform
 
-    from amptool import _tvm  # noqa: PLC0415
+    from amptool import _tvm
 
     cpu = platform.processor() or platform.machine()
     try:

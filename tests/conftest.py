@@ -47,3 +47,9 @@ def read_json(path: str | Path) -> dict[str, Any]:
     with open(path, encoding="utf-8") as handle:
         data: dict[str, Any] = json.load(handle)
     return data
+
+
+def single_error(output: str) -> bool:
+    """The output carries exactly one error line — amptool's ``error:`` or click's usage ``Error:`` —
+    a user error printed once, not a crash (an internal error prints ``internal error:``)."""
+    return sum(line.startswith(("error:", "Error:")) for line in output.splitlines()) == 1

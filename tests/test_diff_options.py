@@ -38,7 +38,7 @@ from amptool.runtime.inputs import (
     save_outputs,
 )
 from amptool.testing import model_zoo
-from tests.conftest import read_json
+from tests.conftest import read_json, single_error
 
 # --------------------------------------------------------------------------- tolerance flags
 
@@ -386,7 +386,7 @@ def test_plot_without_matplotlib_is_a_one_line_error(built, run_cli, tmp_path, m
     result = run_cli("diff", model, "--artifact", artifact, "--plot", str(tmp_path / "p.png"))
     assert result.exit_code == 2
     assert "--plot needs matplotlib" in result.output and "pip install 'amptool[plot]'" in result.output
-    assert "Traceback" not in result.output
+    assert single_error(result.output)
 
 
 def test_error_text_is_printed_as_text_not_rich_markup(capsys):
@@ -463,7 +463,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, built, run_cli, t
     result = run_cli("diff", model, *_bad_args(case, tmp_path, artifact), *args)
     assert result.exit_code == 2, result.output
     assert BAD[case] in result.output
-    assert "Traceback" not in result.output
+    assert single_error(result.output)
     if not case.startswith("iterations_"):
         errors = [line for line in result.output.splitlines() if line.startswith("error:")]
         assert len(errors) == 1, result.output

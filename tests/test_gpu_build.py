@@ -60,15 +60,15 @@ def test_c_identifier():
 
 
 def test_gpu_pipeline_stage_order():
-    from amptool.compiler import gpu  # noqa: PLC0415
+    from amptool.compiler import gpu
 
     assert gpu.STAGES[0] == "sanitize names" and gpu.STAGES.index("schedule") < gpu.STAGES.index("finalize")
     for spec in ({"kind": "cuda", "arch": "sm_90"}, {"kind": "vulkan"}):
         assert [name for name, _ in gpu.stage_passes(_tvm.make_target(spec))] == list(gpu.STAGES)
 
 
-def _gemm(m: int, dtype: str, out_dtype: str):  # noqa: ANN202
-    from tvm import te  # noqa: PLC0415
+def _gemm(m: int, dtype: str, out_dtype: str):
+    from tvm import te
 
     a = te.placeholder((m, 96), dtype, name="a")
     b = te.placeholder((80, 96), dtype, name="b")
@@ -89,23 +89,23 @@ def _gemm(m: int, dtype: str, out_dtype: str):  # noqa: ANN202
     ],
 )
 def test_tensor_core_rule_declines(spec, m, dtype, out_dtype):
-    from amptool.compiler.cuda_matmul import TensorCoreMatmul  # noqa: PLC0415
+    from amptool.compiler.cuda_matmul import TensorCoreMatmul
 
     assert TensorCoreMatmul().apply(_gemm(m, dtype, out_dtype), _tvm.make_target(spec), False) is None
 
 
 def test_sm_version_reads_arch_suffixes():
-    from amptool.compiler.cuda_matmul import sm_version  # noqa: PLC0415
+    from amptool.compiler.cuda_matmul import sm_version
 
     assert sm_version(_tvm.make_target({"kind": "cuda", "arch": "sm_90a"})) == 90
     assert sm_version(_tvm.make_target({"kind": "cuda", "arch": "sm_80"})) == 80
     assert sm_version(_tvm.make_target({"kind": "vulkan"})) == -1
 
 
-def _relax_model(dtype: str):  # noqa: ANN202
+def _relax_model(dtype: str):
     """A matmul (K = 64, below DLight's own tensor-core gate), a batch matmul, a 3x3 conv on a
     7x7 map with 64 channels, and a one-row GEMV; ONNX-style names with '/' and '.'."""
-    from tvm import relax  # noqa: PLC0415
+    from tvm import relax
 
     rng = np.random.default_rng(0)
     bb = relax.BlockBuilder()
@@ -117,7 +117,7 @@ def _relax_model(dtype: str):  # noqa: ANN202
     wc = relax.const(rng.standard_normal((64, 64, 3, 3)).astype("float32"))
     wr = relax.const(rng.standard_normal((256, 256)).astype("float32"))
 
-    def low(value):  # noqa: ANN001, ANN202
+    def low(value):
         return relax.op.astype(value, dtype)
 
     with bb.function("main", [x, q, img, row]):
@@ -133,8 +133,8 @@ def _relax_model(dtype: str):  # noqa: ANN202
 
 
 @pytest.fixture(scope="module")
-def fp16_sm90():  # noqa: ANN201
-    from amptool.compiler import gpu  # noqa: PLC0415
+def fp16_sm90():
+    from amptool.compiler import gpu
 
     executable, timings = gpu.build(_relax_model("float16"), _tvm.make_target({"kind": "cuda", "arch": "sm_90"}))
     return executable, timings
@@ -173,7 +173,7 @@ def test_generated_source_compiles_for_sm90(fp16_sm90):
 @needs_cuda
 @pytest.mark.parametrize(("arch", "tensor_cores"), [("sm_80", True), ("sm_75", False)])
 def test_bfloat16_uses_tensor_cores_from_sm80(arch, tensor_cores):
-    from amptool.compiler import gpu  # noqa: PLC0415
+    from amptool.compiler import gpu
 
     executable, _ = gpu.build(_relax_model("bfloat16"), _tvm.make_target({"kind": "cuda", "arch": arch}))
     report = cuda_inspect.tensor_core_kernels(executable)
@@ -203,7 +203,7 @@ def _onnx_matmul_conv(path: str) -> None:
 @pytest.mark.slow
 @needs_cuda
 def test_convert_for_cuda_reports_tensor_cores_in_the_manifest(tmp_path):
-    from amptool.app.convert import ConvertConfig, convert_model  # noqa: PLC0415
+    from amptool.app.convert import ConvertConfig, convert_model
 
     model = str(tmp_path / "m.onnx")
     _onnx_matmul_conv(model)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.conftest import read_json
+from tests.conftest import read_json, single_error
 
 
 def test_inspect_json_has_the_contract_keys(zoo_model, run_cli, tmp_path):
@@ -45,4 +45,4 @@ def test_inspect_reports_guarded_constants(zoo_model, run_cli, tmp_path):
 
 def test_inspect_bad_input_is_one_line(run_cli, tmp_path):
     result = run_cli("inspect", str(tmp_path / "missing.onnx"))
-    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.exit_code == 2 and single_error(result.output)

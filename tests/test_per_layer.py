@@ -14,7 +14,7 @@ from amptool.app.per_layer import LAYER_KEYS, compare_layers
 from amptool.app.probe import Probe, compile_probed, expose_bindings, plan_probes
 from amptool.compare.tolerance import default_tolerance
 from amptool.errors import UserError
-from tests.conftest import read_json
+from tests.conftest import read_json, single_error
 
 
 def _last(result) -> str:
@@ -62,7 +62,7 @@ def test_per_layer_with_artifact_is_a_one_line_error(zoo_model, run_cli, tmp_pat
     assert result.exit_code == 2
     assert "error: --per-layer converts the model itself and runs onnxruntime, so it cannot use --artifact" in (
         result.output)
-    assert "Traceback" not in result.output
+    assert single_error(result.output)
 
 
 # --------------------------------------------------------------------------- mapping and probing

@@ -14,7 +14,7 @@ from tests.conftest import read_json
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from amptool.testing import torch_zoo  # noqa: E402
+from amptool.testing import torch_zoo
 
 pytestmark = pytest.mark.zoo
 

@@ -80,7 +80,7 @@ def _load_device_runtime(kind: str) -> None:
     import tvm  # noqa: PLC0415
 
     if kind == "cuda":
-        import tvm.support.nvcc  # noqa: F401,PLC0415
+        import tvm.support.nvcc  # noqa: PLC0415
 
         _no_target_scope_without_compiler()
     if has_global_func(f"device_api.{kind}"):

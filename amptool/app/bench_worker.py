@@ -180,7 +180,7 @@ def _serve(conn: Connection, spec: WorkerSpec) -> None:
         _send_error(conn, "target", err.message, err.hint)
     except UserError as err:
         _send_error(conn, "user", err.message, err.hint)
-    except Exception:
+    except Exception:  # noqa: BLE001 - a bug in the worker returns to the parent with its traceback
         _send_error(conn, "bug", traceback.format_exc(), None)
 
 

@@ -71,7 +71,7 @@ def activation_peaks(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], so
         names = [o.name for o in session.get_outputs()]
         wanted = {i.name for i in session.get_inputs()}
         values = session.run(None, {k: v for k, v in feeds.items() if k in wanted})
-    except Exception as err:  # calibration is a guard, not a requirement: say why it is off
+    except Exception as err:  # noqa: BLE001 - calibration is a guard, not a requirement: say why it is off
         reason = error_summary(err, limit=200)
         log.info("activation calibration skipped: %s", reason)
         return Calibration(source=source, skipped=reason)

@@ -60,7 +60,7 @@ def handles_user_errors(fn: F) -> F:
         except MemoryError as error:
             abort(UserError(f"Out of memory{': ' + str(error) if str(error) else ''}",
                             "Pin smaller input shapes (--input-shape) or use a machine with more memory."))
-        except Exception as error:  # the one place a bug becomes an exit code
+        except Exception as error:  # noqa: BLE001 - the one place a bug becomes an exit code
             internal_error(error)
 
     return wrapper  # type: ignore[return-value]

@@ -55,7 +55,7 @@ class TensorCoreMatmul(GPUScheduleRule):
     """Every float16/bfloat16 GEMM-shaped PrimFunc (matmul, batch matmul, conv) → TVM's wmma
     schedule (``MatmulTensorization``)."""
 
-    def apply(self, func: Any, target: Any, tunable: bool) -> Any:  # noqa: D102
+    def apply(self, func: Any, target: Any, tunable: bool) -> Any:
         if not isinstance(func, tirx.PrimFunc):
             return None
         if "dlight.do_not_tensorize" in func.attrs.keys():  # noqa: SIM118 (DictAttrs)

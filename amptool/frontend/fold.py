@@ -81,7 +81,7 @@ def _fold_once(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FoldStats]:
     folded.CopyFrom(model)
     try:
         inferred = onnx.shape_inference.infer_shapes(folded, data_prop=True)
-    except Exception as err:  # shapes are a bonus: fold values without them
+    except Exception as err:  # noqa: BLE001 - shapes are a bonus: fold values without them
         log.debug("shape inference before folding failed: %s", err)
         inferred = folded
     shapes = _static_shapes(inferred.graph)
@@ -195,7 +195,7 @@ def _evaluate(
     model.ir_version = ir_version
     try:
         results = ReferenceEvaluator(model).run(None, {})
-    except Exception as err:  # an op the reference evaluator lacks, or odd attributes
+    except Exception as err:  # noqa: BLE001 - an op the reference evaluator lacks, or odd attributes
         log.debug("not folding %s (%s): %s", node.name, node.op_type, err)
         return None
     arrays = [np.asarray(r) for r in results]

@@ -160,7 +160,7 @@ def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
     """Element type of every tensor shape inference can type (best effort)."""
     try:
         inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:  # the checks that need a type are skipped, import re-checks them
+    except Exception:  # noqa: BLE001 - the checks that need a type are skipped, import re-checks them
         inferred = model
     graph = inferred.graph
     types = {v.name: v.type.tensor_type.elem_type for v in [*graph.input, *graph.value_info, *graph.output]}

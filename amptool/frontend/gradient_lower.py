@@ -195,7 +195,7 @@ def _static_type(arg: Any, where: str, name: str) -> tuple[tuple[int, ...], str]
     dims = getattr(shape, "values", None)
     try:
         static = tuple(int(d) for d in dims) if dims is not None else None
-    except Exception:  # a symbolic dim
+    except Exception:  # noqa: BLE001 - a symbolic dim
         static = None
     if ty is None or static is None:
         raise UserError(f"{where}: '{name}' has no static shape", "Pin input shapes with --input-shape.")

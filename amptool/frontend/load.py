@@ -98,7 +98,7 @@ def _onnxruntime_accepts(model: onnx.ModelProto) -> bool:
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
         ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    except Exception:
+    except Exception:  # noqa: BLE001 - any refusal by onnxruntime means it cannot run the model
         return False
     return True
 

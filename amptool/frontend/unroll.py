@@ -94,7 +94,7 @@ class _Walker:
         if self._shapes is None:
             try:
                 inferred = onnx.shape_inference.infer_shapes(self.model, data_prop=True)
-            except Exception as err:  # shapes are a bonus
+            except Exception as err:  # noqa: BLE001 - shapes are a bonus
                 log.debug("shape inference for unrolling failed: %s", err)
                 inferred = self.model
             self._shapes = _static_shapes(inferred.graph)

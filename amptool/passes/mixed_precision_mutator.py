@@ -301,7 +301,7 @@ class MixedPrecisionMutator(PyExprMutator):
                 acc = self._accumulation(relax_op, origin)
                 return self.builder_.normalize(_tvm.call_with_out_dtype(call, new_args, acc)), acc != self.low
             return self.builder_.normalize(_tvm.call_with_args(call, new_args)), False
-        except Exception as err:  # TVMError from type inference
+        except Exception as err:  # noqa: BLE001 - TVMError from type inference
             log.debug("%s refused %s inputs (%s); keeping float32", relax_op, target, err)
             return None
 
