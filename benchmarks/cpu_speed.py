@@ -12,8 +12,9 @@ Models (built in code or shipped by the onnx wheel; nothing is downloaded):
 
 The onnx wheel's light_* models have constant placeholder weights whose activations overflow
 float16; their outputs are meaningless but their kernels are the real ones, which is all timing
-needs. Each model's variants are timed interleaved in the same rounds (see amptool.app.bench), so
-the ratios hold on a busy machine even where the milliseconds do not; the table records the load.
+needs. Each variant runs in a worker process of its own, one at a time, in rotating rounds (see
+amptool.app.bench). Other load slows onnxruntime's pool more than TVM's, so the ratios are fair
+only on an idle machine; the table records the load averages before and after.
 """
 
 from __future__ import annotations
@@ -134,8 +135,9 @@ def _section(tables: list[str], report: BenchReport) -> str:
     lines = [
         MARKER,
         f"Measured {date} on {report.host['cpu']} (LLVM `{report.host['llvm_cpu']}`, {report.host['cpus']} CPUs "
-        f"visible to the process). Versions: {versions}. Other processes share these cores (see the load "
-        "averages): read the ratios, which come from variants timed in the same rounds.",
+        f"visible to the process). Versions: {versions}. Each runtime timed in its own worker process, one at "
+        "a time (amptool bench); a load average above ~2.2 means other work shared the 2 cores and the "
+        "ratios favour amptool.",
         "",
         *("\n\n".join(tables).splitlines()),
         "",
