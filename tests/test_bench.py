@@ -144,8 +144,9 @@ def test_onnxruntime_time_matches_a_standalone_session(tmp_path):
     assert 0.5 <= ratio <= 2.0, f"bench {timing.median_ms:.3f} ms vs standalone {np.median(alone):.3f} ms"
 
 
-def test_workers_and_scratch_are_gone_after_an_error(zoo_model, monkeypatch):
+def test_workers_and_scratch_are_gone_after_an_error(zoo_model, monkeypatch, tmp_path):
     """A failure while timing still stops every worker and removes the exported variants."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # this test's scratch only (xdist runs others)
     before = _scratch_dirs()
 
     def fail(*_args: object) -> None:

@@ -45,6 +45,7 @@ from typing import Any, Literal
 import numpy as np
 
 from amptool.errors import TargetUnavailableError, UserError, error_summary
+from amptool.runtime.onnxruntime_runner import session
 
 Runtime = Literal["onnxruntime", "tvm"]
 ONNXRUNTIME_RUNTIME: Runtime = "onnxruntime"
@@ -221,20 +222,13 @@ def _load(spec: WorkerSpec) -> tuple[Callable[[], Any], dict[str, Any]]:
 
 def _onnxruntime_call(spec: WorkerSpec) -> tuple[Callable[[], Any], dict[str, Any]]:
     """A session as a user would open one: ``threads`` intra-op threads, the default spinning."""
-    import onnxruntime as ort  # noqa: PLC0415
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = spec.threads
-    options.inter_op_num_threads = 1
-    options.log_severity_level = 4
     try:
-        session = ort.InferenceSession(spec.path, options,
-                                       providers=list(dict.fromkeys([spec.provider, "CPUExecutionProvider"])))
+        handle = session(spec.path, threads=spec.threads, providers=(spec.provider,))
     except Exception as err:
         raise UserError(f"onnxruntime cannot run the model: {error_summary(err)}") from err
-    names = {i.name for i in session.get_inputs()}
+    names = {i.name for i in handle.get_inputs()}
     inputs = {k: v for k, v in spec.feeds.items() if k in names}
-    return (lambda: session.run(None, inputs)), {"provider": session.get_providers()[0]}
+    return (lambda: handle.run(None, inputs)), {"provider": handle.get_providers()[0]}
 
 
 def _tvm_call(spec: WorkerSpec) -> tuple[Callable[[], Any], dict[str, Any]]:

@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 
 from amptool.errors import error_summary
+from amptool.runtime.onnxruntime_runner import every_tensor
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +45,6 @@ class Calibration:
 
 def activation_peaks(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], source: str) -> Calibration:
     """Run ``model`` with all main-graph tensors exposed; max |x| per node (finite or not)."""
-    import onnxruntime as ort  # noqa: PLC0415
-
     from amptool.frontend.gradient import forward_only, has_gradients  # noqa: PLC0415
 
     probe = onnx.ModelProto()
@@ -54,28 +53,13 @@ def activation_peaks(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], so
     probe.CopyFrom(forward_only(model) if has_gradients(model) else model)
     constants = {init.name for init in probe.graph.initializer}
     constants |= {o for n in probe.graph.node if n.op_type == "Constant" for o in n.output}
-    present = {o.name for o in probe.graph.output}
-    exposed = []
-    for node in probe.graph.node:
-        for name in node.output:
-            if name and name not in constants and name not in present:
-                exposed.append(name)
-                present.add(name)
-    probe.graph.output.extend(onnx.ValueInfoProto(name=name) for name in exposed)
     try:
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        # Optimisations would fuse the very tensors we want to see.
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
-        names = [o.name for o in session.get_outputs()]
-        wanted = {i.name for i in session.get_inputs()}
-        values = session.run(None, {k: v for k, v in feeds.items() if k in wanted})
+        values = every_tensor(probe, feeds)
     except Exception as err:  # noqa: BLE001 - calibration is a guard, not a requirement: say why it is off
         reason = error_summary(err, limit=200)
         log.info("activation calibration skipped: %s", reason)
         return Calibration(source=source, skipped=reason)
-    tensor_peak = {name: _peak(value) for name, value in zip(names, values, strict=True)}
+    tensor_peak = {name: _peak(value) for name, value in values.items()}
     tensor_peak.update({k: _peak(v) for k, v in feeds.items()})
     peaks: dict[str, float] = {}
     for node in probe.graph.node:

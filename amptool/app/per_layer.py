@@ -41,6 +41,7 @@ import onnx
 from amptool.app.probe import Probe, compile_probed
 from amptool.compare.tolerance import Tolerance, default_tolerance
 from amptool.errors import UserError, error_summary
+from amptool.runtime.onnxruntime_runner import every_tensor
 
 #: A node's relative error must grow by more than this over its inputs' to be a jump.
 JUMP_GROWTH = 10.0
@@ -82,27 +83,13 @@ class LayerReport:
 
 def reference_tensors(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Every main-graph tensor of ``model`` (and its inputs) from one onnxruntime fp32 run."""
-    import onnxruntime as ort  # noqa: PLC0415
-
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    present = {o.name for o in probe.graph.output}
-    constants = {init.name for init in probe.graph.initializer}
-    exposed = [t for n in probe.graph.node for t in n.output if t and t not in present and t not in constants]
-    probe.graph.output.extend(onnx.ValueInfoProto(name=name) for name in dict.fromkeys(exposed))
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # keep every tensor
     try:
-        session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
-        wanted = {i.name for i in session.get_inputs()}
-        names = [o.name for o in session.get_outputs()]
-        values = session.run(None, {k: v for k, v in feeds.items() if k in wanted})
+        values = every_tensor(model, feeds)
     except Exception as err:
         raise UserError(f"onnxruntime cannot run the model with its intermediate tensors exposed: "
                         f"{error_summary(err)}", "Per-layer comparison needs onnxruntime to run the model.") from err
     tensors = {k: np.asarray(v) for k, v in feeds.items()}
-    tensors.update({name: np.asarray(v) for name, v in zip(names, values) if isinstance(v, np.ndarray)})
+    tensors.update({name: np.asarray(v) for name, v in values.items() if isinstance(v, np.ndarray)})
     return tensors
 
 

@@ -91,13 +91,10 @@ def load_model(path: str) -> LoadedModel:
 
 
 def _onnxruntime_accepts(model: onnx.ModelProto) -> bool:
-    import onnxruntime as ort  # noqa: PLC0415
+    from amptool.runtime.onnxruntime_runner import session  # noqa: PLC0415
 
-    options = ort.SessionOptions()
-    options.log_severity_level = 4
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
-        ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        session(model, optimize="disable")
     except Exception:  # noqa: BLE001 - any refusal by onnxruntime means it cannot run the model
         return False
     return True

@@ -210,14 +210,9 @@ def _check_numerics(
 
 
 def _run(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    import onnxruntime as ort  # noqa: PLC0415
+    from amptool.runtime.onnxruntime_runner import run_session, session  # noqa: PLC0415
 
-    options = ort.SessionOptions()
-    options.log_severity_level = 4
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    wanted = {i.name for i in session.get_inputs()}
-    names = [o.name for o in session.get_outputs()]
-    return dict(zip(names, session.run(None, {k: v for k, v in feeds.items() if k in wanted}), strict=True))
+    return run_session(session(model), feeds)
 
 
 def _first_mismatch(before: Mapping[str, np.ndarray], after: Mapping[str, np.ndarray]) -> str | None:
@@ -256,21 +251,13 @@ def _fold_everywhere(model: onnx.ModelProto, notes: list[str]) -> onnx.ModelProt
 
 
 def _onnxruntime_basic_optimize(model: onnx.ModelProto) -> onnx.ModelProto:
-    import onnxruntime as ort  # noqa: PLC0415
+    from amptool.runtime.onnxruntime_runner import session  # noqa: PLC0415
 
     with tempfile.TemporaryDirectory(prefix="amptool-prepare-") as tmp:
         out_path = os.path.join(tmp, "prepared.onnx")
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-        options.optimized_model_filepath = out_path
-        options.log_severity_level = 3
-        if model.ByteSize() > 1_500_000_000:
-            options.add_session_config_entry(
-                "session.optimized_model_external_initializers_file_name", "prepared.data"
-            )
-        ort.InferenceSession(
-            model.SerializeToString(), options, providers=["CPUExecutionProvider"]
-        )
+        external = {"session.optimized_model_external_initializers_file_name": "prepared.data"}
+        session(model, optimize="basic", save_optimized=out_path,
+                session_config=external if model.ByteSize() > 1_500_000_000 else None)
         # IR < 4 requires initializers to be listed as inputs, so onnxruntime lists them.
         optimized = drop_weight_inputs(onnx.load(out_path, load_external_data=True))
     if default_opset(optimized) != default_opset(model):

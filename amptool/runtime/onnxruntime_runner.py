@@ -1,4 +1,8 @@
-"""The fp32 reference: onnxruntime on CPU, on the model as the user gave it.
+"""Every onnxruntime session amptool opens: the fp32 reference, calibration and per-layer
+probes (every tensor exposed), prepare's folding and checks, and bench's worker.
+
+One owner (:func:`session`) for the options — optimisation level, threads, providers, log level —
+so a change to how amptool talks to onnxruntime is made once.
 
 onnxruntime's Python API takes and gives numpy arrays only of numpy's own types. bfloat16 and
 float8 inputs (ml_dtypes arrays) are passed as ``OrtValue``s built from their bits. Outputs of
@@ -9,7 +13,7 @@ exact, every such value is representable — and returned as the ml_dtypes array
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,19 +38,59 @@ _READ_AS = {
 _SUFFIX = "__amptool_read"
 
 
+#: Graph optimisation levels by name: "disable" keeps every tensor a probe asks for, "basic"
+#: folds constants (prepare), "all" is what a user's session gets (bench).
+_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "all": "ORT_ENABLE_ALL"}
+
+
+def session(model: onnx.ModelProto | str, *, optimize: str = "all", threads: int | None = None,
+            providers: Sequence[str] = ("CPUExecutionProvider",), save_optimized: str | None = None,
+            session_config: Mapping[str, str] | None = None) -> Any:
+    """An ``onnxruntime.InferenceSession`` on ``model`` (a ModelProto or a path). Raises what
+    onnxruntime raises: callers decide whether that is a user error, a skipped step or a refusal."""
+    import onnxruntime as ort  # noqa: PLC0415
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 4  # failures are raised and reported once, by the caller
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVELS[optimize])
+    if threads is not None:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+    if save_optimized is not None:
+        options.optimized_model_filepath = save_optimized
+    for key, value in (session_config or {}).items():
+        options.add_session_config_entry(key, value)
+    source = model if isinstance(model, str) else model.SerializeToString()
+    return ort.InferenceSession(source, options, providers=list(dict.fromkeys([*providers, "CPUExecutionProvider"])))
+
+
+def run_session(handle: Any, feeds: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """Output name → value, feeding only the inputs the session takes."""
+    wanted = {i.name for i in handle.get_inputs()}
+    names = [o.name for o in handle.get_outputs()]
+    return dict(zip(names, handle.run(None, {k: v for k, v in feeds.items() if k in wanted}), strict=True))
+
+
+def every_tensor(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """Every main-graph tensor of ``model`` that is computed at run time (not an initializer or a
+    Constant's output), from one unoptimised run: calibration and per-layer comparison read these."""
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    constants = {init.name for init in probe.graph.initializer}
+    constants |= {o for n in probe.graph.node if n.op_type == "Constant" for o in n.output}
+    present = {o.name for o in probe.graph.output}
+    exposed = [t for n in probe.graph.node for t in n.output if t and t not in present and t not in constants]
+    probe.graph.output.extend(onnx.ValueInfoProto(name=name) for name in dict.fromkeys(exposed))
+    return run_session(session(probe, optimize="disable"), feeds)  # optimising would fuse them away
+
+
 class OnnxruntimeRunner:
     """One onnxruntime CPU session, reused for every input set (``diff --iterations``)."""
 
     def __init__(self, model: onnx.ModelProto) -> None:
-        import onnxruntime as ort  # noqa: PLC0415
-
         model, self._read = _readable_outputs(model)
-        options = ort.SessionOptions()
-        options.log_severity_level = 4  # failures are raised and reported once, by us
         try:
-            self._session: Any = ort.InferenceSession(
-                model.SerializeToString(), options, providers=["CPUExecutionProvider"]
-            )
+            self._session: Any = session(model)
         except Exception as err:
             raise _user_error(err) from err
         copies = {copy for copy, _ in self._read.values()}
