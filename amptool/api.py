@@ -93,7 +93,8 @@ def convert(model: PathLike, *, dtype: str = "float16", output: PathLike | None 
 
     ``build`` takes ConvertConfig's fields: colors, target, cuda_arch, target_options,
     input_shapes ({name: dims}), fixed_inputs ({name: value}), calibration, low_precision_io,
-    range_guards, prepare, concretize, max_input_bytes."""
+    range_guards, prepare, concretize, max_input_bytes, dims ({symbolic dim: value}),
+    exclude_ops and exclude_nodes (op types / node-name patterns kept float32)."""
     config = _config(model, dtype, build)
     out = os.fspath(output) if output is not None else None
     if out is not None:

@@ -10,6 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 
+#: The dtypes a model is converted to (float32: the unconverted baseline).
+DTYPES = ("float16", "bfloat16", "float32")
+#: Largest finite value of each low dtype: casting anything larger gives inf.
+DTYPE_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38}
+#: Smallest positive (subnormal) value of each low dtype: anything below half of it becomes 0.
+DTYPE_TINY = {"float16": 5.960464477539063e-08, "bfloat16": 9.183549615799121e-41}
+
 
 def numpy_dtype(name: str) -> np.dtype:
     """The numpy dtype for ``name``; bfloat16, float8, int4, … through ml_dtypes."""

@@ -7,6 +7,7 @@ import errno
 import json
 import multiprocessing
 import os
+import re
 import subprocess
 import sys
 import time
@@ -238,11 +239,14 @@ def test_a_compiler_failure_is_exit_70_one_line_and_no_outdir(zoo_model, run_cli
 
     monkeypatch.setattr(tvm, "compile", broken)
     target = tmp_path / "out"
-    output = _one_line_error(run_cli("convert", zoo_model("tiny_cnn"), "-o", str(target)), EXIT_INTERNAL_ERROR)
+    output = _one_line_error(run_cli("-q", "convert", zoo_model("tiny_cnn"), "-o", str(target)), EXIT_INTERNAL_ERROR)
     lines = [line for line in output.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("internal error:") and "injected failure" in lines[0]
     assert "please report" in lines[0]
     assert not target.exists() and not [n for n in os.listdir(tmp_path) if "amptool-tmp" in n]
+    loud = _one_line_error(run_cli("convert", zoo_model("tiny_cnn"), "-o", str(target)), EXIT_INTERNAL_ERROR)
+    not_progress = [line for line in loud.splitlines() if line.strip() and not re.match(r"^\[\s*[\d.]+s\]", line)]
+    assert not_progress == lines  # without -q only the stage lines (CI progress) come before it
 
 
 def test_verbose_shows_the_traceback_of_an_internal_error(zoo_model, run_cli, tmp_path, monkeypatch):

@@ -47,8 +47,9 @@ import onnx
 from amptool import __version__, _tvm
 from amptool.app.artifact import load_artifact
 from amptool.app.bench_worker import ONNXRUNTIME_RUNTIME, TVM_RUNTIME, Worker, WorkerSpec, isolated_workers
-from amptool.app.convert import DTYPES, BuildResult, ConvertConfig, build_model, export_build
+from amptool.app.convert import BuildResult, ConvertConfig, build_model, export_build
 from amptool.compiler.targets import require_device, resolve_target
+from amptool.dtypes import DTYPES
 from amptool.errors import UserError
 from amptool.frontend.input_values import ONLY_INPUT
 from amptool.frontend.load import load_model

@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
+import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -26,8 +27,11 @@ from amptool.app.artifact import LIBRARY_NAME, write_artifact, write_manifest
 from amptool.app.calibrate import Calibration, activation_peaks
 from amptool.app.outdir import check_output_dir
 from amptool.colors import ColorPolicy, load_policy
+from amptool.colors.loader import unmatched_node_rules, with_exclusions
 from amptool.compiler.targets import ResolvedTarget, check_target_flags, resolve_target
+from amptool.dtypes import DTYPES
 from amptool.errors import TargetUnavailableError, UserError
+from amptool.frontend.graph import iter_nodes
 from amptool.frontend.importer import ImportedModel, NodeOrigin, import_model
 from amptool.frontend.input_values import FixedValue, fixed_input_arrays, resolve_input_shapes
 from amptool.frontend.load import LoadedModel, load_model
@@ -44,7 +48,8 @@ from amptool.passes.pipeline import PassResult, run_passes
 from amptool.runtime.inputs import check_input_shapes, generate_inputs, load_inputs
 from amptool.runtime.tvm_runner import CompiledModel
 
-DTYPES = ("float16", "bfloat16", "float32")
+log = logging.getLogger(__name__)
+
 StageCallback = Callable[[str], None]
 
 
@@ -68,10 +73,24 @@ class ConvertConfig:
     target_options: tuple[str, ...] = ()  # --target-options for llvm: -mcpu=NAME -mattr=+f,-g
     concretize: bool = True  # ConcretizeLike before the mixed-precision pass (--no-concretize)
     max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES  # --max-input-size: inputs larger are refused
+    #: symbolic dim name → value in every input (--dim batch=8), like onnxruntime's free dim override
+    dims: Mapping[str, int] = field(default_factory=dict)
+    exclude_ops: tuple[str, ...] = ()  # --exclude-op: op types kept float32 on top of the colour lists
+    exclude_nodes: tuple[str, ...] = ()  # --exclude-node: node-name globs or /regex/ kept float32
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise UserError(f"Unknown dtype '{self.dtype}'. Choose one of: {', '.join(DTYPES)}.")
+        for name in ("exclude_ops", "exclude_nodes"):
+            value = getattr(self, name)
+            if isinstance(value, str) or not all(isinstance(v, str) for v in value):
+                raise UserError(f"{name} takes a sequence of strings, got {value!r}", f"e.g. {name}=('Softmax',).")
+            object.__setattr__(self, name, tuple(value))
+        if not isinstance(self.dims, Mapping) or not all(
+                isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in self.dims.values()):
+            raise UserError(f"dims takes a mapping of symbolic dim name → positive int, got {self.dims!r}",
+                            "e.g. dims={'batch': 8, 'seq_len': 128}.")
+        object.__setattr__(self, "dims", dict(self.dims))
         for name in ("input_shapes", "fixed_inputs"):
             if not isinstance(getattr(self, name), Mapping):
                 raise UserError(f"{name} takes a mapping of input name → value, got {getattr(self, name)!r}",
@@ -103,6 +122,7 @@ class BuildResult:
     prepared: Any = None  # the onnx.ModelProto that was imported (per-layer reports run it)
     provenance: dict[str, NodeOrigin] = field(default_factory=dict)
     arch: str | None = None  # CUDA arch built for
+    unmatched_node_rules: list[str] = field(default_factory=list)  # node patterns that matched no node
 
     def compiled(self) -> CompiledModel:
         try:
@@ -138,6 +158,7 @@ class BuildResult:
             "prepare": self.prepare_steps,
             "prepare_notes": self.prepare_notes,
             "colors": self.policy.as_json(),
+            "unmatched_node_rules": list(self.unmatched_node_rules),
             "range_guards": self.config.range_guards,
             "ops_by_dtype": stats.ops_by_dtype(mod),
             "casts_inserted": stats.activation_casts(mod),
@@ -175,6 +196,7 @@ class Rewritten:
     timings_s: dict[str, float]
     prepared: Any = None  # the onnx.ModelProto that was imported
     imported: ImportedModel | None = None  # kept so other colours can be tried without re-importing
+    unmatched_node_rules: list[str] = field(default_factory=list)  # node patterns that matched no ONNX node
 
 
 def rewrite_model(
@@ -185,7 +207,7 @@ def rewrite_model(
     """Load, prepare, import, calibrate and run the Relax passes. ``arrays`` may pin shapes."""
     timings: dict[str, float] = {}
     notify = on_stage or (lambda _name: None)
-    policy = load_policy(config.colors)
+    policy = with_exclusions(load_policy(config.colors), config.exclude_ops, config.exclude_nodes)
 
     def timed(name: str, fn: Callable[[], Any]) -> Any:
         notify(name)
@@ -195,11 +217,15 @@ def rewrite_model(
         return value
 
     loaded: LoadedModel = timed("load", lambda: load_model(config.model))
+    unmatched = unmatched_node_rules(policy, (node.name for node in iter_nodes(loaded.model.graph)))
+    for pattern in unmatched:
+        log.warning("node rule %r (--exclude-node or the colour list's nodes:) matches no node of %s",
+                    pattern, config.model)
     declared = graph_inputs(loaded.model)
     fixed = fixed_input_arrays(config.fixed_inputs, declared)
     declared = [s for s in declared if s.name not in fixed]
     shapes = resolve_input_shapes(config.input_shapes, [s.name for s in declared])
-    inputs = pin_input_specs(declared, shapes, arrays, max_bytes=config.max_input_bytes)
+    inputs = pin_input_specs(declared, shapes, arrays, max_bytes=config.max_input_bytes, dims=config.dims)
     prepared = timed(
         "prepare",
         lambda: prepare_model(loaded.model, inputs, optimize=config.prepare, fixed_inputs=fixed),
@@ -222,6 +248,7 @@ def rewrite_model(
         timings_s=timings,
         prepared=prepared.model,
         imported=imported,
+        unmatched_node_rules=unmatched,
     )
 
 
@@ -320,6 +347,7 @@ def compile_rewritten(
         prepared=rewritten.prepared,
         provenance=rewritten.imported.provenance if rewritten.imported else {},
         arch=target.arch,
+        unmatched_node_rules=rewritten.unmatched_node_rules,
     )
 
 

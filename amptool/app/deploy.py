@@ -43,6 +43,23 @@ class RunResult:
     load_s: float
     run_s: float
     runtime_only: bool  # whether TVM ran without its compiler library
+    artifact: str = ""  # the OUTDIR that was run
+    output: str = ""  # the .npz written
+
+    def as_json(self) -> dict[str, Any]:
+        """What ``amptool run --json`` writes: the outputs' names, dtypes and shapes, not their values."""
+        return {
+            "artifact": self.artifact,
+            "output": self.output,
+            "dtype": self.manifest.get("dtype"),
+            "target": self.manifest.get("target"),
+            "device": self.device,
+            "runtime_only": self.runtime_only,
+            "outputs": [{"name": name, "dtype": np.asarray(value).dtype.name, "shape": list(np.shape(value))}
+                        for name, value in self.outputs.items()],
+            "load_ms": round(self.load_s * 1e3, 3),
+            "run_ms": round(self.run_s * 1e3, 3),
+        }
 
 
 def run_artifact(config: RunConfig) -> RunResult:
@@ -60,7 +77,8 @@ def run_artifact(config: RunConfig) -> RunResult:
     ran = time.perf_counter()
     save_arrays(config.output, {name: _npz_array(value) for name, value in outputs.items()}, "-o")
     return RunResult(outputs=outputs, device=compiled.device, manifest=manifest, load_s=loaded - start,
-                     run_s=ran - loaded, runtime_only=_tvm.runtime_only())
+                     run_s=ran - loaded, runtime_only=_tvm.runtime_only(), artifact=config.artifact,
+                     output=config.output)
 
 
 def _npz_spec(spec: TensorSpec) -> TensorSpec:

@@ -24,7 +24,7 @@ from amptool.app.artifact import load_artifact
 from amptool.app.convert import ConvertConfig, build_model, resolve
 from amptool.compare.aggregate import mean_over, severity, worst_case
 from amptool.compare.stats import compare_output
-from amptool.compare.tolerance import Tolerance, TolerancePolicy
+from amptool.compare.tolerance import Tolerance, ToleranceOverride, TolerancePolicy, default_tolerance
 from amptool.compiler.targets import require_device
 from amptool.errors import UserError
 from amptool.fileio import finite_only
@@ -107,6 +107,8 @@ class DiffReport:
     #: Output name → (reference, converted) arrays of its worst iteration; for plots, not JSON.
     samples: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
     layers: Any = None  # amptool.app.per_layer.LayerReport, with --per-layer
+    #: The overrides the tolerances were resolved from (flags or the API's tolerance_policy).
+    policy: TolerancePolicy = field(default_factory=TolerancePolicy)
 
     @property
     def verdict(self) -> str:
@@ -145,6 +147,7 @@ class DiffReport:
             "reference": self.reference,
             "inputs": self.inputs,
             "tolerance": {**self.tolerance.as_json(), "per_output": per_output},
+            "tolerance_policy": self.policy_json(),
             "outputs": self.outputs,
             "iterations": self.iterations,
             "guarded": self.manifest.get("guarded", []),
@@ -152,6 +155,26 @@ class DiffReport:
             "timings_s": {k: round(v, 4) for k, v in self.timings_s.items()},
             **(self.layers.as_json() if self.layers is not None else {}),
         })
+
+
+    def policy_json(self) -> dict[str, Any]:
+        """The policy used: the dtype's defaults, the overrides given (for every output, per output)
+        and what they resolved to — ``default`` for every output, ``per_output`` for the named ones."""
+        named = dict(self.policy.per_output)
+        return {
+            "dtype_default": default_tolerance(self.dtype).as_json(),
+            "overrides": {"default": _override_json(self.policy.default),
+                          "per_output": {name: _override_json(o) for name, o in named.items()}},
+            "default": self.tolerance.as_json(),
+            "per_output": {name: self.policy.resolve(self.dtype, name).as_json() for name in named},
+        }
+
+
+def _override_json(override: ToleranceOverride) -> dict[str, Any]:
+    """Only the fields an override sets, under the names ``Tolerance.as_json`` uses."""
+    fields = {"atol": override.atol, "rtol": override.rtol, "min_cosine": override.min_cosine,
+              "check_error_stat": override.check_stat, "max_scale_error": override.max_scale_error}
+    return {key: value for key, value in fields.items() if value is not None}
 
 
 def diff_model(config: DiffConfig, on_stage: Callable[[str], None] | None = None) -> DiffReport:
@@ -250,6 +273,7 @@ def diff_model(config: DiffConfig, on_stage: Callable[[str], None] | None = None
         manifest=manifest,
         samples=samples,
         layers=layers,
+        policy=policy,
     )
 
 

@@ -27,6 +27,7 @@ from amptool.app.per_layer import reference_tensors
 from amptool.compare.aggregate import severity, worst_case
 from amptool.compare.stats import compare_output
 from amptool.compare.tolerance import TolerancePolicy
+from amptool.dtypes import is_ml_dtype
 from amptool.frontend.signature import TensorSpec
 from amptool.runtime.inputs import check_input_shapes, generate_inputs, load_inputs
 
@@ -84,7 +85,7 @@ def check_outputs(outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.
                   names: Sequence[str], tolerance: TolerancePolicy, dtype: str) -> list[dict[str, Any]]:
     """diff's per-output comparison; fp16/bf16 outputs (--low-precision-io) cast up first."""
     converted = {k: np.asarray(v) for k, v in outputs.items()}
-    converted = {k: v.astype(np.float32) if v.dtype.kind == "V" or str(v.dtype) in ("float16", "bfloat16") else v
+    converted = {k: v.astype(np.float32) if is_ml_dtype(v.dtype) or v.dtype == np.float16 else v
                  for k, v in converted.items()}
     return [compare_output(n, reference[n], converted[n], tolerance.resolve(dtype, n)) for n in names]
 

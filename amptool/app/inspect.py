@@ -80,6 +80,7 @@ class InspectReport:
             "concretize_like": passes.concretize.as_json() if passes.concretize else None,
             "prepare": self.rewritten.prepare_steps,
             "colors": self.rewritten.policy.as_json(),
+            "unmatched_node_rules": list(self.rewritten.unmatched_node_rules),
             "timings_s": {k: round(v, 4) for k, v in self.rewritten.timings_s.items()},
         }
 

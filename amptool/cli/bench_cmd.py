@@ -8,14 +8,14 @@ from typing import Any
 
 import click
 
-from amptool.app.convert import DTYPES
-from amptool.cli.console import err, handles_user_errors, out
-from amptool.cli.options import build_options
+from amptool.cli.console import err, handles_user_errors
+from amptool.cli.json_out import emit_json, json_option, json_to_stdout, report_console
+from amptool.cli.options import DtypeChoice, build_options
 
 
 @click.command()
 @click.argument("model", type=click.Path(exists=True))
-@click.option("--dtype", "dtypes", type=click.Choice(DTYPES), multiple=True, default=("float16",),
+@click.option("--dtype", "dtypes", type=DtypeChoice(), multiple=True, default=("float16",),
               show_default=True, help="Low-precision dtype to time next to float32 (repeatable).")
 @build_options
 @click.option("--batch", type=int, default=None, help="Batch size: the first dim of every input.")
@@ -23,7 +23,7 @@ from amptool.cli.options import build_options
               help="Threads for TVM and onnxruntime alike  [default: every CPU available].")
 @click.option("--rounds", type=int, default=5, show_default=True, help="Rounds over all variants.")
 @click.option("--runs", type=int, default=3, show_default=True, help="Timed runs per variant per round.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write results as JSON.")
+@json_option("The timings, ratios, host and versions")
 @handles_user_errors
 def bench(model: str, dtypes: tuple[str, ...], build: dict[str, Any], batch: int | None, threads: int | None,
           rounds: int, runs: int, json_path: str | None) -> None:
@@ -35,9 +35,14 @@ def bench(model: str, dtypes: tuple[str, ...], build: dict[str, Any], batch: int
     never slows another. Ratios are what to read: variants take turns in the same rounds, so
     load from other processes slows them alike. On a GPU every timed call ends with a device
     synchronize.
+
+    \b
+    Examples:
+      amptool bench model.onnx                                # float16 and float32 vs onnxruntime
+      amptool bench model.onnx --dtype fp16 --dtype bf16 --threads 4
+      amptool bench out/ --rounds 10                          # an artifact from 'amptool convert'
     """
     from amptool.app.bench import BenchConfig, bench_model  # noqa: PLC0415
-    from amptool.fileio import write_json  # noqa: PLC0415
 
     build = dict(build)
     config = BenchConfig(model=model, dtypes=dtypes, target=build.pop("target"), cuda_arch=build.pop("cuda_arch"),
@@ -45,10 +50,9 @@ def bench(model: str, dtypes: tuple[str, ...], build: dict[str, Any], batch: int
                          batch=batch, threads=threads, rounds=rounds, runs=runs)
     with _progress() as (on_stage, on_progress):
         report = bench_model(config, on_stage=on_stage, on_progress=on_progress)
-    out.print(_table(report))
-    click.echo(_summary(report))
-    if json_path:
-        write_json(json_path, report.as_json())
+    report_console(json_path).print(_table(report))  # stderr when the JSON owns stdout
+    click.echo(_summary(report), err=json_to_stdout(json_path))
+    emit_json(json_path, report.as_json())
 
 
 @contextlib.contextmanager

@@ -6,9 +6,11 @@ import contextlib
 import functools
 import logging
 import sys
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, TypeVar
 
+import click
 from rich.console import Console
 from rich.markup import escape
 
@@ -78,19 +80,77 @@ def internal_error(error: BaseException) -> NoReturn:
 
 @contextlib.contextmanager
 def stages(enabled: bool = True) -> Iterator[Callable[[str], None]]:
-    """A spinner on stderr naming the current pipeline stage."""
-    if not enabled or not err.is_terminal:
-        yield lambda name: logging.getLogger("amptool").info("stage: %s", name)
+    """Progress on stderr, one entry per pipeline stage, with the seconds since the start.
+
+    A terminal gets a spinner whose clock keeps running; a pipe or CI log gets one line per stage
+    (``[  12.3s] compile``), because a log that stays silent for minutes looks hung. ``-q`` turns
+    both off."""
+    start = time.perf_counter()
+    log = logging.getLogger("amptool")
+    if not enabled or _quiet:
+        yield lambda name: log.info("stage: %s", name)
         return
-    with err.status("starting…") as status:
-        yield lambda name: status.update(f"[bold]{name}[/]…")
+    if not err.is_terminal:
+        def line(name: str) -> None:
+            err.print(f"[{time.perf_counter() - start:7.1f}s] {name}", markup=False, highlight=False)
+
+        yield line
+        return
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn  # noqa: PLC0415
+
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err,
+                  transient=True) as progress:
+        task = progress.add_task("starting…", total=None)
+        yield lambda name: progress.update(task, description=f"[bold]{escape(name)}[/]…")
 
 
 _verbosity = 0
+_quiet = False
 
 
-def setup_logging(verbose: int) -> None:
-    global _verbosity
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is now (a test runner swaps it per invocation)."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        pass
+
+
+def setup_logging(verbose: int, quiet: bool = False) -> None:
+    """Logging level from ``-v`` (INFO, ``-vv`` DEBUG) or ``-q`` (errors only). Called again by
+    a command that got ``-v``/``-q`` after its name: the counts add up."""
+    global _verbosity, _quiet
     _verbosity = verbose
-    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    _quiet = quiet and verbose == 0
+    level = (logging.ERROR if _quiet else logging.WARNING if verbose == 0
+             else logging.INFO if verbose == 1 else logging.DEBUG)
+    root = logging.getLogger()
+    if not any(isinstance(h, _StderrHandler) for h in root.handlers):
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        root.addHandler(handler)
+    root.setLevel(level)
+
+
+def is_quiet() -> bool:
+    """``-q`` was given: no progress and no warnings, only errors and results."""
+    return _quiet
+
+
+def _add_verbosity(ctx: click.Context, _param: click.Parameter, value: Any) -> None:
+    """``-v``/``-q`` given after the verb: add to what the group got."""
+    if value:
+        verbose = _verbosity + (value if isinstance(value, int) and not isinstance(value, bool) else 0)
+        setup_logging(verbose, _quiet or value is True)
+
+
+def verbosity_options(fn: F) -> F:
+    """``-v``/``--verbose`` and ``-q``/``--quiet`` on a command, so they work before or after the verb."""
+    fn = click.option("-q", "--quiet", is_flag=True, expose_value=False, callback=_add_verbosity,
+                      help="Only results and errors: no progress, no warnings.")(fn)
+    return click.option("-v", "--verbose", count=True, expose_value=False, callback=_add_verbosity,
+                        help="More logging on stderr (-vv for debug); a bug shows its traceback.")(fn)

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from amptool.cli.console import handles_user_errors, out, stages
+from amptool.cli.console import handles_user_errors, is_quiet, out, stages
+from amptool.cli.json_out import emit_json, json_option, json_to_stdout
 from amptool.cli.options import model_options, validation_option
 from amptool.errors import EXIT_ACCURACY_FAILED, UserError
 
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 @click.option("-o", "--output", "output_dir", required=True, type=click.Path(file_okay=False),
               help="Artifact directory (library + manifest.json): new, empty or an earlier artifact, which is replaced "
               "atomically; any other directory is refused untouched.")
-@click.option("--json", "json_summary", is_flag=True, help="Print the manifest as JSON instead of tables.")
+@json_option("The manifest")
 @click.option("--lower-only", is_flag=True,
               help="Lower and schedule for --target without code generation (works where its codegen is "
               "missing); OUTDIR gets lowered.py and manifest.json, no library.")
@@ -44,13 +45,18 @@ if TYPE_CHECKING:
               help="With --auto-fallback: most compiles the search may use, the final build included (default 10).")
 @handles_user_errors
 def convert(model: str, dtype: str, build: dict[str, Any],
-            output_dir: str, json_summary: bool, auto_fallback: bool = False, atol: tuple[str, ...] = (),
+            output_dir: str, json_path: str | None, auto_fallback: bool = False, atol: tuple[str, ...] = (),
             rtol: tuple[str, ...] = (), min_cosine: tuple[str, ...] = (), iterations: int | None = None,
             max_compiles: int | None = None, validation: str | None = None, emit_ir: str | None = None,
             lower_only: bool = False) -> None:
-    """Convert MODEL.onnx to DTYPE and compile it into OUTPUT."""
-    import json  # noqa: PLC0415
+    """Convert MODEL.onnx to DTYPE and compile it into OUTPUT.
 
+    \b
+    Examples:
+      amptool convert model.onnx -o out/                      # float16 for this CPU
+      amptool convert model.onnx --dtype bf16 --exclude-op Softmax -o out/
+      amptool convert model.onnx --dim batch=8 --target cuda -o out/ -q
+    """
     from amptool.app.convert import ConvertConfig, check_ir_path, convert_model, write_ir  # noqa: PLC0415
     from amptool.app.outdir import check_output_dir  # noqa: PLC0415
     from amptool.cli import render  # noqa: PLC0415
@@ -69,7 +75,7 @@ def convert(model: str, dtype: str, build: dict[str, Any],
         if auto_fallback:
             raise UserError("--lower-only and --auto-fallback: the search runs each build; a lowered module "
                             "cannot run", "Drop one of them.")
-        _lower_only(config, output_dir, json_summary, emit_ir)
+        _lower_only(config, output_dir, json_path, emit_ir)
         return
     fallback = None
     with stages() as on_stage:
@@ -82,15 +88,15 @@ def convert(model: str, dtype: str, build: dict[str, Any],
             _result, manifest = convert_model(config, output_dir, on_stage=on_stage, emit_ir=emit_ir)
     # exit 1 like diff when the search or the held-out check fails; the artifact is still written
     failed = fallback is not None and not fallback.passed
-    if json_summary:
-        click.echo(json.dumps(manifest, indent=2))
+    emit_json(json_path, manifest)
+    if json_to_stdout(json_path):  # the JSON is the whole of stdout
         sys.exit(EXIT_ACCURACY_FAILED if failed else 0)
     for table in render.convert_summary(manifest):
         out.print(table)
-    if manifest["unknown_ops"]:
+    if manifest["unknown_ops"] and not is_quiet():
         names = ", ".join(f"{k} ×{v}" for k, v in manifest["unknown_ops"].items())
         out.print(f"[yellow]warning:[/] ops not in any colour list were kept float32: {names}")
-    if manifest["ops_converted"] == 0 and dtype != "float32":
+    if manifest["ops_converted"] == 0 and dtype != "float32" and not is_quiet():
         out.print(f"[yellow]warning:[/] no op was converted to {dtype}")
     if emit_ir:
         out.print(f"wrote {emit_ir} (final Relax module)")
@@ -104,9 +110,7 @@ def convert(model: str, dtype: str, build: dict[str, Any],
         sys.exit(EXIT_ACCURACY_FAILED)
 
 
-def _lower_only(config: ConvertConfig, output_dir: str, json_summary: bool, emit_ir: str | None) -> None:
-    import json  # noqa: PLC0415
-
+def _lower_only(config: ConvertConfig, output_dir: str, json_path: str | None, emit_ir: str | None) -> None:
     from amptool.app.convert import write_ir  # noqa: PLC0415
     from amptool.app.lower import LOWERED_NAME, lower_model  # noqa: PLC0415
     from amptool.cli import render  # noqa: PLC0415
@@ -115,8 +119,8 @@ def _lower_only(config: ConvertConfig, output_dir: str, json_summary: bool, emit
         rewritten, manifest = lower_model(config, output_dir, on_stage=on_stage)
     if emit_ir:
         write_ir(rewritten.passes.mod, emit_ir)
-    if json_summary:
-        click.echo(json.dumps(manifest, indent=2))
+    emit_json(json_path, manifest)
+    if json_to_stdout(json_path):  # the JSON is the whole of stdout
         return
     for table in render.convert_summary(manifest):
         out.print(table)

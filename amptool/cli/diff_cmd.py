@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import Any
 
 import click
 
-from amptool.cli.console import handles_user_errors, out, stages
+from amptool.cli.console import handles_user_errors, stages
+from amptool.cli.json_out import emit_json, json_option, json_to_stdout, report_console
 from amptool.cli.options import model_options
 from amptool.errors import EXIT_ACCURACY_FAILED, EXIT_OK, UserError
-from amptool.fileio import write_json
 
 _FILE = click.Path(dir_okay=False)
 
@@ -21,7 +22,7 @@ _FILE = click.Path(dir_okay=False)
 @model_options
 @click.option("--artifact", type=click.Path(file_okay=False), default=None,
               help="Compare an existing 'amptool convert' output instead of converting.")
-@click.option("--inputs", "inputs_path", type=_FILE, default=None, metavar="PATH.npz",
+@click.option("--inputs", "--load-inputs", "inputs_path", type=_FILE, default=None, metavar="PATH.npz",
               help="Inputs as .npz (one array per model input); shapes come from the arrays.")
 @click.option("--save-inputs", type=_FILE, default=None, metavar="PATH.npz", help="Write the inputs used to this .npz.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for generated inputs.")
@@ -30,7 +31,8 @@ _FILE = click.Path(dir_okay=False)
 @click.option("--val-range", "val_ranges", multiple=True, metavar="[NAME:]LO,HI",
               help="Generated values of input NAME: floats uniform in [LO, HI), integers in [LO, HI); "
               "without NAME, of every float input. Repeatable.")
-@click.option("--reference-outputs", type=_FILE, default=None, metavar="PATH.npz",
+@click.option("--reference-outputs", "--load-outputs", "reference_outputs", type=_FILE, default=None,
+              metavar="PATH.npz",
               help="Compare against stored outputs (.npz, one array per model output) instead of onnxruntime.")
 @click.option("--save-outputs", type=_FILE, default=None, metavar="PATH.npz",
               help="Write the reference outputs (as NAME) and the converted ones (as converted/NAME) to this .npz.")
@@ -44,8 +46,9 @@ _FILE = click.Path(dir_okay=False)
 @click.option("--max-scale-error", multiple=True, metavar="[NAME:]VALUE",
               help="Largest |gain − 1| of the least-squares fit converted ≈ gain·reference (catches a "
               "systematic scale that rounding noise never shows); repeatable.")
-@click.option("--json", "json_path", type=_FILE, default=None, metavar="PATH",
-              help="Write the full report (every statistic of every output) as JSON.")
+@json_option("The full report (every statistic of every output, the tolerance policy)")
+@click.option("--junit-xml", "junit_path", type=_FILE, default=None, metavar="PATH.xml",
+              help="Write a JUnit XML report: one test case per model output, failing outputs as failures.")
 @click.option("--plot", "plot_path", type=_FILE, default=None, metavar="PATH.png",
               help="Draw per output the error histogram and a reference-vs-converted scatter (needs amptool[plot]).")
 @click.option("--per-layer", is_flag=True,
@@ -58,20 +61,27 @@ def diff(model: str, dtype: str, build: dict[str, Any],
          reference_outputs: str | None, save_outputs: str | None, atol: tuple[str, ...], rtol: tuple[str, ...],
          min_cosine: tuple[str, ...], check_error_stat: tuple[str, ...], max_scale_error: tuple[str, ...],
          json_path: str | None,
-         plot_path: str | None, per_layer: bool = False) -> None:
+         plot_path: str | None, per_layer: bool = False, junit_path: str | None = None) -> None:
     """Compare MODEL converted to DTYPE with onnxruntime float32 on the same inputs.
 
     Exit 0 when every output passes, 1 when one fails, 2 on bad input, 3 when the target cannot run here.
+    With GITHUB_ACTIONS=true, each failing output is also printed as an ::error annotation.
+
+    \b
+    Examples:
+      amptool diff model.onnx --iterations 4                  # float16 vs onnxruntime, 4 input sets
+      amptool diff model.onnx --dtype bf16 --atol 1e-2 --load-inputs x.npz
+      amptool diff model.onnx --dim batch=2 --dim seq_len=16 --per-layer
     """
     from amptool.app.convert import ConvertConfig  # noqa: PLC0415
     from amptool.app.diff import DiffConfig, diff_model  # noqa: PLC0415
-    from amptool.cli import render  # noqa: PLC0415
+    from amptool.cli import ci_report, render  # noqa: PLC0415
     from amptool.compare.tolerance import parse_tolerance_flags  # noqa: PLC0415
     from amptool.runtime.inputs import parse_val_ranges  # noqa: PLC0415
 
     for flag, path in (("--json", json_path), ("--plot", plot_path), ("--save-inputs", save_inputs),
-                       ("--save-outputs", save_outputs)):
-        if path:
+                       ("--save-outputs", save_outputs), ("--junit-xml", junit_path)):
+        if path and not (flag == "--json" and json_to_stdout(path)):
             _check_writable(flag, path)
     if plot_path:
         from amptool.compare.plot import require_matplotlib  # noqa: PLC0415
@@ -86,8 +96,11 @@ def diff(model: str, dtype: str, build: dict[str, Any],
         reference_outputs=reference_outputs, save_outputs=save_outputs,
         tolerance=policy, per_layer=per_layer,
     )
+    start = time.perf_counter()
     with stages() as on_stage:
         report = diff_model(config, on_stage=on_stage)
+    seconds = time.perf_counter() - start
+    out = report_console(json_path)  # stderr when the JSON owns stdout
     out.print(render.diff_table(report))
     for line in render.failures(report):
         out.print(line, markup=False, soft_wrap=True)
@@ -97,8 +110,12 @@ def diff(model: str, dtype: str, build: dict[str, Any],
     means = render.iterations_table(report)
     if means is not None:
         out.print(means)
-    if json_path:
-        write_json(json_path, report.as_json())
+    emit_json(json_path, report.as_json())
+    if junit_path:
+        ci_report.write_junit(junit_path, report, seconds)
+    if ci_report.on_github_actions():
+        for line in ci_report.github_annotations(report):
+            click.echo(line, err=json_to_stdout(json_path))
     if plot_path:
         from amptool.compare.plot import plot_outputs  # noqa: PLC0415
 

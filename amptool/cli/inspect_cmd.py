@@ -8,32 +8,38 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from amptool.cli.console import handles_user_errors, out, stages
+from amptool.cli.console import handles_user_errors, is_quiet, stages
+from amptool.cli.json_out import emit_json, json_option, report_console
 from amptool.cli.options import model_options
 
 
 @click.command()
 @click.argument("model", type=click.Path(dir_okay=False))
 @model_options
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, metavar="PATH",
-              help="Write nodes, unknown_ops, guarded_constants, casts_inserted, concretize_like, timings_s … as JSON.")
+@json_option("Nodes, unknown_ops, guarded_constants, casts_inserted, concretize_like, timings_s …")
 @click.option("--nodes", "show_nodes", is_flag=True, help="Also print one row per ONNX node.")
 @handles_user_errors
 def inspect(model: str, dtype: str, build: dict[str, Any], json_path: str | None, show_nodes: bool) -> None:
-    """Show what converting MODEL to DTYPE would do: colour and dtype per op, casts, guards."""
+    """Show what converting MODEL to DTYPE would do: colour and dtype per op, casts, guards.
+
+    \b
+    Examples:
+      amptool inspect model.onnx --nodes                      # one row per ONNX node
+      amptool inspect model.onnx --exclude-op Conv --json report.json
+      amptool inspect model.onnx --exclude-node '/encoder/*' --dtype bf16
+    """
     from amptool.app.convert import ConvertConfig  # noqa: PLC0415
     from amptool.app.inspect import inspect_model  # noqa: PLC0415
-    from amptool.fileio import finite_only, write_json  # noqa: PLC0415
 
     config = ConvertConfig(model=model, dtype=dtype, **build)
     with stages() as on_stage:
         report = inspect_model(config, on_stage=on_stage)
     data = report.as_json()
+    out = report_console(json_path)  # stderr when the JSON owns stdout
     for table in _tables(data, show_nodes):
         out.print(table)
-    if json_path:
-        write_json(json_path, finite_only(data))
-    if data["ops_converted"] == 0 and dtype != "float32":
+    emit_json(json_path, data)
+    if data["ops_converted"] == 0 and dtype != "float32" and not is_quiet():
         out.print(f"[yellow]warning:[/] no op would be converted to {dtype}")
 
 

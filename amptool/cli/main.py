@@ -2,15 +2,31 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
-from amptool import __version__
+
+def versions_text() -> str:
+    """One line per package: amptool's and its engines'; fast (package metadata, no TVM import)."""
+    from amptool.app.versions import versions  # noqa: PLC0415
+
+    return "\n".join(f"{name} {version}" for name, version in versions().items())
+
+
+def _print_versions(ctx: click.Context, _param: click.Parameter, value: Any) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(versions_text())
+        ctx.exit()
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.version_option(__version__, prog_name="amptool")
-@click.option("-v", "--verbose", count=True, help="More logging on stderr (-vv for debug).")
-def cli(verbose: int) -> None:
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_versions,
+              help="Print the versions of amptool, TVM, onnxruntime and onnx, and exit.")
+@click.option("-v", "--verbose", count=True, help="More logging on stderr (-vv for debug); also after the verb.")
+@click.option("-q", "--quiet", is_flag=True,
+              help="Only results and errors: no progress, no warnings; also after the verb.")
+def cli(verbose: int, quiet: bool) -> None:
     """Convert ONNX models to float16/bfloat16 with TVM Relax, and prove they still work.
 
     \b
@@ -19,7 +35,7 @@ def cli(verbose: int) -> None:
     """
     from amptool.cli.console import setup_logging  # noqa: PLC0415
 
-    setup_logging(verbose)
+    setup_logging(verbose, quiet)
 
 
 def _register() -> None:

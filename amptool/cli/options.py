@@ -11,9 +11,9 @@ from typing import Any
 import click
 
 from amptool.app.convert import DTYPES
-from amptool.cli.console import abort
+from amptool.cli.console import abort, verbosity_options
 from amptool.errors import UserError
-from amptool.frontend.input_values import parse_fixed_input, parse_input_shape
+from amptool.frontend.input_values import parse_dim, parse_fixed_input, parse_input_shape
 
 fixed_input_option = click.option(
     "--fixed-input", "fixed_inputs", multiple=True, metavar="NAME=VALUE",
@@ -70,6 +70,22 @@ class ByteSize(click.ParamType):
         return int(number * self._UNITS[unit])
 
 
+class DtypeChoice(click.Choice):
+    """``float16|bfloat16|float32``, also written ``fp16``, ``half``, ``bf16``, ``fp32``, ``float`` …:
+    the aliases become the canonical name here, at the edge, so nothing below sees them."""
+
+    ALIASES = {"fp16": "float16", "f16": "float16", "half": "float16", "float16": "float16",
+               "bf16": "bfloat16", "bfloat16": "bfloat16",
+               "fp32": "float32", "f32": "float32", "float": "float32", "single": "float32", "float32": "float32"}
+
+    def __init__(self) -> None:
+        super().__init__(DTYPES)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        canonical = self.ALIASES.get(str(value).strip().lower(), value)
+        return super().convert(canonical, param, ctx)
+
+
 #: The options of ``build_options``, in --help order.
 _BUILD_DECORATORS = [
     click.option("--colors", metavar="FILE.yaml|builtin:NAME", default=None,
@@ -78,8 +94,14 @@ _BUILD_DECORATORS = [
                  help="Compilation target."),
     cuda_arch_option,
     target_options_option,
-    click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME:1x3x224x224",
-                 help="Pin an input's shape (repeatable); needed for dynamic dims."),
+    click.option("--input-shape", "--input-shapes", "input_shapes", multiple=True, metavar="NAME:1x3x224x224",
+                 help="Pin an input's shape (repeatable; also NAME:[1,3,224,224]); needed for dynamic dims."),
+    click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE",
+                 help="Set the symbolic dim NAME (dim_param) in every input, e.g. batch=8 (repeatable)."),
+    click.option("--exclude-op", "exclude_ops", multiple=True, metavar="OP",
+                 help="Keep every node of this op type float32, e.g. Softmax or relax.nn.softmax (repeatable)."),
+    click.option("--exclude-node", "exclude_nodes", multiple=True, metavar="PATTERN",
+                 help="Keep ONNX nodes whose name matches float32: a glob or a /regex/ (repeatable)."),
     fixed_input_option,
     calibration_option,
     low_precision_io_option,
@@ -93,8 +115,8 @@ _BUILD_DECORATORS = [
                  metavar="SIZE", help="Refuse models whose inputs of one run take more (e.g. 16GiB, 500MB)."),
 ]
 
-dtype_option = click.option("--dtype", type=click.Choice(DTYPES), default="float16", show_default=True,
-                            help="Low-precision dtype (float32: the unconverted baseline).")
+dtype_option = click.option("--dtype", type=DtypeChoice(), default="float16", show_default=True,
+                            help="Low-precision dtype (also fp16/half, bf16, fp32; float32: the unconverted baseline).")
 
 
 def build_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -107,6 +129,7 @@ def build_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:  # parse at the edge: the library takes typed values
             shapes = dict(parse_input_shape(text) for text in kwargs.pop("input_shapes"))
             fixed = dict(parse_fixed_input(text) for text in kwargs.pop("fixed_inputs"))
+            dims = dict(parse_dim(text) for text in kwargs.pop("dims"))
         except UserError as error:
             abort(error)
         kwargs["build"] = {
@@ -122,10 +145,13 @@ def build_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             "prepare": not kwargs.pop("no_prepare"),
             "concretize": not kwargs.pop("no_concretize"),
             "max_input_bytes": kwargs.pop("max_input_bytes"),
+            "dims": dims,
+            "exclude_ops": tuple(kwargs.pop("exclude_ops")),
+            "exclude_nodes": tuple(kwargs.pop("exclude_nodes")),
         }
         return fn(*args, **kwargs)
 
-    decorated: Callable[..., Any] = with_build
+    decorated: Callable[..., Any] = verbosity_options(with_build)  # -v/-q after the verb too
     for decorator in reversed(_BUILD_DECORATORS):
         decorated = decorator(decorated)
     return decorated

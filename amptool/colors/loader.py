@@ -24,15 +24,18 @@ of the others it had in the preset.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
 import functools
 import os
+from collections.abc import Iterable, Sequence
 from importlib import resources
 from typing import Any
 
 import yaml
 
 from amptool.colors.policy import Color, ColorPolicy, NodeRule
+from amptool.dtypes import DTYPES
 from amptool.errors import UserError
 from amptool.fileio import check_regular_file
 
@@ -42,7 +45,7 @@ TOP_KEYS = (
     "version", "extends", "always", "follow", "never", "accumulation", "nodes", "unknown_ops", "activation_max",
 )
 UNKNOWN_POLICIES = ("warn", "error", "silent")
-ACCUMULATION_DTYPES = ("float32", "float16", "bfloat16")
+ACCUMULATION_DTYPES = tuple(sorted(DTYPES, key=lambda d: d != "float32"))  # float32 first in messages
 
 
 def builtin_presets() -> list[str]:
@@ -55,6 +58,31 @@ def load_policy(path_or_preset: str | None = None) -> ColorPolicy:
     source = path_or_preset or f"{BUILTIN_PREFIX}default"
     raw, label = _read(source, context="--colors")
     return _resolve(raw, label, chain=(_identity(label),))
+
+
+def with_exclusions(policy: ColorPolicy, ops: Sequence[str] = (), nodes: Sequence[str] = ()) -> ColorPolicy:
+    """``policy`` with ``ops`` coloured NEVER and ``nodes`` (globs or /regex/) kept float32 by node
+    rules ahead of the list's own: ``--exclude-op``/``--exclude-node`` without writing a YAML.
+    Op names are checked as the loader checks them (with did-you-mean)."""
+    if not ops and not nodes:
+        return policy
+    relax_colors, onnx_colors = dict(policy.relax_colors), dict(policy.onnx_colors)
+    reasons = dict(policy.reasons)
+    for raw in ops:
+        op = _canonical_op(raw, "--exclude-op names")
+        (relax_colors if op in _relax_op_names() else onnx_colors)[op] = Color.NEVER
+        reasons[op] = "--exclude-op"
+    rules = _node_rules([{"match": pattern, "color": Color.NEVER.value} for pattern in nodes], "--exclude-node")
+    sources = [*(f"--exclude-op {op}" for op in ops), *(f"--exclude-node {pattern}" for pattern in nodes)]
+    return dataclasses.replace(policy, relax_colors=relax_colors, onnx_colors=onnx_colors, reasons=reasons,
+                               node_rules=(*rules, *policy.node_rules), sources=(*policy.sources, *sources))
+
+
+def unmatched_node_rules(policy: ColorPolicy, node_names: Iterable[str]) -> list[str]:
+    """Patterns of ``policy``'s node rules that match none of ``node_names``: a misspelt node name
+    would otherwise change nothing, silently."""
+    names = list(node_names)
+    return [rule.match for rule in policy.node_rules if not any(rule.matches(name) for name in names)]
 
 
 def _identity(source: str) -> str:
@@ -175,7 +203,7 @@ def _resolve(raw: dict[str, Any], label: str, chain: tuple[str, ...]) -> ColorPo
     if not isinstance(acc_raw, dict):
         raise UserError(f"{label}: 'accumulation' must map op names to dtypes")
     for op, dtype in acc_raw.items():
-        name = _canonical_op(str(op), label, "accumulation")
+        name = _canonical_op(str(op), f"{label}: 'accumulation' names")
         if dtype not in ACCUMULATION_DTYPES:
             raise UserError(
                 f"{label}: accumulation of '{op}' is {dtype!r}{_did_you_mean(str(dtype), ACCUMULATION_DTYPES)}",
@@ -248,9 +276,9 @@ def _entries(items: Any, label: str, key: str) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     for item in items:
         if isinstance(item, dict) and "op" in item:
-            out.append((_canonical_op(str(item["op"]), label, key), str(item.get("why", ""))))
+            out.append((_canonical_op(str(item["op"]), f"{label}: '{key}' names"), str(item.get("why", ""))))
         elif isinstance(item, str):
-            out.append((_canonical_op(item, label, key), ""))
+            out.append((_canonical_op(item, f"{label}: '{key}' names"), ""))
         else:
             raise UserError(f"{label}: '{key}' has an entry {item!r} that is not an op name")
     return out
@@ -259,7 +287,7 @@ def _entries(items: Any, label: str, key: str) -> list[tuple[str, str]]:
 def _node_rules(items: Any, label: str) -> list[NodeRule]:
     if not isinstance(items, list):
         raise UserError(f"{label}: 'nodes' must be a list of {{match: PATTERN, color: COLOUR}}")
-    rules = []
+    rules: list[NodeRule] = []
     colours = [c.value for c in Color]
     for i, item in enumerate(items):
         if not isinstance(item, dict) or set(item) - {"match", "color"} or "match" not in item:
@@ -307,8 +335,9 @@ def onnx_op_types() -> frozenset[str]:
     return frozenset(names)
 
 
-def _canonical_op(name: str, label: str, key: str) -> str:
-    """Validate an op name; accept Relax names with or without the 'relax.' prefix."""
+def _canonical_op(name: str, where: str) -> str:
+    """Validate an op name; accept Relax names with or without the 'relax.' prefix. ``where`` starts
+    the error line (``FILE: 'always' names``)."""
     relax_names = _relax_op_names()
     if name in relax_names or name in onnx_op_types():
         return name
@@ -316,7 +345,7 @@ def _canonical_op(name: str, label: str, key: str) -> str:
         return f"relax.{name}"
     candidates = sorted(relax_names | onnx_op_types())
     raise UserError(
-        f"{label}: '{key}' names unknown op '{name}'{_did_you_mean(name, candidates)}",
+        f"{where} unknown op '{name}'{_did_you_mean(name, candidates)}",
         "Use an ONNX op type (Softmax) or a Relax op name (relax.nn.softmax).",
     )
 

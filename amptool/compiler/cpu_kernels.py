@@ -40,6 +40,8 @@ from typing import Any
 
 import numpy as np
 
+from amptool.dtypes import DTYPES
+
 #: Block names the schedule rules look for.
 CONV2D_BLOCK = "amp_conv2d"
 MATMUL_BLOCK = "amp_matmul"
@@ -50,7 +52,7 @@ CROP_BLOCK = "amp_crop"
 CAST_BLOCK = "amp_cast"
 PAD_BLOCK = "amp_pad"
 
-_FLOATS = ("float16", "bfloat16", "float32")
+_FLOATS = DTYPES
 
 
 def vector_lanes(target: Any, bits: int = 32) -> int:

@@ -15,9 +15,10 @@ from typing import Any
 import numpy as np
 
 from amptool import _tvm
+from amptool.dtypes import DTYPE_MAX
 from amptool.errors import UserError
 
-_FP16_MAX = 65504.0
+_FP16_MAX = DTYPE_MAX["float16"]
 
 #: ONNX Pad modes → relax.nn.pad modes.
 _PAD_MODES = {"constant": "constant", "reflect": "reflect", "edge": "replicate", "wrap": "circular"}

@@ -44,6 +44,21 @@ def parse_input_shape(raw: str) -> tuple[str, tuple[int, ...]]:
     return (name if sep else ONLY_INPUT), dims
 
 
+def parse_dim(raw: str) -> tuple[str, int]:
+    """``batch=8`` → ("batch", 8): a value for the symbolic dim ``batch`` (``--dim``), like
+    onnxruntime's free dimension override."""
+    name, sep, text = raw.partition("=")
+    name = name.strip()
+    try:
+        value = int(text.strip()) if sep and name else 0
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise UserError(f"--dim '{raw}' is not NAME=VALUE with a positive integer VALUE",
+                        "Write e.g. --dim batch=8 --dim seq_len=128.")
+    return name, value
+
+
 def shape_text(dims: Sequence[int | str] | None) -> str:
     return "x".join(str(d) for d in dims or ())
 

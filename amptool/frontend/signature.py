@@ -109,19 +109,22 @@ def pin_input_specs(
     shapes: Mapping[str, tuple[int, ...]] | None = None,
     arrays: Mapping[str, np.ndarray] | None = None,
     max_bytes: int = DEFAULT_MAX_INPUT_BYTES,
+    dims: Mapping[str, int] | None = None,
 ) -> list[TensorSpec]:
     """Resolve every input to a static shape, or raise a UserError naming what to pin; refuse
-    inputs that together exceed ``max_bytes`` before anything allocates them."""
+    inputs that together exceed ``max_bytes`` before anything allocates them. ``dims`` sets
+    symbolic dims by name in every input (``--dim batch=8``); an explicit shape or array wins."""
     shapes = dict(shapes or {})
     arrays = dict(arrays or {})
+    named = substitute_dims(inputs, dims or {})
     pinned: list[TensorSpec] = []
-    for spec in inputs:
+    for spec, with_dims in zip(inputs, named):
         if spec.name in shapes:
             shape: tuple[int | str, ...] | None = shapes[spec.name]
         elif spec.name in arrays:
             shape = tuple(int(d) for d in np.shape(arrays[spec.name]))
         else:
-            shape = spec.shape
+            shape = with_dims
         if spec.shape is not None and shape is not None and len(shape) != len(spec.shape):
             raise UserError(
                 f"Input '{spec.name}' has rank {len(spec.shape)} in the model but the given "
@@ -150,6 +153,28 @@ def pin_input_specs(
         pinned.append(candidate)
     check_input_bytes(pinned, max_bytes)
     return pinned
+
+
+def symbolic_dims(inputs: Sequence[TensorSpec]) -> list[str]:
+    """The names of the symbolic dims (dim_param) the inputs declare, in order of first use."""
+    names: dict[str, None] = {}
+    for spec in inputs:
+        for dim in spec.shape or ():
+            if isinstance(dim, str) and dim != "?":
+                names.setdefault(dim)
+    return list(names)
+
+
+def substitute_dims(inputs: Sequence[TensorSpec], dims: Mapping[str, int]) -> list[tuple[int | str, ...] | None]:
+    """Each input's declared shape with the named symbolic dims replaced by their values;
+    a UserError for a name no input declares (a typo would otherwise pin nothing)."""
+    declared = symbolic_dims(inputs)
+    unknown = [name for name in dims if name not in declared]
+    if unknown:
+        raise UserError(f"--dim names unknown symbolic dim(s) {', '.join(repr(n) for n in unknown)}",
+                        f"The model's inputs declare: {', '.join(declared) or 'no symbolic dims'}.")
+    return [None if spec.shape is None else tuple(dims.get(d, d) if isinstance(d, str) else d for d in spec.shape)
+            for spec in inputs]
 
 
 def input_bytes(spec: TensorSpec) -> int:

@@ -12,10 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-#: Largest finite value of each low dtype.
-DTYPE_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38}
-#: Smallest positive subnormal: non-zeros below half of it flush to zero.
-DTYPE_TINY = {"float16": 5.960464477539063e-08, "bfloat16": 9.183549615799121e-41}
+from amptool.dtypes import DTYPE_MAX, DTYPE_TINY
+
 #: A constant is refused when more than this fraction of its non-zeros would flush to zero.
 UNDERFLOW_LIMIT = 0.5
 _MAX, _MIN = np.maximum.reduce, np.minimum.reduce
