@@ -9,7 +9,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 JOBS   ?= 2
 
-.PHONY: demo test test-all zoo lint clean venv
+.PHONY: demo test test-all zoo lint clean venv check-models
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,9 +37,13 @@ zoo: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[test,zoo]'
 	$(PY) -m pytest -q -n $(JOBS) -m zoo
 
+# convert + diff over configs/models.yaml (models × dtypes × targets); fails on a FAILED verdict.
+check-models: $(STAMP)
+	$(PY) configs/check_models.py
+
 lint: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[lint]'
-	$(VENV)/bin/ruff check amptool tests
+	$(VENV)/bin/ruff check amptool tests benchmarks configs
 	$(VENV)/bin/mypy amptool
 
 clean:

@@ -79,3 +79,76 @@ def test_extending_a_missing_file_names_it(tmp_path, run_cli, zoo_model):
     (tmp_path / "a.yaml").write_text("version: 1\nextends: nothere.yaml\n")
     result = run_cli("inspect", zoo_model("tiny_cnn"), "--colors", str(tmp_path / "a.yaml"))
     assert result.exit_code == 2 and "nothere.yaml" in result.output
+
+
+# ---- make check-models ----------------------------------------------------------------------
+
+def _check_models(tmp_path, entry: str):
+    import subprocess
+    import sys
+
+    matrix = tmp_path / "matrix.yaml"
+    matrix.write_text(f"version: 1\nmatrix:\n{entry}")
+    return subprocess.run([sys.executable, str(CONFIGS / "check_models.py"), "--matrix", str(matrix),
+                           "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+
+
+def test_check_models_passes_a_passing_matrix_and_skips_an_absent_target(tmp_path):
+    done = _check_models(tmp_path, "  - {model: examples/tiny_cnn.onnx, dtypes: [float16], targets: [llvm, vulkan]}\n")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "| tiny_cnn.onnx | float16 | llvm | PASSED |" in done.stdout
+    assert "| tiny_cnn.onnx | float16 | vulkan | SKIPPED |" in done.stdout
+    assert json.loads((tmp_path / "out" / "tiny_cnn-float16-llvm.json").read_text())["passed"] is True
+
+
+def test_check_models_fails_the_make_on_a_failed_verdict(tmp_path):
+    done = _check_models(tmp_path, "  - {model: examples/tiny_cnn.onnx, dtypes: [float16], "
+                                   "flags: [--atol, '0', --rtol, '0', --min-cosine, '1']}\n")
+    assert done.returncode == 1
+    assert "| FAILED |" in done.stdout and "CHECK_MODELS | 0/1 passed or skipped | 1 failed" in done.stdout
+
+
+def test_the_shipped_matrix_names_models_that_exist():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("check_models", CONFIGS / "check_models.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    combos = module.combinations(CONFIGS / "models.yaml")
+    assert len(combos) >= 4 and all(path.is_file() for path, *_ in combos)
+
+
+# ---- tolerance profiles ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", sorted((CONFIGS / "tolerances").glob("*.yaml")), ids=lambda p: p.stem)
+def test_shipped_tolerance_profiles_load(path):
+    from amptool.compare.tolerance_profile import load_tolerance_profile
+
+    policy = load_tolerance_profile(str(path))
+    assert policy.default.atol is not None
+
+
+def test_a_profile_sets_tolerances_and_flags_win_over_it(tmp_path, run_cli, zoo_model):
+    model = zoo_model("tiny_cnn")
+    strict = tmp_path / "strict.yaml"
+    strict.write_text("version: 1\ndefault: {atol: 0, rtol: 0}\noutputs:\n  probs: {min_cosine: 1}\n")
+    failed = run_cli("diff", model, "--tolerances", str(strict), "--json", str(tmp_path / "f.json"))
+    assert failed.exit_code == 1
+    assert json.loads((tmp_path / "f.json").read_text())["outputs"][0]["tolerance"]["atol"] == 0.0
+    relaxed = run_cli("diff", model, "--tolerances", str(strict), "--atol", "1e-3", "--rtol", "1e-2",
+                      "--min-cosine", "probs:0.999")
+    assert relaxed.exit_code == 0, relaxed.output
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ("version: 2\n", "version: 1"),
+    ("version: 1\ndefualt: {}\n", "unknown key(s) defualt"),
+    ("version: 1\ndefault: {atoll: 1}\n", "unknown key(s) atoll"),
+    ("version: 1\ndefault: {atol: -1}\n", "is not a finite number"),
+    ("version: 1\noutputs: {probs: {check_error_stat: p42}}\n", "is not a statistic"),
+])
+def test_a_malformed_profile_is_one_line(tmp_path, run_cli, zoo_model, body, message):
+    profile = tmp_path / "p.yaml"
+    profile.write_text(body)
+    result = run_cli("diff", zoo_model("tiny_cnn"), "--tolerances", str(profile))
+    assert result.exit_code == 2 and message in result.output

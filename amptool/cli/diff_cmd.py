@@ -36,6 +36,9 @@ _FILE = click.Path(dir_okay=False)
               help="Compare against stored outputs (.npz, one array per model output) instead of onnxruntime.")
 @click.option("--save-outputs", type=_FILE, default=None, metavar="PATH.npz",
               help="Write the reference outputs (as NAME) and the converted ones (as converted/NAME) to this .npz.")
+@click.option("--tolerances", "tolerances_path", type=_FILE, default=None, metavar="FILE.yaml",
+              help="A tolerance profile (default and per-output atol/rtol/min_cosine/…; see configs/tolerances/); "
+              "--atol etc. win over it.")
 @click.option("--atol", multiple=True, metavar="[NAME:]VALUE",
               help="Absolute tolerance, for every output or NAME only (repeatable; default per dtype).")
 @click.option("--rtol", multiple=True, metavar="[NAME:]VALUE",
@@ -61,7 +64,8 @@ def diff(model: str, dtype: str, build: dict[str, Any],
          reference_outputs: str | None, save_outputs: str | None, atol: tuple[str, ...], rtol: tuple[str, ...],
          min_cosine: tuple[str, ...], check_error_stat: tuple[str, ...], max_scale_error: tuple[str, ...],
          json_path: str | None,
-         plot_path: str | None, per_layer: bool = False, junit_path: str | None = None) -> None:
+         plot_path: str | None, per_layer: bool = False, junit_path: str | None = None,
+         tolerances_path: str | None = None) -> None:
     """Compare MODEL converted to DTYPE with onnxruntime float32 on the same inputs.
 
     Exit 0 when every output passes, 1 when one fails, 2 on bad input, 3 when the target cannot run here.
@@ -89,6 +93,10 @@ def diff(model: str, dtype: str, build: dict[str, Any],
         require_matplotlib(plot_path)
     policy = parse_tolerance_flags(atol=atol, rtol=rtol, min_cosine=min_cosine, check_stat=check_error_stat,
                                    max_scale_error=max_scale_error)
+    if tolerances_path:
+        from amptool.compare.tolerance_profile import load_tolerance_profile, merge  # noqa: PLC0415
+
+        policy = merge(load_tolerance_profile(tolerances_path), policy)
     config = DiffConfig(
         convert=ConvertConfig(model=model, dtype=dtype, **build),
         artifact=artifact, inputs_path=inputs_path, save_inputs=save_inputs, seed=seed,
