@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper
 
 from tests.conftest import read_json, single_error
@@ -245,3 +246,14 @@ def test_every_verb_help_has_examples(run_cli):
         text = run_cli(verb, "--help").output
         examples = [line for line in text.splitlines() if line.strip().startswith(f"amptool {verb} ")]
         assert len(examples) >= 2, (verb, text)
+
+
+@pytest.mark.parametrize("verb", ["convert", "diff", "inspect", "bench", "run"])
+def test_help_groups_every_option_under_a_heading(run_cli, verb):
+    """--help lists options under Model/Precision/Target/Inputs/Tolerances/Output; only -v, -q and
+    -h are left under Other, so a new option without a group shows up here."""
+    text = run_cli(verb, "--help").output
+    assert "Output options:" in text
+    other = text.split("Other options:", 1)[1] if "Other options:" in text else ""
+    flags = re.findall(r"^\s+(-[-\w, ]+?)\s{2,}", other, re.M)
+    assert all(any(f in entry for f in ("--verbose", "--quiet", "--help")) for entry in flags), flags

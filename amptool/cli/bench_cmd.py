@@ -9,11 +9,12 @@ from typing import Any
 import click
 
 from amptool.cli.console import err, handles_user_errors
+from amptool.cli.help import command
 from amptool.cli.json_out import emit_json, json_option, json_to_stdout, report_console
 from amptool.cli.options import DtypeChoice, build_options
 
 
-@click.command()
+@command()
 @click.argument("model", type=click.Path(exists=True))
 @click.option("--dtype", "dtypes", type=DtypeChoice(), multiple=True, default=("float16",),
               show_default=True, help="Low-precision dtype to time next to float32 (repeatable).")

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from amptool.cli.console import handles_user_errors, is_quiet, out, stages
+from amptool.cli.help import command
 from amptool.cli.json_out import emit_json, json_option, json_to_stdout
 from amptool.cli.options import model_options, validation_option
 from amptool.errors import EXIT_ACCURACY_FAILED, UserError
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
     from amptool.app.fallback import FallbackResult
 
 
-@click.command()
+@command()
 @click.argument("model", type=click.Path(dir_okay=False))
 @model_options
 @click.option("-o", "--output", "output_dir", required=True, type=click.Path(file_okay=False),

@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from amptool.cli.console import handles_user_errors, stages
+from amptool.cli.help import command
 from amptool.cli.json_out import emit_json, json_option, json_to_stdout, report_console
 from amptool.cli.options import model_options
 from amptool.errors import EXIT_ACCURACY_FAILED, EXIT_OK, UserError
@@ -17,7 +18,7 @@ from amptool.errors import EXIT_ACCURACY_FAILED, EXIT_OK, UserError
 _FILE = click.Path(dir_okay=False)
 
 
-@click.command()
+@command()
 @click.argument("model", type=click.Path(dir_okay=False))
 @model_options
 @click.option("--artifact", type=click.Path(file_okay=False), default=None,

@@ -9,11 +9,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from amptool.cli.console import handles_user_errors, is_quiet, stages
+from amptool.cli.help import command
 from amptool.cli.json_out import emit_json, json_option, report_console
 from amptool.cli.options import model_options
 
 
-@click.command()
+@command()
 @click.argument("model", type=click.Path(dir_okay=False))
 @model_options
 @json_option("Nodes, unknown_ops, guarded_constants, casts_inserted, concretize_like, timings_s …")

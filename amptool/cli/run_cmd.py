@@ -5,10 +5,11 @@ from __future__ import annotations
 import click
 
 from amptool.cli.console import handles_user_errors, verbosity_options
+from amptool.cli.help import command
 from amptool.cli.json_out import emit_json, json_option, report_console
 
 
-@click.command()
+@command()
 @click.argument("artifact", metavar="OUTDIR", type=click.Path(file_okay=False))
 @click.option("--inputs", "inputs_path", required=True, metavar="X.npz", type=click.Path(dir_okay=False),
               help="One array per model input, with the dtype and shape the manifest lists.")
