@@ -57,9 +57,10 @@ print(json.dumps(times))
 
 
 def standalone_onnxruntime_ms(model_path: str, feeds: Mapping[str, np.ndarray], threads: int, runs: int = 40,
-                              warmup: int = 5) -> list[float]:
+                              warmup: int = 50) -> list[float]:
     """Milliseconds of ``runs`` back-to-back onnxruntime CPU calls in a fresh process: the reference
-    bench's onnxruntime time must match."""
+    bench's onnxruntime time must match. ``warmup`` is long (50 calls) because the first run after an
+    idle spell read 12.9 ms against 7.0 ms once the cores were busy (frequency ramp on this VM)."""
     with tempfile.TemporaryDirectory(prefix="amptool-standalone-") as tmp:
         feeds_path = os.path.join(tmp, "feeds.npz")
         arrays: dict[str, Any] = dict(feeds)
@@ -102,6 +103,7 @@ def main() -> int:
         path = os.path.join(tmp, f"{args.model}.onnx")
         onnx.save(builders[args.model](), path)
         feeds = seeded_feeds(path)
+        standalone_onnxruntime_ms(path, feeds, args.threads, runs=20)  # discarded: wakes an idle VM's cores
         load_before = os.getloadavg()[0]
         before = standalone_onnxruntime_ms(path, feeds, args.threads, runs=args.standalone_runs)
         config = BenchConfig(model=path, dtypes=("float16", "bfloat16"), threads=args.threads, rounds=args.rounds,
