@@ -257,3 +257,12 @@ def test_help_groups_every_option_under_a_heading(run_cli, verb):
     other = text.split("Other options:", 1)[1] if "Other options:" in text else ""
     flags = re.findall(r"^\s+(-[-\w, ]+?)\s{2,}", other, re.M)
     assert all(any(f in entry for f in ("--verbose", "--quiet", "--help")) for entry in flags), flags
+
+
+def test_bench_outside_a_terminal_prints_stage_and_timing_lines(zoo_model, run_cli):
+    result = run_cli("bench", zoo_model("tiny_cnn"), "--dtype", "float32", "--rounds", "1", "--runs", "1")
+    assert result.exit_code == 0, result.output
+    lines = re.findall(r"^\[\s*[\d.]+s\] (.+)$", result.output, re.M)
+    assert any(line.endswith(": compile") for line in lines) and any(line.startswith("timing ") for line in lines)
+    quiet = run_cli("-q", "bench", zoo_model("tiny_cnn"), "--dtype", "float32", "--rounds", "1", "--runs", "1")
+    assert not re.search(r"^\[\s*[\d.]+s\]", quiet.output, re.M)

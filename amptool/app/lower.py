@@ -41,7 +41,7 @@ def lower_model(config: ConvertConfig, output_dir: str,
         passes=rewritten.passes, target_spec=target.spec, device=target.device, executable=None,
         fixed_inputs=rewritten.fixed_inputs, prepare_steps=rewritten.prepare_steps,
         prepare_notes=rewritten.prepare_notes, calibration=rewritten.calibration, timings_s=rewritten.timings_s,
-        prepared=rewritten.prepared, arch=target.arch,
+        prepared=rewritten.prepared, arch=target.arch, unmatched_node_rules=rewritten.unmatched_node_rules,
     )
     notify("export")
     script = _tvm.module_script(lowered)

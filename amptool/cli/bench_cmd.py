@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from amptool.cli.console import err, handles_user_errors
+from amptool.cli.console import err, handles_user_errors, stages
 from amptool.cli.help import command
 from amptool.cli.json_out import emit_json, json_option, json_to_stdout, report_console
 from amptool.cli.options import DtypeChoice, build_options
@@ -58,12 +58,15 @@ def bench(model: str, dtypes: tuple[str, ...], build: dict[str, Any], batch: int
 
 @contextlib.contextmanager
 def _progress() -> Iterator[tuple[Callable[[str], None], Callable[[int, int], None]]]:
-    """A build line (current stage) and a timing bar, on stderr; log lines when not a terminal."""
-    import logging  # noqa: PLC0415
-
+    """A build line (current stage) and a timing bar, on stderr; outside a terminal, convert's
+    stage lines with elapsed seconds plus one line per quarter of the timing (-q: none)."""
     if not err.is_terminal:
-        log = logging.getLogger("amptool")
-        yield (lambda name: log.info("stage: %s", name)), (lambda done, total: None)
+        with stages() as on_stage:
+            def on_progress(done: int, total: int) -> None:
+                if done == total or done % max(1, total // 4) == 0:
+                    on_stage(f"timing {done}/{total}")
+
+            yield on_stage, on_progress
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn  # noqa: PLC0415
 
