@@ -315,3 +315,14 @@ def test_binary_colour_list_is_one_line(zoo_model, run_cli, tmp_path):
     garbage.write_bytes(bytes(range(256)))
     _one_line_error(run_cli("inspect", zoo_model("tiny_cnn"), "--colors", str(garbage)), EXIT_USER_ERROR)
 
+
+
+def test_an_output_symlink_to_a_directory_stays_a_link(zoo_model, run_cli, tmp_path):
+    real = tmp_path / "disk" / "out"
+    real.mkdir(parents=True)
+    os.symlink(real, tmp_path / "out")
+    for dtype in ("float16", "float32"):
+        assert run_cli("convert", zoo_model("tiny_cnn"), "--dtype", dtype, "-o", str(tmp_path / "out")).exit_code == 0
+    assert (tmp_path / "out").is_symlink() and os.readlink(tmp_path / "out") == str(real)
+    assert sorted(os.listdir(real)) == ["manifest.json", "model.so"]
+    assert sorted(os.listdir(tmp_path / "disk")) == ["out"]

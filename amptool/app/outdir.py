@@ -67,9 +67,17 @@ def artifact_files(directory: str) -> frozenset[str] | None:
     return LEGACY_ARTIFACT_FILES
 
 
+def _resolved(output_dir: str) -> str:
+    """Where the artifact lands: a symlink to a directory (``out -> /big/disk/out``) stays a link,
+    and the directory it names is the one replaced."""
+    if os.path.islink(output_dir) and os.path.isdir(output_dir):
+        return os.path.realpath(output_dir)
+    return os.path.abspath(output_dir)
+
+
 def check_output_dir(output_dir: str, flag: str = "-o") -> None:
     """Raise UserError unless ``output_dir`` may be written (see the module docstring)."""
-    target = os.path.abspath(output_dir)
+    target = _resolved(output_dir)
     if os.path.lexists(target) and not os.path.isdir(target):
         raise UserError(f"{flag} {output_dir}: exists and is not a directory",
                         "Name a new directory, or an artifact directory written by amptool.")
@@ -97,7 +105,7 @@ def write_directory(output_dir: str, write_files: Callable[[str], list[str]], fl
     """``write_files(tmpdir)`` fills a private temporary directory and returns the names it wrote;
     the directory then replaces ``output_dir`` atomically (see the module docstring)."""
     check_output_dir(output_dir, flag)
-    target = os.path.abspath(output_dir)
+    target = _resolved(output_dir)
     parent = os.path.dirname(target)
     try:
         os.makedirs(parent, exist_ok=True)
