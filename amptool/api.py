@@ -22,7 +22,8 @@ from amptool.app.convert import BuildResult, ConvertConfig, build_model, export_
 from amptool.app.diff import DiffConfig, DiffReport, diff_model
 from amptool.app.inspect import InspectReport, inspect_model
 from amptool.app.outdir import check_output_dir
-from amptool.compare.tolerance import ToleranceOverride, TolerancePolicy
+from amptool.compare.tolerance import TolerancePolicy
+from amptool.compare.tolerance_profile import tolerance_override
 from amptool.errors import UserError
 from amptool.runtime.tvm_runner import CompiledModel
 
@@ -120,22 +121,11 @@ def load(outdir: PathLike, *, device: str | None = None) -> Artifact:
     return Artifact(path=path, manifest=manifest, model=model)
 
 
-_TOLERANCE_KEYS = ("atol", "rtol", "min_cosine", "max_scale_error", "check_error_stat")
-
-
 def tolerance_policy(per_output: Mapping[str, Mapping[str, Any]] | None = None, **defaults: Any) -> TolerancePolicy:
     """A TolerancePolicy from numbers: ``atol=…`` etc. for every output, ``per_output`` for single ones."""
-
-    def override(values: Mapping[str, Any], where: str) -> ToleranceOverride:
-        unknown = sorted(set(values) - set(_TOLERANCE_KEYS))
-        if unknown:
-            raise UserError(f"{where}: unknown tolerance key(s) {', '.join(unknown)}",
-                            f"Tolerance keys: {', '.join(_TOLERANCE_KEYS)}.")
-        given = {("check_stat" if k == "check_error_stat" else k): v for k, v in values.items() if v is not None}
-        return ToleranceOverride(**given)
-
-    named = tuple((name, override(values, f"per_output[{name!r}]")) for name, values in (per_output or {}).items())
-    return TolerancePolicy(default=override(defaults, "diff"), per_output=named)
+    named = tuple((name, tolerance_override(values, f"per_output[{name!r}]"))
+                  for name, values in (per_output or {}).items())
+    return TolerancePolicy(default=tolerance_override(defaults, "diff"), per_output=named)
 
 
 def diff(model: PathLike, *, dtype: str = "float16", artifact: PathLike | None = None,

@@ -143,7 +143,7 @@ def test_a_profile_sets_tolerances_and_flags_win_over_it(tmp_path, run_cli, zoo_
 @pytest.mark.parametrize(("body", "message"), [
     ("version: 2\n", "version: 1"),
     ("version: 1\ndefualt: {}\n", "unknown key(s) defualt"),
-    ("version: 1\ndefault: {atoll: 1}\n", "unknown key(s) atoll"),
+    ("version: 1\ndefault: {atoll: 1}\n", "unknown tolerance key(s) atoll"),
     ("version: 1\ndefault: {atol: -1}\n", "is not a finite number"),
     ("version: 1\noutputs: {probs: {check_error_stat: p42}}\n", "is not a statistic"),
 ])

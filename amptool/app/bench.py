@@ -48,6 +48,7 @@ from amptool import __version__, _tvm
 from amptool.app.artifact import load_artifact
 from amptool.app.bench_worker import ONNXRUNTIME_RUNTIME, TVM_RUNTIME, Worker, WorkerSpec, isolated_workers
 from amptool.app.convert import BuildResult, ConvertConfig, build_model, export_build
+from amptool.app.versions import engine_versions
 from amptool.compiler.targets import require_device, resolve_target
 from amptool.dtypes import DTYPES
 from amptool.errors import UserError
@@ -254,7 +255,7 @@ def bench_model(config: BenchConfig, on_stage: StageCallback | None = None,
         inputs=specs,
         results=timings,
         host={**host_info(), **_gpu_info(devices)},
-        versions={"amptool": __version__, **_tvm.versions(), **_runtime_versions()},
+        versions={"amptool": __version__, **_tvm.versions(), **engine_versions()},
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         onnxruntime_provider=str(running[0].info.get("provider", provider)),
         clock="wall clock per call" if devices == {"cpu"} else "wall clock per call, device synchronised after each",
@@ -390,9 +391,3 @@ def _gpu_info(devices: set[str]) -> dict[str, str]:
         return {}
     name, version = _tvm.device_info(gpu)
     return {"gpu": name, "gpu_compute": version}
-
-
-def _runtime_versions() -> dict[str, str]:
-    import onnxruntime  # noqa: PLC0415
-
-    return {"onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__, "numpy": np.__version__}

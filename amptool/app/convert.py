@@ -26,6 +26,7 @@ from amptool import __version__, _tvm, compiler
 from amptool.app.artifact import LIBRARY_NAME, write_artifact, write_manifest
 from amptool.app.calibrate import Calibration, activation_peaks
 from amptool.app.outdir import check_output_dir
+from amptool.app.versions import engine_versions
 from amptool.colors import ColorPolicy, load_policy
 from amptool.colors.loader import unmatched_node_rules, with_exclusions
 from amptool.compiler.targets import ResolvedTarget, check_target_flags, resolve_target
@@ -177,7 +178,7 @@ class BuildResult:
             "tensor_cores": (_tensor_cores(self.executable)
                              if self.target_spec.get("kind") == "cuda" and self.executable is not None else None),
             "versions": {"amptool": __version__, **_tvm.versions(), **_tvm.toolchain_versions(self.target_spec),
-                         **_other_versions()},
+                         **engine_versions()},
         }
 
 
@@ -432,10 +433,3 @@ def _sha256(path: str) -> str:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def _other_versions() -> dict[str, str]:
-    import onnx  # noqa: PLC0415
-    import onnxruntime  # noqa: PLC0415
-
-    return {"onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__, "numpy": np.__version__}

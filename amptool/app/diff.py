@@ -360,9 +360,9 @@ def verdict_line(report: DiffReport) -> str:
         if ratio is None:
             detail = "compared exactly (no finite numeric elements)"
         elif check == "elemwise":
-            detail = f"elemwise error up to {of_tol} (max_abs {_number(worst.get('max_abs'))})"
+            detail = f"elemwise error up to {of_tol} (max_abs {fmt_number(worst.get('max_abs'))})"
         else:
-            detail = f"{check}_abs {_number(worst.get(f'{check}_abs'))} = {of_tol}"
+            detail = f"{check}_abs {fmt_number(worst.get(f'{check}_abs'))} = {of_tol}"
         if worst.get("cosine") is not None:
             detail += f", cosine {worst['cosine']:.7f}"
         if worst.get("scale_error") is not None:
@@ -381,5 +381,6 @@ def verdict_line(report: DiffReport) -> str:
     )
 
 
-def _number(value: Any, digits: int = 4) -> str:
+def fmt_number(value: Any, digits: int = 4) -> str:
+    """A statistic for reports: 4 significant digits, "—" where it does not apply."""
     return "—" if value is None else f"{value:.{digits}g}" if isinstance(value, float) else str(value)

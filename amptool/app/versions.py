@@ -35,6 +35,12 @@ def versions() -> dict[str, str]:
     return found
 
 
+def engine_versions() -> dict[str, str]:
+    """onnx, onnxruntime and numpy: what the convert manifest and bench add to TVM's own versions."""
+    found = versions()
+    return {name: found[name] for name in ("onnx", "onnxruntime", "numpy")}
+
+
 def _installed(distribution: str) -> str | None:
     try:
         return metadata.version(distribution)

@@ -8,14 +8,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from amptool.app.diff import DiffReport
-
-
-def _fmt(value: Any, digits: int = 4) -> str:
-    if value is None:
-        return "—"
-    if isinstance(value, float):
-        return f"{value:.{digits}g}"
-    return str(value)
+from amptool.app.diff import fmt_number as _fmt
 
 
 def _mb(nbytes: int) -> str:

@@ -40,20 +40,25 @@ def load_tolerance_profile(path: str) -> TolerancePolicy:
     unknown = sorted(set(data) - {"version", "default", "outputs"})
     if unknown:
         raise UserError(f"{path}: unknown key(s) {', '.join(unknown)}", "Keys: version, default, outputs.")
-    default = _override(data.get("default") or {}, f"{path}: default")
+    default = tolerance_override(data.get("default") or {}, f"{path}: default")
     outputs = data.get("outputs") or {}
     if not isinstance(outputs, dict):
         raise UserError(f"{path}: 'outputs' must map output names to tolerances")
-    named = tuple((str(name), _override(values or {}, f"{path}: outputs.{name}")) for name, values in outputs.items())
+    named = tuple((str(name), tolerance_override(values or {}, f"{path}: outputs.{name}"))
+                  for name, values in outputs.items())
     return TolerancePolicy(default=default, per_output=named)
 
 
-def _override(values: Any, where: str) -> ToleranceOverride:
+def tolerance_override(values: Any, where: str) -> ToleranceOverride:
+    """A ToleranceOverride from ``{atol: …, check_error_stat: …}`` (the CLI's names; None = unset),
+    each value range-checked as its flag would be; used by profiles and the Python API."""
     if not isinstance(values, dict):
         raise UserError(f"{where} must map tolerance keys to values", f"Keys: {', '.join(_KEYS)}.")
+    values = {key: value for key, value in values.items() if value is not None}
     unknown = sorted(set(values) - set(_KEYS))
     if unknown:
-        raise UserError(f"{where}: unknown key(s) {', '.join(map(str, unknown))}", f"Keys: {', '.join(_KEYS)}.")
+        raise UserError(f"{where}: unknown tolerance key(s) {', '.join(map(str, unknown))}",
+                        f"Tolerance keys: {', '.join(_KEYS)}.")
     parsed: dict[str, Any] = {_KEYS[key]: _parse_value(_KEYS[key], f"{where}.{key}", str(value))
                               for key, value in values.items()}
     return ToleranceOverride(**parsed, source=where)
