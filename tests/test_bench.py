@@ -3,6 +3,7 @@ No absolute timing: one test compares bench's onnxruntime time with onnxruntime 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import multiprocessing
 import os
@@ -42,7 +43,7 @@ def test_json_contract_and_summary_line(zoo_model, run_cli, tmp_path):
     }
     assert all(v > 0 for v in data["ratios"].values())
     assert data["host"]["llvm_cpu"] and data["versions"]["apache-tvm"]
-    assert data["isolation"] == "process per runtime" and data["tvm_threads"] == 1
+    assert data["isolation"] == "process per runtime, fresh each round" and data["tvm_threads"] == 1
     assert set(data["settle_ms"]) == set(variants)  # how long each worker took to go idle after a turn
     last = result.output.strip().splitlines()[-1]
     assert last.startswith("BENCH | amptool-float32 ") and last.endswith("| threads 1")
@@ -153,11 +154,42 @@ def test_workers_and_scratch_are_gone_after_an_error(zoo_model, monkeypatch, tmp
         assert len(_bench_workers()) == 2  # onnxruntime and amptool-float32, each in its own process
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(bench, "_time_rounds", fail)
+    monkeypatch.setattr(bench.Worker, "time", fail)
     with pytest.raises(KeyboardInterrupt):
         bench_model(BenchConfig(model=zoo_model("tiny_cnn"), dtypes=("float32",), threads=1))
     assert _bench_workers() == []
     assert _scratch_dirs() == before
+
+
+@pytest.mark.parametrize(("fresh", "spawns", "isolation"), [(True, 3, "process per runtime, fresh each round"),
+                                                          (False, 1, "process per runtime")])
+def test_fresh_workers_every_round(zoo_model, monkeypatch, fresh, spawns, isolation):
+    """One process keeps its speed luck for life (core placement, memory layout): by default every
+    round loads new workers, and the previous round's are gone before the next ones start."""
+    started: list[int] = []
+    real = bench.isolated_workers
+
+    @contextlib.contextmanager
+    def counting(specs):
+        assert _bench_workers() == []  # the previous round's workers have exited
+        started.append(len(specs))
+        with real(specs) as workers:
+            yield workers
+
+    monkeypatch.setattr(bench, "isolated_workers", counting)
+    report = bench_model(BenchConfig(model=zoo_model("tiny_cnn"), dtypes=("float32",), threads=1, rounds=3, runs=2,
+                                     fresh_workers=fresh))
+    assert started == [2] * spawns
+    assert report.isolation == isolation
+    assert [len(r.times_ms) for r in report.results] == [6, 6]
+    assert _bench_workers() == []
+
+
+def test_same_workers_flag(zoo_model, run_cli, tmp_path):
+    out = tmp_path / "bench.json"
+    result = run_cli("bench", zoo_model("tiny_cnn"), "--dtype", "float32", *FAST, "--same-workers", "--json", str(out))
+    assert result.exit_code == 0, result.output
+    assert read_json(out)["isolation"] == "process per runtime"
 
 
 def test_a_worker_user_error_reaches_the_parent(tmp_path):

@@ -10,9 +10,14 @@ process the spinning pool of one runtime can slow the next one's timed runs (iss
 export at 2 threads reported onnxruntime at 9.6 ms, 2.4 ms alone, flattering amptool's ratios ~4x).
 
 Workers run one at a time, in rounds. Each round visits every variant — in an order that
-rotates from round to round, so slow drift of a shared machine hits every variant alike. A
-visit is one untimed run (it refills caches the others evicted; the first visit adds ``warmup``
-more), then ``runs`` timed runs, then a settle gap: the turn ends only when the worker's
+rotates from round to round, so slow drift of a shared machine hits every variant alike. By
+default every round starts fresh worker processes: one process's speed depends on luck it keeps
+for its whole life (which core its threads land on, its memory layout). On a 2-vCPU VM one
+onnxruntime process ran BERT-mini at 9.7 ms throughout, the next at 5.7 ms, so one process per
+variant per bench drew one sample of that luck and a bench's ratio to onnxruntime alone swung
+0.77–1.33; a process per round samples it as often as there are rounds. A
+visit is one untimed run (it refills caches the others evicted; a worker's first visit adds
+``warmup`` more), then ``runs`` timed runs, then a settle gap: the turn ends only when the worker's
 threads have gone idle, so the next worker never shares the cores with a spinning pool (TVM's
 spins for 150+ ms after a run, far longer than a fixed 20–50 ms pause; the report keeps each
 variant's median settle time). Medians and 90th percentiles are over all timed runs. On a shared
@@ -30,6 +35,7 @@ installed (its times include copying the inputs to the GPU), else the CPU; the r
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import math
@@ -37,7 +43,7 @@ import os
 import platform
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +66,7 @@ from amptool.runtime.inputs import generate_inputs
 
 ONNXRUNTIME = "onnxruntime-float32"
 ISOLATION = "process per runtime"
+ISOLATION_FRESH = "process per runtime, fresh each round"
 StageCallback = Callable[[str], None]
 ProgressCallback = Callable[[int, int], None]
 
@@ -87,6 +94,7 @@ class BenchConfig:
     runs: int = 3
     warmup: int = 2
     seed: int = 0
+    fresh_workers: bool = True  # new worker processes every round (see the module docstring)
 
     def __post_init__(self) -> None:
         for dtype in self.dtypes:
@@ -243,22 +251,21 @@ def bench_model(config: BenchConfig, on_stage: StageCallback | None = None,
         timings = [VariantTiming(ONNXRUNTIME),
                    *(VariantTiming(name, build_s=v.build_s, compile_s=v.compile_s) for name, v in variants.items())]
         notify("loading each variant in its own process")
-        with isolated_workers(workers) as running:
-            notify("timing")
-            _time_rounds(running, timings, config, on_progress)
+        infos = _time_rounds(workers, timings, config, notify, on_progress)
     devices = {v.device for v in variants.values()}
     return BenchReport(
         model=config.model,
         target=config.target,
         threads=threads,
-        tvm_threads=min(int(w.info["tvm_threads"]) for w in running if "tvm_threads" in w.info),
+        tvm_threads=min(int(info["tvm_threads"]) for info in infos if "tvm_threads" in info),
         inputs=specs,
         results=timings,
         host={**host_info(), **_gpu_info(devices)},
         versions={"amptool": __version__, **_tvm.versions(), **engine_versions()},
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        onnxruntime_provider=str(running[0].info.get("provider", provider)),
+        onnxruntime_provider=str(infos[0].get("provider", provider)),
         clock="wall clock per call" if devices == {"cpu"} else "wall clock per call, device synchronised after each",
+        isolation=ISOLATION_FRESH if config.fresh_workers else ISOLATION,
     )
 
 
@@ -354,20 +361,40 @@ def _onnxruntime_provider(target: str) -> str:
     return "CPUExecutionProvider"
 
 
-def _time_rounds(workers: list[Worker], timings: list[VariantTiming], config: BenchConfig,
-                 on_progress: ProgressCallback | None) -> None:
-    """Rounds of turns, one worker busy at a time, in an order that rotates every round."""
-    total = config.rounds * len(workers)
+def _time_rounds(specs: list[WorkerSpec], timings: list[VariantTiming], config: BenchConfig,
+                 notify: StageCallback, on_progress: ProgressCallback | None) -> list[dict[str, Any]]:
+    """Rounds of turns, one worker busy at a time, in an order that rotates every round.
+    Returns the load infos of the first round's workers."""
+    total = config.rounds * len(specs)
     done = 0
-    for round_index in range(config.rounds):
-        shift = round_index % len(workers)
-        for index in [*range(shift, len(workers)), *range(shift)]:
-            untimed = 1 + (config.warmup if round_index == 0 else 0)  # refills caches evicted by the others
-            timings[index].times_ms.extend(workers[index].time(untimed, config.runs))  # returns once quiet
-            timings[index].settle_ms.append(workers[index].settle_ms[-1])
-            done += 1
-            if on_progress:
-                on_progress(done, total)
+    infos: list[dict[str, Any]] = []
+    with contextlib.closing(_round_workers(specs, config)) as rounds:
+        for round_index, (workers, first_visit) in enumerate(rounds):
+            if not infos:
+                infos = [w.info for w in workers]
+                notify("timing")
+            shift = round_index % len(specs)
+            for index in [*range(shift, len(specs)), *range(shift)]:
+                untimed = 1 + (config.warmup if first_visit else 0)  # refills caches evicted by the others
+                timings[index].times_ms.extend(workers[index].time(untimed, config.runs))  # returns once quiet
+                timings[index].settle_ms.append(workers[index].settle_ms[-1])
+                done += 1
+                if on_progress:
+                    on_progress(done, total)
+    return infos
+
+
+def _round_workers(specs: list[WorkerSpec], config: BenchConfig) -> Generator[tuple[list[Worker], bool], None, None]:
+    """Per round, the loaded workers and whether this is their first round: new processes every
+    round (the previous round's stopped first), or the same ones throughout."""
+    if config.fresh_workers:
+        for _ in range(config.rounds):
+            with isolated_workers(specs) as workers:
+                yield workers, True
+        return
+    with isolated_workers(specs) as workers:
+        for round_index in range(config.rounds):
+            yield workers, round_index == 0
 
 
 def host_info() -> dict[str, str]:

@@ -24,10 +24,13 @@ from amptool.cli.options import DtypeChoice, build_options
               help="Threads for TVM and onnxruntime alike  [default: every CPU available].")
 @click.option("--rounds", type=int, default=5, show_default=True, help="Rounds over all variants.")
 @click.option("--runs", type=int, default=3, show_default=True, help="Timed runs per variant per round.")
+@click.option("--fresh-workers/--same-workers", default=True, show_default=True,
+              help="New worker processes every round (samples each process's luck: core placement, memory "
+                   "layout), or one per variant for the whole bench (faster to load).")
 @json_option("The timings, ratios, host and versions")
 @handles_user_errors
 def bench(model: str, dtypes: tuple[str, ...], build: dict[str, Any], batch: int | None, threads: int | None,
-          rounds: int, runs: int, json_path: str | None) -> None:
+          rounds: int, runs: int, fresh_workers: bool, json_path: str | None) -> None:
     """Time MODEL (.onnx, or an 'amptool convert' output directory) under onnxruntime float32,
     amptool float32 and amptool in each DTYPE; print time ratios.
 
@@ -48,7 +51,8 @@ def bench(model: str, dtypes: tuple[str, ...], build: dict[str, Any], batch: int
     build = dict(build)
     config = BenchConfig(model=model, dtypes=dtypes, target=build.pop("target"), cuda_arch=build.pop("cuda_arch"),
                          input_shapes=build.pop("input_shapes"), colors=build.pop("colors"), build=build,
-                         batch=batch, threads=threads, rounds=rounds, runs=runs)
+                         batch=batch, threads=threads, rounds=rounds, runs=runs,
+                         fresh_workers=fresh_workers)
     with _progress() as (on_stage, on_progress):
         report = bench_model(config, on_stage=on_stage, on_progress=on_progress)
     report_console(json_path).print(_table(report))  # stderr when the JSON owns stdout
