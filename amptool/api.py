@@ -135,11 +135,15 @@ def diff(model: PathLike, *, dtype: str = "float16", artifact: PathLike | None =
          atol: float | None = None, rtol: float | None = None, min_cosine: float | None = None,
          max_scale_error: float | None = None, check_error_stat: str | None = None,
          per_output: Mapping[str, Mapping[str, Any]] | None = None, per_layer: bool = False,
+         sample_axis: int | None = None, max_top1_flip: float | None = None, max_top5_flip: float | None = None,
+         min_pixel_agreement: float | None = None,
          on_stage: StageCallback | None = None, **build: Any) -> DiffReport:
     """Compare ``model`` converted to ``dtype`` with onnxruntime float32 on the same inputs.
 
-    ``inputs`` is an ``.npz`` path or a dict of arrays; without it, ``iterations`` seeded sets
-    from ``seed``. The report's ``passed`` is the verdict, ``verdict`` the line diff prints."""
+    ``inputs`` is an ``.npz`` path, a directory of them (a dataset, each file a sample; so is one
+    ``.npz`` with ``sample_axis``) or a dict of arrays; without it, ``iterations`` seeded sets
+    from ``seed``. The report's ``passed`` is the verdict, ``verdict`` the line diff prints,
+    ``dataset`` the statistics over all sets (flip rates, worst sample)."""
     policy = tolerance_policy(per_output, atol=atol, rtol=rtol, min_cosine=min_cosine,
                               max_scale_error=max_scale_error, check_error_stat=check_error_stat)
     arrays = dict(inputs) if isinstance(inputs, Mapping) else None
@@ -148,7 +152,8 @@ def diff(model: PathLike, *, dtype: str = "float16", artifact: PathLike | None =
         artifact=_path(artifact), inputs_path=None if arrays is not None else _path(inputs),
         input_arrays=arrays, save_inputs=_path(save_inputs), seed=seed, iterations=iterations,
         val_ranges=dict(val_ranges or {}), reference_outputs=_path(reference_outputs),
-        save_outputs=_path(save_outputs), tolerance=policy, per_layer=per_layer,
+        save_outputs=_path(save_outputs), tolerance=policy, per_layer=per_layer, sample_axis=sample_axis,
+        max_top1_flip=max_top1_flip, max_top5_flip=max_top5_flip, min_pixel_agreement=min_pixel_agreement,
     )
     return diff_model(config, on_stage=on_stage)
 
@@ -161,7 +166,7 @@ def inspect(model: PathLike, *, dtype: str = "float16", on_stage: StageCallback 
 
 def bench(model: PathLike, *, dtypes: Sequence[str] = ("float16",), target: str = "llvm",
           cuda_arch: str | None = None, threads: int | None = None, batch: int | None = None,
-          rounds: int = 5, runs: int = 3, warmup: int = 2, seed: int = 0,
+          rounds: int = 5, runs: int = 3, warmup: int = 2, seed: int = 0, fresh_workers: bool = True,
           on_stage: StageCallback | None = None, **build: Any) -> BenchReport:
     """Time amptool float32 and each of ``dtypes`` next to onnxruntime float32, each runtime in a
     worker process of its own; ``model`` is an ONNX file or an artifact directory."""
@@ -169,7 +174,7 @@ def bench(model: PathLike, *, dtypes: Sequence[str] = ("float16",), target: str 
     config = BenchConfig(model=os.fspath(model), dtypes=tuple(dtypes), target=target, cuda_arch=cuda_arch,
                          batch=batch, threads=threads, input_shapes=build.pop("input_shapes", {}),
                          colors=build.pop("colors", None), build=build, rounds=rounds, runs=runs,
-                         warmup=warmup, seed=seed)
+                         warmup=warmup, seed=seed, fresh_workers=fresh_workers)
     _config(model, "float32", build)  # unknown build options are refused here, before any work
     return bench_model(config, on_stage=on_stage)
 

@@ -4,9 +4,12 @@ Backends (runtime/) know nothing of comparison; the comparator (compare/) knows 
 backends; this module wires them: inputs → reference → converted → statistics → verdict.
 
 The reference is onnxruntime float32 on CPU, or stored outputs (``reference_outputs``).
-Inputs come from a file, or are generated from ``seed`` — ``iterations`` sets, seeds
+Inputs come from a file, a dataset (a directory of .npz files, or one .npz with a sample
+axis: ``runtime.samples``), or are generated from ``seed`` — ``iterations`` sets, seeds
 ``seed, seed+1, …``; the report keeps per output the worst case over them (see
-``compare.aggregate``) plus the per-iteration results and their mean. Every user-supplied
+``compare.aggregate``) plus the per-iteration results and their mean, and over every set the
+decision agreement of classifier and segmentation outputs (``compare.labels``): top-1/top-5
+flip rates and pixel agreement, which ``max_top1_flip`` and friends can gate on. Every user-supplied
 name, file and range is checked before anything is built, and files are written only
 once the comparison is complete.
 """
@@ -23,6 +26,7 @@ import numpy as np
 from amptool.app.artifact import load_artifact
 from amptool.app.convert import ConvertConfig, build_model, resolve
 from amptool.compare.aggregate import mean_over, severity, worst_case
+from amptool.compare.labels import DecisionTracker
 from amptool.compare.stats import compare_output
 from amptool.compare.tolerance import Tolerance, ToleranceOverride, TolerancePolicy, default_tolerance
 from amptool.compiler.targets import require_device
@@ -44,6 +48,7 @@ from amptool.runtime.inputs import (
     save_outputs,
 )
 from amptool.runtime.onnxruntime_runner import OnnxruntimeRunner
+from amptool.runtime.samples import SOURCE_DIRECTORY, SOURCE_SAMPLE_AXIS, Samples, open_samples
 from amptool.runtime.tvm_runner import CompiledModel
 
 
@@ -64,8 +69,19 @@ class DiffConfig:
     save_outputs: str | None = None
     tolerance: TolerancePolicy = field(default_factory=TolerancePolicy)
     per_layer: bool = False  # also compare every ONNX node's output (amptool.app.per_layer)
+    sample_axis: int | None = None  # inputs_path is one .npz stacking samples along this axis
+    max_top1_flip: float | None = None  # fail when more rows than this fraction change their argmax
+    max_top5_flip: float | None = None
+    min_pixel_agreement: float | None = None
 
     def __post_init__(self) -> None:
+        for flag, value in (("--max-top1-flip", self.max_top1_flip), ("--max-top5-flip", self.max_top5_flip),
+                            ("--min-pixel-agreement", self.min_pixel_agreement)):
+            if value is not None and not 0.0 <= value <= 1.0:
+                raise UserError(f"{flag} {value}: a fraction between 0 and 1", f"E.g. {flag} 0.01 for 1%.")
+        if self.sample_axis is not None and not self.inputs_path:
+            raise UserError("--sample-axis splits the .npz given with --inputs, but there is none",
+                            "Pass --inputs FILE.npz whose arrays stack samples along that axis.")
         if self.per_layer and (self.artifact or self.reference_outputs):
             flag = "--artifact" if self.artifact else "--reference-outputs"
             raise UserError(f"--per-layer converts the model itself and runs onnxruntime, so it cannot use {flag}",
@@ -104,6 +120,8 @@ class DiffReport:
     iterations: dict[str, Any] = field(default_factory=dict)
     timings_s: dict[str, float] = field(default_factory=dict)
     manifest: dict[str, Any] = field(default_factory=dict)
+    #: Every input set together: count, worst sample, decision flip rates, threshold failures.
+    dataset: dict[str, Any] = field(default_factory=dict)
     #: Output name → (reference, converted) arrays of its worst iteration; for plots, not JSON.
     samples: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
     layers: Any = None  # amptool.app.per_layer.LayerReport, with --per-layer
@@ -150,6 +168,7 @@ class DiffReport:
             "tolerance_policy": self.policy_json(),
             "outputs": self.outputs,
             "iterations": self.iterations,
+            "dataset": self.dataset,
             "guarded": self.manifest.get("guarded", []),
             "unknown_ops": self.manifest.get("unknown_ops", {}),
             "timings_s": {k: round(v, 4) for k, v in self.timings_s.items()},
@@ -189,7 +208,11 @@ def diff_model(config: DiffConfig, on_stage: Callable[[str], None] | None = None
     check_val_ranges(config.val_ranges, specs)
     fixed = fixed_input_arrays(config.convert.fixed_inputs, specs)
     specs = [s for s in specs if s.name not in fixed]  # fixed inputs are constants of the build
+    samples = open_samples(config.inputs_path, specs, config.sample_axis) if config.inputs_path else None
+    if samples is not None and len(samples) > 1:
+        _check_single_set_flags(config, len(samples))
     arrays = (check_input_arrays(config.input_arrays, specs, "inputs") if config.input_arrays is not None
+              else samples.load(0) if samples is not None
               else load_inputs(config.inputs_path, specs) if config.inputs_path else None)
     stored = load_reference_outputs(config.reference_outputs, output_names) if config.reference_outputs else None
     if config.per_layer and has_gradients(loaded.model):
@@ -223,14 +246,19 @@ def diff_model(config: DiffConfig, on_stage: Callable[[str], None] | None = None
         runner = _reference_runner(loaded.model)
         timings["reference"] += time.perf_counter() - start
 
-    seeds: list[int | None] = [None] if arrays is not None else [config.seed + i for i in range(config.iterations)]
+    count = len(samples) if samples is not None else 1 if arrays is not None else config.iterations
+    seeds: list[int | None] = [None] * count if arrays is not None else [config.seed + i for i in range(count)]
     loop = _Iterations(compiled, runner, stored, policy, dtype, notify, timings)
     for index, seed in enumerate(seeds):
-        feeds = arrays if arrays is not None else generate_inputs(
-            pinned, loaded.model, seed=int(seed or 0), ranges=config.val_ranges)
+        if samples is not None:
+            feeds = samples.load(index)
+            check_input_shapes(feeds, pinned, f"--inputs {config.inputs_path} ({samples.labels[index]})")
+        else:
+            feeds = arrays if arrays is not None else generate_inputs(
+                pinned, loaded.model, seed=int(seed or 0), ranges=config.val_ranges)
         feeds = {**feeds, **fixed}  # the reference needs them; the build ignores them
         loop.run(feeds, f" {index + 1}/{len(seeds)}" if len(seeds) > 1 else "")
-    runs, samples, (feeds, reference, converted) = loop.runs, loop.samples, loop.last
+    runs, worst_arrays, (feeds, reference, converted) = loop.runs, loop.samples, loop.last
 
     if config.save_inputs:
         save_arrays(config.save_inputs, feeds, "--save-inputs")
@@ -246,8 +274,9 @@ def diff_model(config: DiffConfig, on_stage: Callable[[str], None] | None = None
         timings["per_layer"] = time.perf_counter() - start
 
     outputs = worst_case(runs)
+    dataset = _dataset_section(config, samples, seeds, runs, loop.decisions)
     return DiffReport(
-        passed=all(o["passed"] for o in outputs),
+        passed=all(o["passed"] for o in outputs) and not dataset["failures"],
         dtype=dtype,
         target=target,
         tolerance=policy.resolve(dtype),
@@ -257,13 +286,15 @@ def diff_model(config: DiffConfig, on_stage: Callable[[str], None] | None = None
         reference={"source": "file" if stored is not None else _reference_source(loaded.model),
                    "path": config.reference_outputs},
         inputs={
-            "source": "arrays" if config.input_arrays is not None else "file" if arrays is not None else "generated",
+            "source": ("arrays" if config.input_arrays is not None else samples.source if samples is not None
+                       else "file" if arrays is not None else "generated"),
             "path": config.inputs_path,
             "val_range": {name: list(bounds) for name, bounds in config.val_ranges.items()},
         },
         iterations={
             "count": len(seeds),
             "seeds": seeds,
+            "labels": _set_labels(samples, seeds),
             "failed": [i for i, run in enumerate(runs) if not all(r["passed"] for r in run)],
             "mean": mean_over(runs),
             "runs": [{"index": i, "seed": s, "passed": all(r["passed"] for r in run), "outputs": run}
@@ -271,10 +302,63 @@ def diff_model(config: DiffConfig, on_stage: Callable[[str], None] | None = None
         },
         timings_s=timings,
         manifest=manifest,
-        samples=samples,
+        samples=worst_arrays,
+        dataset=dataset,
         layers=layers,
         policy=policy,
     )
+
+
+def _check_single_set_flags(config: DiffConfig, count: int) -> None:
+    """Flags that write or read one input set cannot take a dataset of ``count``."""
+    single = [flag for flag, value in (("--reference-outputs", config.reference_outputs),
+                                       ("--save-inputs", config.save_inputs), ("--save-outputs", config.save_outputs),
+                                       ("--per-layer", config.per_layer)) if value]
+    if single:
+        raise UserError(f"--inputs {config.inputs_path} holds {count} samples, but {', '.join(single)} work with one "
+                        "input set", "Drop those flags, or pass a single sample's .npz.")
+
+
+def _set_labels(samples: Samples | None, seeds: list[int | None]) -> list[str]:
+    """What reports call each input set: its file or index in a dataset, else its seed."""
+    if samples is not None:
+        return list(samples.labels)
+    return ["input file" if seed is None else f"seed {seed}" for seed in seeds]
+
+
+def _dataset_section(config: DiffConfig, samples: Samples | None, seeds: list[int | None],
+                     runs: list[list[dict[str, Any]]], decisions: DecisionTracker) -> dict[str, Any]:
+    """All input sets together: how many, the worst one by name, decision agreement, and which
+    ``--max-top1-flip``-style thresholds failed (each a line for the report)."""
+    labels = _set_labels(samples, seeds)
+    worst = max(range(len(runs)), key=lambda i: max((severity(r) for r in runs[i]), default=(False, 0, 0.0, 0.0)))
+    agreement = decisions.summary()
+    failures = []
+    for flag, key, limit, worse in (("--max-top1-flip", "top1_flip_rate", config.max_top1_flip, float.__gt__),
+                                    ("--max-top5-flip", "top5_flip_rate", config.max_top5_flip, float.__gt__),
+                                    ("--min-pixel-agreement", "pixel_agreement", config.min_pixel_agreement,
+                                     float.__lt__)):
+        if limit is None:
+            continue
+        value = agreement[key]
+        if value is None:
+            raise UserError(f"{flag}: no output of this model is shaped like "
+                            f"{'a segmentation map' if key == 'pixel_agreement' else 'class scores'}",
+                            "Class scores are [C], [N, C] or [N, T, C] floats; segmentation maps [N, C, H, W].")
+        if worse(float(value), float(limit)):
+            failures.append(f"{key.replace('_', ' ')} {value:.2%} {'>' if worse is float.__gt__ else '<'} "
+                            f"{flag} {limit:.2%}")
+    return {
+        "source": samples.source if samples is not None else "file" if seeds[0] is None else "generated",
+        "path": samples.path if samples is not None else None,
+        "samples": len(runs),
+        "worst_sample": labels[worst] if runs else None,
+        "worst_sample_index": worst if runs else None,
+        **agreement,
+        "thresholds": {"max_top1_flip": config.max_top1_flip, "max_top5_flip": config.max_top5_flip,
+                       "min_pixel_agreement": config.min_pixel_agreement},
+        "failures": failures,
+    }
 
 
 class _Reference(Protocol):
@@ -307,6 +391,7 @@ class _Iterations:
         self.samples: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self.last: tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]] = ({}, {}, {})
         self._worst: dict[str, dict[str, Any]] = {}
+        self.decisions = DecisionTracker()
 
     def run(self, feeds: dict[str, np.ndarray], suffix: str) -> None:
         if self.runner is not None:
@@ -332,6 +417,7 @@ class _Iterations:
                 self._worst[name] = result
                 self.samples[name] = (np.asarray(reference[name]), np.asarray(converted[name]))
         self.runs.append(results)
+        self.decisions.add(reference, converted, self.compiled.output_names)
         self.last = (feeds, reference, converted)
 
 
@@ -350,9 +436,13 @@ def verdict_line(report: DiffReport) -> str:
     if report.reference.get("path"):
         head += f" vs {report.reference['path']}"
     count = report.iterations.get("count", 1)
-    sets = f" × {count} input sets" if count > 1 else ""
+    sets = f" × {count} {'samples' if _from_dataset(report) else 'input sets'}" if count > 1 else ""
+    decisions = _decisions_text(report.dataset)
     if worst is None:
         return f"PASSED | {head} | no outputs"
+    threshold_failures = report.dataset.get("failures", [])
+    if threshold_failures and all(o["passed"] for o in report.outputs):
+        return f"FAILED | {head}{sets} | {'; '.join(threshold_failures)}{decisions}"
     if report.passed:
         check = worst["tolerance"]["check_error_stat"] if worst.get("tolerance") else "max"
         ratio = worst.get("tolerance_ratio")
@@ -369,16 +459,33 @@ def verdict_line(report: DiffReport) -> str:
             detail += f", scale_error {worst['scale_error']:.2g}"
         detail = f"worst output '{worst['name']}': {detail}"
         n = len(report.outputs)
-        return f"PASSED | {head} | {n} output{'s' if n != 1 else ''}{sets} | {detail}"
+        return f"PASSED | {head} | {n} output{'s' if n != 1 else ''}{sets} | {detail}{decisions}"
     failed = sum(1 for o in report.outputs if not o["passed"])
     where = ""
     if count > 1:
-        seed = report.iterations["seeds"][worst.get("worst_iteration", 0)]
-        where = f" (input set {worst.get('worst_iteration', 0) + 1}/{count}, seed {seed})"
+        index = worst.get("worst_iteration", 0)
+        seed = report.iterations["seeds"][index]
+        label = f"seed {seed}" if seed is not None else report.iterations.get("labels", [""] * count)[index]
+        where = f" (input set {index + 1}/{count}, {label})"
     return (
         f"FAILED | {head} | {failed}/{len(report.outputs)} outputs failed{sets} | "
         f"output '{worst['name']}'{where}: {worst['failure']}"
     )
+
+
+def _from_dataset(report: DiffReport) -> bool:
+    return report.dataset.get("source") in (SOURCE_DIRECTORY, SOURCE_SAMPLE_AXIS)
+
+
+def _decisions_text(dataset: dict[str, Any]) -> str:
+    """`` | top-1 flips 2/16 (12.5%)`` and friends, for the verdict line; empty without decisions."""
+    parts = []
+    for output in dataset.get("per_output", {}).values():
+        if output.get("top1_flip_rate") is not None:
+            parts.append(f"top-1 flips {output['top1_flips']}/{output['rows']} ({output['top1_flip_rate']:.1%})")
+        if output.get("pixel_agreement") is not None:
+            parts.append(f"pixel agreement {output['pixel_agreement']:.2%}")
+    return f" | {', '.join(dict.fromkeys(parts))}" if parts else ""
 
 
 def fmt_number(value: Any, digits: int = 4) -> str:

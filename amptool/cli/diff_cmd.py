@@ -23,8 +23,17 @@ _FILE = click.Path(dir_okay=False)
 @model_options
 @click.option("--artifact", type=click.Path(file_okay=False), default=None,
               help="Compare an existing 'amptool convert' output instead of converting.")
-@click.option("--inputs", "--load-inputs", "inputs_path", type=_FILE, default=None, metavar="PATH.npz",
-              help="Inputs as .npz (one array per model input); shapes come from the arrays.")
+@click.option("--inputs", "--load-inputs", "inputs_path", type=click.Path(), default=None, metavar="PATH",
+              help="Inputs as .npz (one array per model input; shapes come from the arrays), or a directory "
+              "of such files: a dataset, every file a sample.")
+@click.option("--sample-axis", type=int, default=None, metavar="AXIS",
+              help="The --inputs .npz stacks samples along AXIS (usually 0): a dataset, every slice a sample.")
+@click.option("--max-top1-flip", type=float, default=None, metavar="FRACTION",
+              help="Fail when more than FRACTION of the class-score rows change their argmax (e.g. 0.01).")
+@click.option("--max-top5-flip", type=float, default=None, metavar="FRACTION",
+              help="Fail when more than FRACTION of the class-score rows change their top-5 set.")
+@click.option("--min-pixel-agreement", type=float, default=None, metavar="FRACTION",
+              help="Fail when a segmentation map's per-pixel argmax agrees on less than FRACTION of pixels.")
 @click.option("--save-inputs", type=_FILE, default=None, metavar="PATH.npz", help="Write the inputs used to this .npz.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for generated inputs.")
 @click.option("--iterations", type=click.IntRange(min=1), default=1, show_default=True,
@@ -66,7 +75,8 @@ def diff(model: str, dtype: str, build: dict[str, Any],
          min_cosine: tuple[str, ...], check_error_stat: tuple[str, ...], max_scale_error: tuple[str, ...],
          json_path: str | None,
          plot_path: str | None, per_layer: bool = False, junit_path: str | None = None,
-         tolerances_path: str | None = None) -> None:
+         tolerances_path: str | None = None, sample_axis: int | None = None, max_top1_flip: float | None = None,
+         max_top5_flip: float | None = None, min_pixel_agreement: float | None = None) -> None:
     """Compare MODEL converted to DTYPE with onnxruntime float32 on the same inputs.
 
     Exit 0 when every output passes, 1 when one fails, 2 on bad input, 3 when the target cannot run here.
@@ -77,6 +87,7 @@ def diff(model: str, dtype: str, build: dict[str, Any],
       amptool diff model.onnx --iterations 4                  # float16 vs onnxruntime, 4 input sets
       amptool diff model.onnx --dtype bf16 --atol 1e-2 --load-inputs x.npz
       amptool diff model.onnx --dim batch=2 --dim seq_len=16 --per-layer
+      amptool diff model.onnx --inputs val/ --max-top1-flip 0.01   # every .npz in val/ a sample
     """
     from amptool.app.convert import ConvertConfig  # noqa: PLC0415
     from amptool.app.diff import DiffConfig, diff_model  # noqa: PLC0415
@@ -103,7 +114,8 @@ def diff(model: str, dtype: str, build: dict[str, Any],
         artifact=artifact, inputs_path=inputs_path, save_inputs=save_inputs, seed=seed,
         iterations=iterations, val_ranges=parse_val_ranges(val_ranges),
         reference_outputs=reference_outputs, save_outputs=save_outputs,
-        tolerance=policy, per_layer=per_layer,
+        tolerance=policy, per_layer=per_layer, sample_axis=sample_axis, max_top1_flip=max_top1_flip,
+        max_top5_flip=max_top5_flip, min_pixel_agreement=min_pixel_agreement,
     )
     start = time.perf_counter()
     with stages() as on_stage:

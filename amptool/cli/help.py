@@ -17,9 +17,9 @@ GROUP_OF = {
                      "low_precision_io", "auto_fallback", "max_compiles", "validation", "dtypes"), "Precision"),
     **dict.fromkeys(("target", "cuda_arch", "target_options", "lower_only", "device", "threads", "batch"), "Target"),
     **dict.fromkeys(("inputs_path", "inputs", "seed", "iterations", "val_ranges", "reference_outputs", "rounds",
-                     "runs"), "Inputs"),
+                     "runs", "sample_axis", "fresh_workers"), "Inputs"),
     **dict.fromkeys(("atol", "rtol", "min_cosine", "check_error_stat", "max_scale_error", "tolerances_path",
-                     "per_layer"), "Tolerances"),
+                     "per_layer", "max_top1_flip", "max_top5_flip", "min_pixel_agreement"), "Tolerances"),
     **dict.fromkeys(("output_dir", "output", "output_path", "json_path", "json_summary", "emit_ir", "save_inputs",
                      "save_outputs", "plot_path", "junit_path", "show_nodes"), "Output"),
 }

@@ -119,8 +119,8 @@ def iterations_table(report: DiffReport) -> Table | None:
     if section.get("count", 1) <= 1:
         return None
     seeds = [s for s in section["seeds"] if s is not None]
-    table = Table(title=f"mean over {section['count']} input sets (seeds {seeds[0]}…{seeds[-1]})",
-                  title_justify="left")
+    which = f"input sets (seeds {seeds[0]}…{seeds[-1]})" if seeds else "samples"
+    table = Table(title=f"mean over {section['count']} {which}", title_justify="left")
     for column in ("output", "max_abs", "mean_abs", "cosine", "snr_db", "top1", "failed"):
         table.add_column(column, justify="left" if column == "output" else "right")
     for m in section["mean"]:
