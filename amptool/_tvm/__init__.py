@@ -17,9 +17,11 @@ from amptool._tvm.build import (  # noqa: F401
     count_prim_funcs,
     export_library,
     host_cpu,
+    llvm_cpu_features,
     llvm_is_valid_cpu,
     llvm_unknown_features,
     make_target,
+    system_triple,
     toolchain_versions,
     versions,
 )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from amptool._tvm.common import quiet_native_stderr
@@ -25,9 +26,23 @@ def make_target(spec: dict[str, Any]) -> Any:
     return tvm.target.Target(spec)
 
 
-def export_library(executable: Any, path: str) -> None:
+def export_library(executable: Any, path: str, cross_cc: str | None = None) -> None:
+    """Write the shared library; ``cross_cc`` links it with another architecture's compiler
+    (``aarch64-linux-gnu-g++``) for a build whose ``mtriple`` is not this host's."""
+    fcompile = None
+    if cross_cc:
+        from tvm.support import cc  # noqa: PLC0415
+
+        fcompile = cc.cross_compiler(cross_cc)
     with quiet_native_stderr():
-        executable.export_library(path)
+        executable.export_library(path, fcompile=fcompile)
+
+
+def system_triple() -> str:
+    """LLVM's triple for this host ('x86_64-pc-linux-gnu'): what a build without -mtriple targets."""
+    import tvm  # noqa: PLC0415
+
+    return str(tvm.target.codegen.llvm_get_system_triple())
 
 
 def llvm_is_valid_cpu(cpu: str, triple: str | None = None) -> bool:
@@ -35,6 +50,16 @@ def llvm_is_valid_cpu(cpu: str, triple: str | None = None) -> bool:
 
     codegen = tvm.target.codegen
     return bool(codegen.llvm_is_valid_cpu(cpu, triple or codegen.llvm_get_system_triple()))
+
+
+def llvm_cpu_features(spec: dict[str, Any], names: Sequence[str]) -> dict[str, bool]:
+    """Which of ``names`` (LLVM feature names: 'f16c', 'avx512bf16') the spec's CPU has, after
+    its ``mattr``; for a non-x86 or unknown CPU, every answer is False."""
+    import tvm  # noqa: PLC0415
+
+    with quiet_native_stderr():
+        target = make_target(spec)
+        return {name: bool(tvm.target.codegen.llvm_cpu_has_features([name], target)) for name in names}
 
 
 def llvm_unknown_features(spec: dict[str, Any]) -> list[str]:

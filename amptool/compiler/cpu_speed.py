@@ -1,0 +1,66 @@
+"""Is a low dtype fast on the CPU a build targets? One warning when it is not.
+
+A CPU computes float16 or bfloat16 quickly only with the instructions for it; without them the
+build still runs, through conversions, and users find out from a slow deployment. Measured with
+``amptool bench`` on resnet_like (the test zoo's ResNet, 1 thread, one run, znver4 with the
+features switched off by ``--target-options -mattr=-F``; ratios against float32 of that target):
+
+================================  ====================  =========================================
+target CPU                        float16 / float32      bfloat16 / float32
+================================  ====================  =========================================
+no F16C (-mattr=-f16c)            33.6× (software cvt)   0.95×
+F16C, no AVX512-FP16 (znver4)     1.01× (no speed-up)    —
+no AVX512-BF16 (-mattr=-avx512bf16)  —                   1.02× (no speed-up)
+AVX512-BF16 (znver4)              —                      0.76×
+================================  ====================  =========================================
+
+(Issue 17 also saw 12–16× on BERT/ResNet-50 without F16C.) Native float16 arithmetic needs
+AVX512-FP16 (Sapphire Rapids and later); bfloat16 dot products need AVX512-BF16 or AMX-BF16.
+Only x86 CPUs are judged: other architectures' LLVM feature names differ, and no note is better
+than a wrong one.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from amptool import _tvm
+
+log = logging.getLogger(__name__)
+
+_FEATURES = ("f16c", "avx512fp16", "avx512bf16", "amx-bf16", "sse2")
+_warned: set[tuple[str, str]] = set()
+
+
+def low_precision_speed_note(dtype: str, spec: dict[str, Any]) -> str | None:
+    """Why ``dtype`` will not be fast on the CPU of ``spec`` (an llvm target dict), or None."""
+    if spec.get("kind") != "llvm" or dtype not in ("float16", "bfloat16"):
+        return None
+    has = _tvm.llvm_cpu_features(spec, _FEATURES)
+    if not has["sse2"]:
+        return None  # not x86 (or an unknown CPU): the features below mean nothing there
+    cpu = spec.get("mcpu") or "generic x86-64"
+    if dtype == "float16":
+        if not has["f16c"]:
+            return (f"CPU {cpu} lacks F16C: every float16 value converts in software, measured 34x slower than "
+                    "float32 (resnet_like, 1 thread); use --dtype bfloat16 or float32 for it, or name a newer "
+                    "CPU with --target-options -mcpu=NAME")
+        if not has["avx512fp16"]:
+            return (f"CPU {cpu} has no AVX512-FP16: float16 computes in float32 after conversion, measured 1.01x "
+                    "float32 latency (weights take half the memory; no speed-up)")
+        return None
+    if not (has["avx512bf16"] or has["amx-bf16"]):
+        return (f"CPU {cpu} has neither AVX512-BF16 nor AMX-BF16: bfloat16 computes in float32 after conversion, "
+                "measured 1.02x float32 latency (weights take half the memory; no speed-up)")
+    return None
+
+
+def warn_if_slow(dtype: str, spec: dict[str, Any]) -> str | None:
+    """Log the note once per process and (dtype, CPU, features); return it for reports."""
+    note = low_precision_speed_note(dtype, spec)
+    key = (dtype, f"{spec.get('mcpu')}|{spec.get('mattr')}")
+    if note and key not in _warned:
+        _warned.add(key)
+        log.warning("%s", note)
+    return note
