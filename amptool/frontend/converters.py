@@ -16,8 +16,11 @@ import numpy as np
 
 from amptool import _tvm
 from amptool.errors import UserError
+from amptool.frontend.attention import convert_attention, convert_rotary_embedding
 from amptool.frontend.clip_pad import convert_clip, convert_pad
+from amptool.frontend.elementwise import convert_bitcast, convert_isinf
 from amptool.frontend.narrow_casts import convert_cast, convert_cast_like
+from amptool.frontend.norms import convert_cumprod, convert_cumsum, convert_layer_norm, convert_lp_normalization
 from amptool.frontend.rnn import convert_gru, convert_lstm, convert_rnn
 
 Converter = Callable[[Any, list[Any], dict[str, Any]], Any]
@@ -103,4 +106,16 @@ CONVERTERS: dict[str, Converter] = {
     # wrong on LLVM (narrow_casts.py says how); all other casts decline to TVM's converter.
     "Cast": convert_cast,
     "CastLike": convert_cast_like,
+    # Attention / RotaryEmbedding (opset 23+): TVM has no converter for the standard-domain ops.
+    "Attention": convert_attention,
+    "RotaryEmbedding": convert_rotary_embedding,
+    # LayerNormalization with Mean/InvStdDev outputs: TVM gives them the input's shape (norms.py).
+    "LayerNormalization": convert_layer_norm,
+    # LpNormalization, CumProd: no TVM converter; CumSum: TVM refuses a run-time axis.
+    "LpNormalization": convert_lp_normalization,
+    "CumSum": convert_cumsum,
+    "CumProd": convert_cumprod,
+    # IsInf: TVM ignores detect_positive/detect_negative. BitCast: no TVM converter.
+    "IsInf": convert_isinf,
+    "BitCast": convert_bitcast,
 }

@@ -172,6 +172,7 @@ def _make_importer(shape_dict: dict[str, list[int]], dtype_dict: dict[str, str],
 
         def _convert_operator(self, op_name: str, inputs: Any, attrs: dict, opset: int) -> Any:
             node_name = str(attrs.get("tvm_custom", {}).get("name", "") or op_name)
+            inputs = _empty_as_constants(inputs)
             try:
                 if op_name == "Gradient" and node_name in self._gradients:
                     return self._gradient(node_name, list(inputs))
@@ -216,6 +217,32 @@ def _make_importer(shape_dict: dict[str, list[int]], dtype_dict: dict[str, str],
             return result
 
     return _ProvenanceImporter()
+
+
+def _empty_as_constants(inputs: Any) -> Any:
+    """Inputs with a static zero-size shape as constants: an empty tensor has one possible value.
+
+    Why: converters that need a value at import time (Reduce* axes, Split sizes) refuse a graph
+    input, yet an input of shape [0] — "reduce over the default axes" — can only ever be empty."""
+    import numpy as np  # noqa: PLC0415
+    from tvm import relax  # noqa: PLC0415
+
+    items = list(inputs)
+    changed = False
+    for i, value in enumerate(items):
+        if not isinstance(value, relax.Var) or not isinstance(getattr(value, "ty", None), relax.TensorType):
+            continue
+        shape = value.ty.shape
+        try:
+            dims = [int(d) for d in shape] if shape is not None else None
+        except TypeError:
+            continue
+        if dims is not None and 0 in dims:
+            items[i] = relax.const(np.zeros(dims, dtype=str(value.ty.dtype)), str(value.ty.dtype))
+            changed = True
+    if not changed:
+        return inputs
+    return type(inputs)(items)  # the frontend's onnx_input: None past the end
 
 
 def attribute_bindings(mod: Any, named: dict[str, NodeOrigin]) -> dict[str, NodeOrigin]:

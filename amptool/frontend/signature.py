@@ -32,7 +32,7 @@ class TensorSpec:
 
     @property
     def is_static(self) -> bool:
-        return self.shape is not None and all(isinstance(d, int) and d > 0 for d in self.shape)
+        return self.shape is not None and all(isinstance(d, int) and d >= 0 for d in self.shape)
 
     def as_json(self) -> dict[str, object]:
         return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape or [])}
@@ -80,7 +80,7 @@ def _spec(value: onnx.ValueInfoProto, role: str) -> TensorSpec:
     if ttype.HasField("shape"):
         dims: list[int | str] = []
         for dim in ttype.shape.dim:
-            if dim.HasField("dim_value") and dim.dim_value > 0:
+            if dim.HasField("dim_value") and dim.dim_value >= 0:  # 0: a static empty dim, not an unknown one
                 dims.append(int(dim.dim_value))
             else:
                 dims.append(dim.dim_param or "?")
@@ -96,6 +96,11 @@ def graph_inputs(model: onnx.ModelProto) -> list[TensorSpec]:
 
 def graph_outputs(model: onnx.ModelProto) -> list[TensorSpec]:
     """The graph outputs; int4/uint4 ones come back from TVM in int8/uint8 (see narrow_casts)."""
+    for value in model.graph.output:
+        kind = value.type.WhichOneof("value")
+        if kind not in (None, "tensor_type"):  # a sequence/map/optional: the compiled module returns tensors only
+            raise UserError(f"Output '{value.name}' is a {kind.removesuffix('_type')}, which amptool cannot convert",
+                            "Make every model output a tensor (e.g. ConcatFromSequence before the output).")
     return [_spec(v, "Output") for v in model.graph.output]
 
 

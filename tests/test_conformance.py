@@ -1,0 +1,86 @@
+"""The conformance harness (conformance/): classification, worker isolation, the per-op table."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from conformance.cases import Case
+from conformance.report import reason_key, render
+from conformance.run import Worker, run_all
+from conformance.worker import compare
+
+
+def _case(tmp_path, name, op, node, inputs, outputs, feeds, expected, opset=18):
+    path = tmp_path / name
+    path.mkdir()
+    graph = helper.make_graph([node], name, inputs, outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 9
+    onnx.save(model, path / "model.onnx")
+    with open(path / "data.pkl", "wb") as f:
+        pickle.dump({"inputs": feeds, "outputs": expected}, f)
+    return Case(name, op, str(path), True)
+
+
+@pytest.fixture
+def cases(tmp_path):
+    f = TensorProto.FLOAT
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    add = _case(tmp_path, "test_add", "Add", helper.make_node("Add", ["a", "b"], ["c"]),
+                [helper.make_tensor_value_info(n, f, [2, 3]) for n in "ab"],
+                [helper.make_tensor_value_info("c", f, [2, 3])], [x, x], [x + x])
+    bad = _case(tmp_path, "test_add_bad_reference", "Add", helper.make_node("Add", ["a", "b"], ["c"]),
+                [helper.make_tensor_value_info(n, f, [2, 3]) for n in "ab"],
+                [helper.make_tensor_value_info("c", f, [2, 3])], [x, x], [x])
+    # Run-time (non-empty) axes: onnxruntime takes them, Relax needs them at import: amptool refuses.
+    reduce = _case(tmp_path, "test_reduce_sum_axes_input", "ReduceSum",
+                   helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0),
+                   [helper.make_tensor_value_info("x", f, [2, 3]),
+                    helper.make_tensor_value_info("axes", TensorProto.INT64, [1])],
+                   [helper.make_tensor_value_info("y", f, [2])], [x, np.array([1], np.int64)], [x.sum(1)])
+    return [add, bad, reduce]
+
+
+def test_compare_checks_shapes_and_values():
+    a = np.ones((2, 3), np.float32)
+    assert compare(a, a) is None
+    assert "shape" in compare(a, a.reshape(3, 2))
+    assert "values differ" in compare(a, a + 1e-2)
+    assert compare(np.array([np.nan]), np.array([np.nan])) is None
+    assert compare(np.array([1, 2]), np.array([1, 3])) == "integer values differ"
+
+
+def test_run_classifies_and_renders_the_table(cases, tmp_path):
+    outcomes = run_all(cases, jobs=2, timeout=120, float16=True, log_dir=str(tmp_path / "logs"))
+    verdicts = {o.name: (o.ort, o.f32, o.f16) for o in outcomes}
+    assert verdicts["test_add"] == ("pass", "pass", "pass")
+    assert verdicts["test_add_bad_reference"][0] == "wrong"  # onnxruntime disagrees: out of the denominator
+    assert verdicts["test_add_bad_reference"][1] == ""  # and amptool is not run
+    ort, f32, _ = verdicts["test_reduce_sum_axes_input"]
+    assert (ort, f32) == ("pass", "refused")
+    text, summary = render(outcomes, minutes=0.1, jobs=2, full=False)
+    assert "onnxruntime passes 2 · amptool float32 passes 1 (50.0%)" in summary
+    assert "| Add | 2 | 1 | 1 |  |  |  |  | 1 / 1 |" in text
+    assert "| ReduceSum | 1 | 1 |  |  | 1 |  |  | 0 / 1 |" in text
+    assert "## Refusals" in text and "(op ReduceSum)" in text
+
+
+def test_a_hung_case_is_a_timeout_and_the_worker_is_replaced(cases, tmp_path):
+    worker = Worker(0, str(tmp_path), timeout=0.01)
+    try:
+        assert worker.request({"kind": "amptool", "path": cases[0].path, "dtype": "float32"})["verdict"] == "timeout"
+        assert worker.proc is None  # killed; the next request starts a fresh one
+        worker.timeout = 120
+        assert worker.request({"kind": "ort", "path": cases[0].path})["verdict"] == "pass"
+    finally:
+        worker.stop()
+
+
+def test_reason_key_masks_names_and_shapes():
+    key = reason_key("Cannot import node 'n_7' (op Resize): bad [1, 2]")
+    assert key == "Cannot import node '…' (op Resize): bad […]"

@@ -1,0 +1,111 @@
+"""Regression tests for the converters added after the ONNX node conformance run (docs/conformance.md).
+
+Each builds a one-node model with onnx.helper and compares amptool float32 with onnxruntime."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import amptool
+
+F = TensorProto.FLOAT
+
+
+def _check(tmp_path, nodes, inputs, outputs, feeds, opset=23, atol=1e-5):
+    import onnxruntime as ort
+
+    graph = helper.make_graph(nodes, "g", inputs, outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 10
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    names = [o.name for o in outputs]
+    expected = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(names, feeds)
+    actual = amptool.convert(path, dtype="float32").run(feeds)
+    for name, want in zip(names, expected, strict=True):
+        assert actual[name].shape == want.shape, name
+        np.testing.assert_allclose(actual[name], want, rtol=1e-4, atol=atol, err_msg=name)
+
+
+def _info(name, dims, elem=F):
+    return helper.make_tensor_value_info(name, elem, dims)
+
+
+def test_attention_3d_gqa_causal_with_presents(tmp_path):
+    rng = np.random.default_rng(0)
+    feeds = {"q": rng.standard_normal((2, 4, 16), dtype=np.float32),
+             "k": rng.standard_normal((2, 5, 8), dtype=np.float32),
+             "v": rng.standard_normal((2, 5, 8), dtype=np.float32),
+             "pk": rng.standard_normal((2, 2, 3, 4), dtype=np.float32),
+             "pv": rng.standard_normal((2, 2, 3, 4), dtype=np.float32)}
+    node = helper.make_node("Attention", ["q", "k", "v", "", "pk", "pv"], ["y", "present_k", "present_v"],
+                            q_num_heads=4, kv_num_heads=2, is_causal=1)
+    _check(tmp_path, [node], [_info("q", [2, 4, 16]), _info("k", [2, 5, 8]), _info("v", [2, 5, 8]),
+                              _info("pk", [2, 2, 3, 4]), _info("pv", [2, 2, 3, 4])],
+           [_info("y", [2, 4, 16]), _info("present_k", [2, 2, 8, 4]), _info("present_v", [2, 2, 8, 4])], feeds)
+
+
+def test_attention_fully_masked_row_is_zero_not_nan(tmp_path):
+    rng = np.random.default_rng(1)
+    mask = np.ones((3, 4), dtype=bool)
+    mask[1] = False  # query row 1 sees no key
+    feeds = {"q": rng.standard_normal((1, 2, 3, 8), dtype=np.float32),
+             "k": rng.standard_normal((1, 2, 4, 8), dtype=np.float32),
+             "v": rng.standard_normal((1, 2, 4, 8), dtype=np.float32), "m": mask}
+    node = helper.make_node("Attention", ["q", "k", "v", "m"], ["y"], softcap=2.0)
+    _check(tmp_path, [node], [_info("q", [1, 2, 3, 8]), _info("k", [1, 2, 4, 8]), _info("v", [1, 2, 4, 8]),
+                              _info("m", [3, 4], TensorProto.BOOL)], [_info("y", [1, 2, 3, 8])], feeds)
+
+
+@pytest.mark.parametrize("interleaved", [0, 1])
+def test_rotary_embedding_with_position_ids(tmp_path, interleaved):
+    rng = np.random.default_rng(2)
+    feeds = {"x": rng.standard_normal((2, 3, 5, 8), dtype=np.float32),
+             "cos": rng.standard_normal((10, 2), dtype=np.float32),
+             "sin": rng.standard_normal((10, 2), dtype=np.float32),
+             "pos": rng.integers(0, 10, (2, 5)).astype(np.int64)}
+    node = helper.make_node("RotaryEmbedding", ["x", "cos", "sin", "pos"], ["y"], interleaved=interleaved,
+                            rotary_embedding_dim=4)
+    _check(tmp_path, [node], [_info("x", [2, 3, 5, 8]), _info("cos", [10, 2]), _info("sin", [10, 2]),
+                              _info("pos", [2, 5], TensorProto.INT64)], [_info("y", [2, 3, 5, 8])], feeds)
+
+
+def test_layer_norm_mean_and_inv_std_dev_shapes(tmp_path):
+    rng = np.random.default_rng(3)
+    feeds = {"x": rng.standard_normal((2, 3, 4), dtype=np.float32), "s": rng.standard_normal(4, dtype=np.float32),
+             "b": rng.standard_normal(4, dtype=np.float32)}
+    node = helper.make_node("LayerNormalization", ["x", "s", "b"], ["y", "mean", "inv"], axis=-1)
+    _check(tmp_path, [node], [_info("x", [2, 3, 4]), _info("s", [4]), _info("b", [4])],
+           [_info("y", [2, 3, 4]), _info("mean", [2, 3, 1]), _info("inv", [2, 3, 1])], feeds, opset=17)
+
+
+def test_lp_normalization_l1_with_a_zero_row(tmp_path):
+    x = np.array([[1.0, -3.0, 4.0], [0.0, 0.0, 0.0]], dtype=np.float32)
+    node = helper.make_node("LpNormalization", ["x"], ["y"], p=1, axis=1)
+    _check(tmp_path, [node], [_info("x", [2, 3])], [_info("y", [2, 3])], {"x": x}, opset=17)
+
+
+def test_cumsum_run_time_axis_reverse_exclusive(tmp_path):
+    rng = np.random.default_rng(4)
+    node = helper.make_node("CumSum", ["x", "axis"], ["y"], reverse=1, exclusive=1)
+    for axis in (0, -1):
+        _check(tmp_path, [node], [_info("x", [3, 4]), _info("axis", [], TensorProto.INT64)], [_info("y", [3, 4])],
+               {"x": rng.standard_normal((3, 4), dtype=np.float32), "axis": np.array(axis, dtype=np.int64)},
+               opset=14)
+
+
+def test_reduce_with_an_empty_axes_input_reduces_everything(tmp_path):
+    node = helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=1)
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    _check(tmp_path, [node], [_info("x", [3, 4]), _info("axes", [0], TensorProto.INT64)], [_info("y", [1, 1])],
+           {"x": x, "axes": np.zeros(0, dtype=np.int64)}, opset=18)
+
+
+@pytest.mark.parametrize(("positive", "negative"), [(1, 0), (0, 1)])
+def test_isinf_detects_only_the_sign_asked(tmp_path, positive, negative):
+    x = np.array([np.inf, -np.inf, 1.0, np.nan], dtype=np.float32)
+    node = helper.make_node("IsInf", ["x"], ["y"], detect_positive=positive, detect_negative=negative)
+    _check(tmp_path, [node], [_info("x", [4])], [_info("y", [4], TensorProto.BOOL)], {"x": x}, opset=20)
