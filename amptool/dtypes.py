@@ -16,6 +16,8 @@ DTYPES = ("float16", "bfloat16", "float32")
 DTYPE_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38}
 #: Smallest positive (subnormal) value of each low dtype: anything below half of it becomes 0.
 DTYPE_TINY = {"float16": 5.960464477539063e-08, "bfloat16": 9.183549615799121e-41}
+#: Smallest positive normal value of each low dtype: below it, values are subnormal and lose significand bits.
+DTYPE_NORMAL = {"float16": 6.103515625e-05, "bfloat16": 1.1754943508222875e-38}
 
 
 def numpy_dtype(name: str) -> np.dtype:

@@ -101,6 +101,18 @@ def write_json(path: str, payload: Any, what: str = "--json") -> None:
         handle.write("\n")
 
 
+def check_writable_file(path: str, what: str, hint: str) -> None:
+    """Refuse, before any work, a file path that cannot be written: a directory, or one whose
+    nearest existing ancestor is not a writable directory (one-line UserError)."""
+    parent = os.path.dirname(os.path.abspath(path)) or "."
+    existing = parent
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if os.path.isdir(path) or not os.path.isdir(existing) or not os.access(existing, os.W_OK):
+        why = "is a directory" if os.path.isdir(path) else f"cannot be created in {existing}"
+        raise UserError(f"{what} {path}: {why}", hint)
+
+
 def check_regular_file(path: str, what: str, hint: str | None = None, *, max_bytes: int | None = None) -> int:
     """The size of ``path`` if it is a regular file (not a device, FIFO or directory) no larger than
     ``max_bytes``; else a one-line UserError. Reading ``/dev/zero`` as a model would never end."""

@@ -11,7 +11,8 @@ bindings compute in, or "mixed" (a Softmax whose reshapes follow into float16 ar
 float32 softmax). Nodes that bind no floating-point op (shape arithmetic, integer
 indexing) have no colour and are not listed. ``guard`` says why a range guard overruled the
 colour lists for that node. ``concretize_like`` says which like-ops ConcretizeLike rewrote
-and why it left the others alone.
+and why it left the others alone. With ``headroom_margin``, ``headroom`` gives each calibrated
+node's margin to the low dtype's limits (amptool.app.headroom).
 """
 
 from __future__ import annotations
@@ -23,8 +24,17 @@ from typing import Any
 
 import numpy as np
 
-from amptool.app.convert import ConvertConfig, Rewritten, rewrite_model
+from amptool.app.convert import ConvertConfig, Rewritten, cancellation_summary, rewrite_model
+from amptool.app.headroom import (
+    Headroom,
+    check_headroom_request,
+    colors_yaml,
+    measure_headroom,
+    op_types_of,
+    write_colors,
+)
 from amptool.colors.policy import Color
+from amptool.errors import UserError
 from amptool.passes import stats
 from amptool.passes.mixed_precision import Decision
 
@@ -49,6 +59,8 @@ class InspectReport:
     dtype: str
     nodes: list[NodeSummary]
     rewritten: Rewritten
+    config: ConvertConfig | None = None
+    headroom: Headroom | None = None  # with inspect --headroom
 
     def by_op_type(self) -> list[tuple[str, str, str, int]]:
         """(ONNX op type, colour, dtype, count), most frequent first."""
@@ -64,6 +76,7 @@ class InspectReport:
         report = passes.report
         calibration = self.rewritten.calibration
         limit = self.rewritten.policy.activation_limit(self.dtype)
+        guards_on = self.config is None or self.config.range_guards
         return {
             "dtype": self.dtype,
             "nodes": [n.as_json() for n in self.nodes],
@@ -71,7 +84,11 @@ class InspectReport:
             "unknown_ops": dict(report.unknown_ops),
             "guarded_constants": [g.as_json() for g in report.guarded if g.kind == "constant"],
             "guarded_activations": [g.as_json() for g in report.guarded if g.kind == "activation"],
-            "activation_guard": calibration.as_json(limit) if calibration is not None else None,
+            "guarded_cancellations": [g.as_json() for g in report.guarded if g.kind == "cancellation"],
+            "activation_guard": calibration.as_json(limit) if calibration is not None and guards_on else None,
+            "cancellation_guard": (cancellation_summary(self.config, self.rewritten.policy, calibration)
+                                   if self.config is not None else None),
+            "headroom": self.headroom.as_json() if self.headroom is not None else None,
             "casts_inserted": stats.activation_casts(passes.mod),
             "ops_by_dtype": stats.ops_by_dtype(passes.mod),
             "ops_converted": report.converted,
@@ -86,12 +103,22 @@ class InspectReport:
 
 
 def inspect_model(
-    config: ConvertConfig, arrays: Mapping[str, np.ndarray] | None = None, on_stage: Any = None
+    config: ConvertConfig, arrays: Mapping[str, np.ndarray] | None = None, on_stage: Any = None,
+    *, headroom_margin: float | None = None,
 ) -> InspectReport:
-    rewritten = rewrite_model(config, arrays, on_stage)
+    """The rewrite's decisions; with ``headroom_margin``, also every node's margin to the dtype's limits."""
+    if headroom_margin is not None:
+        check_headroom_request(config.dtype, headroom_margin)
+    rewritten = rewrite_model(config, arrays, on_stage, calibrate=headroom_margin is not None)
     report = rewritten.passes.report
     guards = {g.node: g.reason for g in report.guarded}
-    return InspectReport(config.dtype, summarize_nodes(report.decisions, config.dtype, guards), rewritten)
+    headroom = None
+    if headroom_margin is not None and rewritten.calibration is not None:
+        graph = rewritten.prepared.graph if rewritten.prepared is not None else None
+        op_types = op_types_of(graph.node) if graph is not None else {}
+        headroom = measure_headroom(rewritten.calibration, op_types, config.dtype, headroom_margin)
+    return InspectReport(config.dtype, summarize_nodes(report.decisions, config.dtype, guards), rewritten,
+                         config, headroom)
 
 
 def summarize_nodes(
@@ -110,3 +137,18 @@ def summarize_nodes(
         op_type = next((d.onnx_op for d in group if d.onnx_op), None) or group[-1].relax_op
         summaries.append(NodeSummary(name, op_type, color.value, dtype, (guards or {}).get(name)))
     return summaries
+
+
+def write_headroom_colors(report: InspectReport, path: str) -> list[str]:
+    """Write the colour list keeping ``report``'s nodes under the headroom margin float32 to ``path``
+    (atomically); returns those nodes. Without calibration data there is nothing to list: refused."""
+    headroom, config = report.headroom, report.config
+    if headroom is None or config is None:
+        raise UserError("--write-colors needs the headroom calibration, which did not run",
+                        "Use --dtype float16 or bfloat16.")
+    if headroom.skipped:
+        raise UserError(f"--write-colors: calibration was skipped, so no node can be listed: {headroom.skipped}",
+                        "Pass --calibration X.npz with inputs onnxruntime can run.")
+    write_colors(path, colors_yaml(headroom, config.model, config.colors, path,
+                                   config.exclude_ops, config.exclude_nodes))
+    return headroom.under_margin

@@ -15,6 +15,7 @@ Schema::
     nodes: [{match: "/encoder/*", color: never}]   # glob, or /regex/, on ONNX node names
     unknown_ops: warn | error | silent
     activation_max: 4096              # activation range guard bound; auto = dtype max / 16
+    cancellation_limit: 16            # cancellation guard bound (operands / result); auto = 16
 
 List entries are op names, or ``{op: NAME, why: TEXT}`` (the presets document every entry).
 An op named in two colours of one file is an error; an op added to one colour is taken out
@@ -43,6 +44,7 @@ SCHEMA_VERSION = 1
 BUILTIN_PREFIX = "builtin:"
 TOP_KEYS = (
     "version", "extends", "always", "follow", "never", "accumulation", "nodes", "unknown_ops", "activation_max",
+    "cancellation_limit",
 )
 UNKNOWN_POLICIES = ("warn", "error", "silent")
 ACCUMULATION_DTYPES = tuple(sorted(DTYPES, key=lambda d: d != "float32"))  # float32 first in messages
@@ -221,6 +223,7 @@ def _resolve(raw: dict[str, Any], label: str, chain: tuple[str, ...]) -> ColorPo
             f"Use one of: {', '.join(UNKNOWN_POLICIES)}.",
         )
     activation_max = _activation_max(raw.get("activation_max", base.activation_max if base else None), label)
+    cancellation = _cancellation_limit(raw.get("cancellation_limit", base.cancellation_limit if base else None), label)
     sources = (base.sources if base else ()) + (label,)
     return ColorPolicy(
         relax_colors=relax_colors,
@@ -231,6 +234,7 @@ def _resolve(raw: dict[str, Any], label: str, chain: tuple[str, ...]) -> ColorPo
         sources=sources,
         reasons=reasons,
         activation_max=activation_max,
+        cancellation_limit=cancellation,
     )
 
 
@@ -245,6 +249,21 @@ def _activation_max(value: Any, label: str) -> float | None:
         raise UserError(
             f"{label}: 'activation_max' is {value!r}; it must be a positive number or 'auto'",
             "e.g. activation_max: 4096 keeps ops whose calibrated |x| exceeds 4096 in float32.",
+        )
+    return float(value)
+
+
+def _cancellation_limit(value: Any, label: str) -> float | None:
+    """``cancellation_limit: 16`` (a number ≥ 1; .inf never trips) or ``auto``/absent for the default."""
+    if value is None or value == "auto":
+        return None
+    if isinstance(value, str):  # PyYAML reads 1e3 as a string (YAML 1.1)
+        with contextlib.suppress(ValueError):
+            value = float(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 1:
+        raise UserError(
+            f"{label}: 'cancellation_limit' is {value!r}; it must be a number >= 1 or 'auto'",
+            "e.g. cancellation_limit: 16 keeps Add/Sub ops whose result is 16x below their operands in float32.",
         )
     return float(value)
 

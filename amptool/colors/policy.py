@@ -16,6 +16,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+#: Default ``cancellation_limit``: an Add/Sub whose result is more than 16× below its operands
+#: (calibrated, amptool.app.calibrate.cancellation_ratio) stays float32 — in float16 it keeps
+#: fewer than 7 of 11 significand bits against the result's scale. Measured: the residual and
+#: LayerNorm Adds/Subs of the model zoo's ResNet and transformer reach at most 2.1; a RAFT-class
+#: coordinate-grid subtraction 1.7e3.
+DEFAULT_CANCELLATION_LIMIT = 16.0
+
 
 class Color(str, enum.Enum):
     ALWAYS = "always"
@@ -36,6 +43,15 @@ class NodeRule:
         return fnmatch.fnmatchcase(node_name, self.match)
 
 
+def literal_pattern(name: str) -> str:
+    """A ``nodes:`` pattern matching exactly ``name``: glob metacharacters bracketed, and a
+    name that would read as ``/regex/`` has its last slash bracketed."""
+    escaped = "".join(f"[{c}]" if c in "*?[" else c for c in name)
+    if len(escaped) >= 2 and escaped.startswith("/") and escaped.endswith("/"):
+        escaped = escaped[:-1] + "[/]"
+    return escaped
+
+
 @dataclass(frozen=True)
 class ColorPolicy:
     relax_colors: dict[str, Color]
@@ -47,6 +63,8 @@ class ColorPolicy:
     reasons: dict[str, str] = field(default_factory=dict)
     #: Activation range guard bound (|x| seen in calibration); None = the dtype's default.
     activation_max: float | None = None
+    #: Cancellation guard bound (operand / result magnitude seen in calibration); None = the default.
+    cancellation_limit: float | None = None
 
     def activation_limit(self, dtype: str) -> float:
         """The |activation| above which an op stays float32 in ``dtype``.
@@ -58,6 +76,10 @@ class ColorPolicy:
         if self.activation_max is not None:
             return self.activation_max
         return {"float16": 65504.0, "bfloat16": 3.3895313892515355e38}.get(dtype, float("inf")) / 16
+
+    def cancellation_bound(self) -> float:
+        """The cancellation ratio above which an Add/Sub (and what makes its operands) stays float32."""
+        return DEFAULT_CANCELLATION_LIMIT if self.cancellation_limit is None else self.cancellation_limit
 
     def color_of(self, relax_op: str, onnx_node: str | None, onnx_op: str | None) -> Color | None:
         """The colour by the lists alone; None when the op is unknown."""
@@ -86,4 +108,5 @@ class ColorPolicy:
             "nodes": [{"match": r.match, "color": r.color.value} for r in self.node_rules],
             "unknown_ops": self.unknown_ops,
             "activation_max": self.activation_max,
+            "cancellation_limit": self.cancellation_limit,
         }

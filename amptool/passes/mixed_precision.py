@@ -17,7 +17,9 @@ Range guards (``range_guards=True``) win over the lists: a constant whose values
 the low dtype, or whose non-zeros mostly underflow to zero, is never cast — the op
 consuming it computes in float32 and the decision is reported. Likewise an op whose ONNX
 node saw activations above ``activation_limit`` in calibration (``activation_peaks``, from
-amptool.app.calibrate) stays float32.
+amptool.app.calibrate) stays float32, and so does an Add/Sub whose calibrated result cancelled
+more than the policy's ``cancellation_limit`` below its operands, with the ops that make those
+operands (``cancellation``: node → (ratio, feeding nodes); None turns that guard off).
 
 Why our own pass: TVM's ``ToMixedPrecision`` is fp16-only, keeps policies as global C++
 attributes, crashes on Clip/HardSigmoid and silently skips non-dataflow blocks (any model
@@ -46,7 +48,7 @@ from typing import Any
 from amptool.colors.policy import ColorPolicy
 from amptool.frontend.importer import NodeOrigin
 from amptool.passes.mixed_precision_types import CREATION_OPS, Decision, MixedPrecisionReport
-from amptool.passes.range_guards import DTYPE_MAX, ActivationGuard
+from amptool.passes.range_guards import DTYPE_MAX, ActivationGuard, CancellationGuard
 
 __all__ = ["CREATION_OPS", "Decision", "MixedPrecisionReport", "to_mixed_precision"]
 
@@ -59,6 +61,7 @@ def to_mixed_precision(
     *,
     range_guards: bool = True,
     activation_peaks: Mapping[str, float] | None = None,
+    cancellation: Mapping[str, tuple[float, tuple[str, ...]]] | None = None,
 ) -> tuple[Any, MixedPrecisionReport]:
     """Rewrite ``mod`` to ``dtype`` under ``policy``; returns the new module and a report."""
     report = MixedPrecisionReport(dtype=dtype)
@@ -70,8 +73,9 @@ def to_mixed_precision(
     from amptool.passes.mixed_precision_mutator import MixedPrecisionMutator  # noqa: PLC0415
 
     guard = ActivationGuard(dict(activation_peaks or {}), policy.activation_limit(dtype), dtype)
+    cancels = CancellationGuard.from_ratios(cancellation or {}, policy.cancellation_bound())
     rewriter = MixedPrecisionMutator(mod, policy=policy, low=dtype, report=report, activation_guard=guard,
-                                     provenance=provenance, range_guards=range_guards)
+                                     provenance=provenance, range_guards=range_guards, cancellation_guard=cancels)
     with _gc_paused():
         return rewriter.run(), report
 

@@ -24,7 +24,7 @@ from amptool import _tvm
 from amptool.colors.policy import Color, ColorPolicy
 from amptool.frontend.importer import NodeOrigin
 from amptool.passes.mixed_precision_types import CREATION_OPS, Decision, MixedPrecisionReport
-from amptool.passes.range_guards import DTYPE_MAX, ActivationGuard, Guarded, castable
+from amptool.passes.range_guards import DTYPE_MAX, ActivationGuard, CancellationGuard, Guarded, castable
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,7 @@ class MixedPrecisionMutator(PyExprMutator):
         activation_guard: ActivationGuard,
         provenance: dict[str, NodeOrigin] | None = None,
         range_guards: bool = True,
+        cancellation_guard: CancellationGuard | None = None,
     ) -> None:
         super().__init__(mod)
         self.module = mod
@@ -61,6 +62,7 @@ class MixedPrecisionMutator(PyExprMutator):
         self.activation_guard = activation_guard
         self.provenance = provenance or {}
         self.range_guards = range_guards
+        self.cancellation_guard = cancellation_guard or CancellationGuard({})
         self.scopes: list[dict[tuple[int, str], Any]] = []
         self.const_verdict: dict[int, str | None] = {}
         self.constant_like: set[int] = set()  # hash of vars bound to castable creation ops
@@ -258,12 +260,16 @@ class MixedPrecisionMutator(PyExprMutator):
 
     def _guarded(self, name: str, relax_op: str, origin: NodeOrigin | None, leaves: list[tuple[Any, Any]]) -> bool:
         """Whether a range guard keeps this op in float32 (a constant input or its calibrated
-        activations do not fit the low dtype); the reason goes to the report."""
+        activations do not fit the low dtype, or its calibrated result cancels, or makes an
+        operand of one that does); the reason goes to the report."""
         kind = "constant"
         reason = self._constant_guard(leaves)
         if reason is None and origin is not None:
             kind = "activation"
             reason = self.activation_guard.reason(origin.node)
+        if reason is None and origin is not None:
+            kind = "cancellation"
+            reason = self.cancellation_guard.reason(origin.node)
         if reason is None:
             return False
         self.report.guarded.append(Guarded(origin.node if origin else name, relax_op, reason, kind))

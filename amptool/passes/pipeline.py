@@ -59,6 +59,7 @@ def run_passes(
     *,
     range_guards: bool = True,
     activation_peaks: Mapping[str, float] | None = None,
+    cancellation: Mapping[str, tuple[float, tuple[str, ...]]] | None = None,
     low_precision_io: bool = False,
     concretize: bool = True,
     on_stage: Callable[[str], None] | None = None,
@@ -96,7 +97,8 @@ def run_passes(
 
     def mixed(current: Any) -> Any:
         new, report = to_mixed_precision(
-            current, policy, dtype, provenance, range_guards=range_guards, activation_peaks=activation_peaks
+            current, policy, dtype, provenance, range_guards=range_guards, activation_peaks=activation_peaks,
+            cancellation=cancellation,
         )
         report_box["report"] = report
         return new

@@ -2,12 +2,16 @@
 
 A constant whose values overflow the low dtype, or whose non-zeros mostly flush to zero, is
 never cast (``castable``); an op whose ONNX node saw activations above the limit in
-calibration stays float32 (``ActivationGuard``). The mixed-precision pass applies both and
-reports each op kept as a ``Guarded``; they win over colour lists unless --no-range-guards.
+calibration stays float32 (``ActivationGuard``); an Add/Sub whose result cancelled far below
+its operands in calibration stays float32, with the ops that make its operands
+(``CancellationGuard``). The mixed-precision pass applies them and reports each op kept as a
+``Guarded``; they win over colour lists unless --no-range-guards (the cancellation guard alone:
+--no-cancellation-guard).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,7 +25,7 @@ _MAX, _MIN = np.maximum.reduce, np.minimum.reduce
 
 @dataclass(frozen=True)
 class Guarded:
-    """An op a range guard kept in float32, and why (``kind``: constant or activation)."""
+    """An op a range guard kept in float32, and why (``kind``: constant, activation or cancellation)."""
 
     node: str
     op: str
@@ -68,3 +72,27 @@ class ActivationGuard:
         if peak is None or peak <= self.limit:
             return None
         return f"activations reach |x| = {peak:.3g} > activation_max {self.limit:.6g} ({self.dtype})"
+
+
+@dataclass(frozen=True)
+class CancellationGuard:
+    """Add/Sub nodes whose calibrated cancellation ratio exceeds ``limit`` (amptool.app.calibrate's
+    ``cancellation_ratio``), and the nodes that make their operands: a subtraction in float32 of
+    operands already rounded to the low dtype has lost the same bits."""
+
+    reasons: Mapping[str, str]  # ONNX node name → why it stays float32
+
+    @classmethod
+    def from_ratios(cls, ratios: Mapping[str, tuple[float, tuple[str, ...]]], limit: float) -> CancellationGuard:
+        """``ratios``: node → (ratio, nodes making its operands). Each node over ``limit`` and its feeds."""
+        reasons: dict[str, str] = {}
+        for node, (ratio, feeds) in ratios.items():
+            if not ratio > limit:
+                continue
+            reasons[node] = f"result is 1/{ratio:.3g} of its operands > cancellation_limit {limit:.6g}"
+            for feed in feeds:
+                reasons.setdefault(feed, f"makes an operand of {node}, which cancels (1/{ratio:.3g})")
+        return cls(reasons)
+
+    def reason(self, node: str) -> str | None:
+        return self.reasons.get(node)
