@@ -20,6 +20,7 @@ from typing import Any
 
 from amptool import _tvm
 from amptool.app.outdir import MANIFEST_NAME, artifact_files, write_directory
+from amptool.compiler.targets import host_arch, triple_arch
 from amptool.errors import TargetUnavailableError, UserError
 from amptool.runtime.tvm_runner import CompiledModel
 
@@ -97,6 +98,7 @@ def load_artifact(directory: str, device: str | None = None) -> tuple[dict[str, 
         with _pinned(directory) as base:
             manifest = read_manifest(base, label=directory)
             check_runnable(directory, manifest)
+            check_host_arch(directory, manifest)
             name = manifest.get("library") or LIBRARY_NAME
             library = os.path.join(base, name)
             if not os.path.isfile(library):
@@ -134,6 +136,17 @@ def check_runnable(directory: str, manifest: dict[str, Any]) -> None:
         raise UserError(
             f"{directory} was written by 'convert --lower-only': it holds the lowered module, no library",
             f"Convert again without --lower-only, with a TVM that can build for {manifest.get('target')}.",
+        )
+
+
+def check_host_arch(directory: str, manifest: dict[str, Any]) -> None:
+    """A library cross-compiled for another architecture (``-mtriple``) cannot load here: say so in
+    one line instead of the dynamic loader's "wrong ELF class". Manifests before 'triple' pass."""
+    triple = manifest.get("triple")
+    if isinstance(triple, str) and triple and triple_arch(triple) != host_arch():
+        raise TargetUnavailableError(
+            f"{directory} was built for {triple}; this machine is {host_arch()}",
+            "Run it on such a device: copy OUTDIR there, or run from here with --rpc/--rpc-server (docs/remote.md).",
         )
 
 

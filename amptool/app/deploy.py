@@ -13,6 +13,7 @@ output is written as float32 (exact).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from amptool.app.artifact import check_runnable, load_artifact, read_manifest
 from amptool.errors import UserError
 from amptool.frontend.signature import TensorSpec
 from amptool.runtime.inputs import check_input_shapes, load_inputs, save_arrays
+from amptool.runtime.remote import RemoteSpec
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,7 @@ class RunConfig:
     inputs: str  # .npz, one array per model input
     output: str  # .npz to write, one array per model output
     device: str | None = None  # None: the device the library was built for
+    remote: RemoteSpec | None = None  # run on a device behind TVM's RPC instead of here (docs/remote.md)
 
 
 @dataclass
@@ -45,6 +48,7 @@ class RunResult:
     runtime_only: bool  # whether TVM ran without its compiler library
     artifact: str = ""  # the OUTDIR that was run
     output: str = ""  # the .npz written
+    remote: dict[str, Any] | None = None  # where it ran, with --rpc/--rpc-server
 
     def as_json(self) -> dict[str, Any]:
         """What ``amptool run --json`` writes: the outputs' names, dtypes and shapes, not their values."""
@@ -59,6 +63,7 @@ class RunResult:
                         for name, value in self.outputs.items()],
             "load_ms": round(self.load_s * 1e3, 3),
             "run_ms": round(self.run_s * 1e3, 3),
+            "remote": self.remote,
         }
 
 
@@ -71,14 +76,25 @@ def run_artifact(config: RunConfig) -> RunResult:
     feeds = load_inputs(config.inputs, [_npz_spec(s) for s in specs])
     check_input_shapes(feeds, specs, f"--inputs {config.inputs}")
     start = time.perf_counter()
-    manifest, compiled = load_artifact(config.artifact, device=config.device)
-    loaded = time.perf_counter()
-    outputs = compiled.run(feeds)
-    ran = time.perf_counter()
+    with contextlib.ExitStack() as session:
+        if config.remote is None:
+            manifest, compiled = load_artifact(config.artifact, device=config.device)
+        else:
+            from amptool.app.remote import remote_artifact  # noqa: PLC0415
+
+            manifest, compiled = session.enter_context(remote_artifact(config.remote, config.artifact, config.device))
+        loaded = time.perf_counter()
+        outputs = compiled.run(feeds)
+        ran = time.perf_counter()
+    remote = None
+    if config.remote is not None:
+        from amptool.app.remote import remote_json  # noqa: PLC0415
+
+        remote = remote_json(compiled)  # type: ignore[arg-type]  # a RemoteModel with --rpc
     save_arrays(config.output, {name: _npz_array(value) for name, value in outputs.items()}, "-o")
     return RunResult(outputs=outputs, device=compiled.device, manifest=manifest, load_s=loaded - start,
                      run_s=ran - loaded, runtime_only=_tvm.runtime_only(), artifact=config.artifact,
-                     output=config.output)
+                     output=config.output, remote=remote)
 
 
 def _npz_spec(spec: TensorSpec) -> TensorSpec:

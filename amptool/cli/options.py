@@ -107,6 +107,9 @@ _BUILD_DECORATORS = [
     low_precision_io_option,
     click.option("--no-range-guards", is_flag=True,
                  help="Cast constants even when they overflow/underflow the low dtype."),
+    click.option("--no-cancellation-guard", is_flag=True,
+                 help="Let Add/Sub ops whose result cancels far below their operands (and what makes "
+                      "those operands) compute in the low dtype."),
     click.option("--no-prepare", is_flag=True,
                  help="Skip onnxruntime's fp32 constant/BatchNorm folding before import."),
     click.option("--no-concretize", is_flag=True,
@@ -142,6 +145,7 @@ def build_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             "calibration": kwargs.pop("calibration"),
             "low_precision_io": kwargs.pop("low_precision_io"),
             "range_guards": not kwargs.pop("no_range_guards"),
+            "cancellation_guard": not kwargs.pop("no_cancellation_guard"),
             "prepare": not kwargs.pop("no_prepare"),
             "concretize": not kwargs.pop("no_concretize"),
             "max_input_bytes": kwargs.pop("max_input_bytes"),
@@ -160,3 +164,55 @@ def build_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 def model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``--dtype`` plus ``build_options``: what convert, diff and inspect take."""
     return dtype_option(build_options(fn))
+
+
+#: The options of ``rpc_options``, in --help order.
+_RPC_DECORATORS = [
+    click.option("--rpc", "rpc_tracker", metavar="HOST:PORT", default=None,
+                 help="Run on a device from this TVM RPC tracker (with --rpc-key); see docs/remote.md."),
+    click.option("--rpc-key", "rpc_key", metavar="KEY", default=None,
+                 help="The tracker key of the devices to use, e.g. rasp4 (what the servers registered with --key)."),
+    click.option("--rpc-server", "rpc_server", metavar="HOST:PORT", default=None,
+                 help="Run on the device of this one TVM RPC server (no tracker)."),
+    click.option("--rpc-timeout", "rpc_timeout", type=float, default=60.0, show_default=True, metavar="SECONDS",
+                 help="Longest wait for the remote: for a free device, then for each answer; past it, exit 3."),
+]
+
+
+def rpc_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``--rpc``/``--rpc-key``/``--rpc-server``/``--rpc-timeout``, given to the command as one keyword
+    argument, ``remote``: a ``RemoteSpec``, or None to run here."""
+
+    @functools.wraps(fn)
+    def with_remote(*args: Any, **kwargs: Any) -> Any:
+        try:
+            kwargs["remote"] = parse_remote(kwargs.pop("rpc_tracker"), kwargs.pop("rpc_key"),
+                                            kwargs.pop("rpc_server"), kwargs.pop("rpc_timeout"))
+        except UserError as error:
+            abort(error)
+        return fn(*args, **kwargs)
+
+    decorated: Callable[..., Any] = with_remote
+    for decorator in reversed(_RPC_DECORATORS):
+        decorated = decorator(decorated)
+    return decorated
+
+
+def parse_remote(tracker: str | None, key: str | None, server: str | None, timeout_s: float) -> Any:
+    """The flags' ``RemoteSpec`` (None without --rpc/--rpc-server); UserError for a combination that cannot work."""
+    from amptool.runtime.remote import RemoteSpec, parse_address  # noqa: PLC0415
+
+    if tracker and server:
+        raise UserError("--rpc and --rpc-server both name a remote", "Use --rpc HOST:PORT --rpc-key KEY for a "
+                        "tracker, or --rpc-server HOST:PORT for one server.")
+    if tracker and not key:
+        raise UserError(f"--rpc {tracker} needs --rpc-key: the tracker hands out devices by key",
+                        "'python -m tvm.exec.query_rpc_tracker --host HOST --port PORT' lists the keys.")
+    if key is not None and not tracker:
+        raise UserError("--rpc-key is only used with --rpc HOST:PORT (a tracker)",
+                        "Add --rpc HOST:PORT, or drop --rpc-key for --rpc-server.")
+    if not tracker and not server:
+        return None
+    flag, address = ("--rpc", tracker) if tracker else ("--rpc-server", server)
+    host, port = parse_address(str(address), flag)
+    return RemoteSpec(host, port, key if tracker else None, timeout_s)

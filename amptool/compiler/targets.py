@@ -27,7 +27,7 @@ from amptool.errors import TargetUnavailableError, UserError
 DEFAULT_CUDA_ARCH = "sm_90"
 _ARCH = re.compile(r"sm_(\d{2,3})[a-z]?")
 #: LLVM options --target-options understands, and the target-dict key each sets.
-LLVM_OPTIONS = {"-mcpu": "mcpu", "-mattr": "mattr"}
+LLVM_OPTIONS = {"-mcpu": "mcpu", "-mattr": "mattr", "-mtriple": "mtriple"}
 
 
 @dataclass(frozen=True)
@@ -124,13 +124,23 @@ def resolve_target(name: str, cuda_arch: str | None = None, options: Sequence[st
         arch, source = (check_cuda_arch(cuda_arch), "--cuda-arch") if cuda_arch else local_cuda_arch()
         return ResolvedTarget(name, {**spec, "arch": arch}, target.device, arch, source)
     if name == "llvm" and options:
-        spec = {**spec, **parse_llvm_options(options)}
+        parsed = parse_llvm_options(options)
+        if "mtriple" in parsed and "mcpu" not in parsed:
+            spec = {k: v for k, v in spec.items() if k != "mcpu"}  # this host's CPU means nothing on another arch
+        spec = {**spec, **parsed}
         _check_llvm_spec(spec)
+        if not lower_only:
+            cross_compiler(spec)  # exit 3 now, not after the compile, when the linker is missing
     return ResolvedTarget(name, spec, target.device, options=tuple(options))
 
 
 def require_device(target: ResolvedTarget, device: str | None = None) -> None:
     """TargetUnavailableError (exit 3) unless the device ``target`` runs on is here."""
+    triple = target.spec.get("mtriple")
+    if triple and triple_arch(triple) != host_arch():
+        raise TargetUnavailableError(f"-mtriple={triple} builds here but cannot run on this {host_arch()} machine",
+                                     "Run it on such a device with --rpc/--rpc-server (docs/remote.md); "
+                                     "'amptool convert' alone needs none.")
     use = device or target.device
     if use == "cpu":
         return
@@ -186,13 +196,15 @@ def _nvidia_smi_compute_cap() -> str | None:
 
 
 def parse_llvm_options(options: Sequence[str]) -> dict[str, Any]:
-    """``-mcpu=NAME`` and ``-mattr=+f1,-f2`` (space-separated in one or more strings) → target-dict keys."""
+    """``-mcpu=NAME``, ``-mattr=+f1,-f2`` and ``-mtriple=ARCH-VENDOR-OS`` (space-separated in one or
+    more strings) → target-dict keys."""
     found: dict[str, Any] = {}
     for token in (t for text in options for t in text.split()):
         flag, sep, value = token.partition("=")
         key = LLVM_OPTIONS.get(flag)
         if key is None or not sep or not value:
-            raise UserError(f"--target-options: '{token}' is not one of -mcpu=NAME, -mattr=+FEATURE,-FEATURE",
+            raise UserError(f"--target-options: '{token}' is not one of -mcpu=NAME, -mattr=+FEATURE,-FEATURE, "
+                            "-mtriple=TRIPLE",
                             "e.g. --target-options '-mcpu=skylake-avx512 -mattr=+avx2,-avx512f'.")
         if key == "mattr":
             features = [f for f in value.split(",") if f]
@@ -208,10 +220,49 @@ def parse_llvm_options(options: Sequence[str]) -> dict[str, Any]:
 
 def _check_llvm_spec(spec: dict[str, Any]) -> None:
     """LLVM accepts unknown CPUs and features silently (and builds generic code): refuse them."""
-    if "mcpu" in spec and not _tvm.llvm_is_valid_cpu(spec["mcpu"]):
-        raise UserError(f"--target-options -mcpu={spec['mcpu']}: LLVM does not know this CPU",
-                        f"This machine's CPU is {_tvm.host_cpu()}; 'llc -mcpu=help' lists the names.")
+    triple = spec.get("mtriple")
+    if triple and not _tvm.llvm_is_valid_cpu("generic", triple):
+        raise UserError(f"--target-options -mtriple={triple}: LLVM does not know this triple",
+                        "Write ARCH-VENDOR-OS, e.g. -mtriple=aarch64-linux-gnu or -mtriple=x86_64-linux-gnu.")
+    if "mcpu" in spec and not _tvm.llvm_is_valid_cpu(spec["mcpu"], triple):
+        hint = (f"'llc -mtriple={triple} -mcpu=help' lists the names." if triple
+                else f"This machine's CPU is {_tvm.host_cpu()}; 'llc -mcpu=help' lists the names.")
+        raise UserError(f"--target-options -mcpu={spec['mcpu']}: LLVM does not know this CPU", hint)
     unknown = _tvm.llvm_unknown_features(spec) if spec.get("mattr") else []
     if unknown:
         raise UserError(f"--target-options -mattr: LLVM does not know feature(s) {', '.join(unknown)}",
                         "'llc -mattr=help' lists the names (e.g. avx2, avx512f, f16c, avx512bf16).")
+
+
+def triple_arch(triple: str) -> str:
+    """The architecture part of a target triple, with its aliases folded (arm64 → aarch64)."""
+    arch = triple.split("-", 1)[0].lower()
+    return {"arm64": "aarch64", "amd64": "x86_64", "x64": "x86_64"}.get(arch, arch)
+
+
+def host_arch() -> str:
+    """This machine's architecture as a triple names it (``platform.machine()``, no TVM needed)."""
+    import platform  # noqa: PLC0415
+
+    return triple_arch(platform.machine())
+
+
+def cross_compiler(spec: dict[str, Any]) -> str | None:
+    """The C++ compiler that links a library for ``spec``'s ``mtriple`` when that is another
+    architecture than this host's; None for a native build. TargetUnavailableError (exit 3)
+    when it is not installed: TVM's LLVM emits the object code, but the shared library needs
+    the target's linker and C runtime (Debian: ``apt-get install g++-aarch64-linux-gnu``)."""
+    triple = spec.get("mtriple")
+    if not triple or triple_arch(triple) == host_arch():
+        return None
+    arch = triple_arch(triple)
+    names = [f"{triple}-g++", f"{triple}-gcc", f"{arch}-linux-gnu-g++", f"{arch}-linux-gnu-gcc"]
+    for name in dict.fromkeys(names):
+        found = shutil.which(name)
+        if found:
+            return found
+    raise TargetUnavailableError(
+        f"Cannot link for -mtriple={triple}: no cross compiler ({' or '.join(dict.fromkeys(names[::2]))}) on PATH",
+        f"Install one (Debian/Ubuntu: apt-get install g++-{arch}-linux-gnu), "
+        "or check the model with --lower-only (no linker needed).",
+    )
