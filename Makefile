@@ -9,7 +9,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 JOBS   ?= 2
 
-.PHONY: demo test test-all zoo lint clean venv check-models
+.PHONY: demo test test-all zoo lint clean venv check-models check-models-remote conformance
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,9 +41,20 @@ zoo: $(STAMP)
 check-models: $(STAMP)
 	$(PY) configs/check_models.py
 
+# The same matrix with every diff run on a device of a TVM RPC tracker, spread over its free devices
+# under KEY (docs/remote.md): make check-models-remote RPC=10.0.0.2:9190 KEY=rasp4
+check-models-remote: $(STAMP)
+	$(PY) configs/check_models.py --rpc $(RPC) --rpc-key $(KEY) --out out/check-models-remote
+
+# Every ONNX backend node case (regenerated from the installed onnx, nothing downloaded) through
+# onnxruntime and amptool float32/float16; per-op table in docs/conformance.md. ~20 min on 2 cores.
+# A subset: make conformance ARGS="--ops Add,Conv" (or --filter REGEX).
+conformance: $(STAMP)
+	$(PY) -m conformance.run --jobs $(JOBS) $(ARGS)
+
 lint: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[lint]'
-	$(VENV)/bin/ruff check amptool tests benchmarks configs
+	$(VENV)/bin/ruff check amptool tests benchmarks configs conformance
 	$(VENV)/bin/mypy amptool
 
 clean:

@@ -25,6 +25,7 @@ from amptool.app.outdir import check_output_dir
 from amptool.compare.tolerance import TolerancePolicy
 from amptool.compare.tolerance_profile import tolerance_override
 from amptool.errors import UserError
+from amptool.runtime.remote import RemoteSpec
 from amptool.runtime.tvm_runner import CompiledModel
 
 PathLike = str | os.PathLike[str]
@@ -94,7 +95,7 @@ def convert(model: PathLike, *, dtype: str = "float16", output: PathLike | None 
 
     ``build`` takes ConvertConfig's fields: colors, target, cuda_arch, target_options,
     input_shapes ({name: dims}), fixed_inputs ({name: value}), calibration, low_precision_io,
-    range_guards, prepare, concretize, max_input_bytes, dims ({symbolic dim: value}),
+    range_guards, cancellation_guard, prepare, concretize, max_input_bytes, dims ({symbolic dim: value}),
     exclude_ops and exclude_nodes (op types / node-name patterns kept float32)."""
     config = _config(model, dtype, build)
     out = os.fspath(output) if output is not None else None
@@ -136,14 +137,15 @@ def diff(model: PathLike, *, dtype: str = "float16", artifact: PathLike | None =
          max_scale_error: float | None = None, check_error_stat: str | None = None,
          per_output: Mapping[str, Mapping[str, Any]] | None = None, per_layer: bool = False,
          sample_axis: int | None = None, max_top1_flip: float | None = None, max_top5_flip: float | None = None,
-         min_pixel_agreement: float | None = None,
+         min_pixel_agreement: float | None = None, remote: RemoteSpec | None = None,
          on_stage: StageCallback | None = None, **build: Any) -> DiffReport:
     """Compare ``model`` converted to ``dtype`` with onnxruntime float32 on the same inputs.
 
     ``inputs`` is an ``.npz`` path, a directory of them (a dataset, each file a sample; so is one
     ``.npz`` with ``sample_axis``) or a dict of arrays; without it, ``iterations`` seeded sets
     from ``seed``. The report's ``passed`` is the verdict, ``verdict`` the line diff prints,
-    ``dataset`` the statistics over all sets (flip rates, worst sample)."""
+    ``dataset`` the statistics over all sets (flip rates, worst sample). ``remote``: run the converted
+    model on a device behind TVM's RPC (``RemoteSpec(host, port, key=…)``; docs/remote.md)."""
     policy = tolerance_policy(per_output, atol=atol, rtol=rtol, min_cosine=min_cosine,
                               max_scale_error=max_scale_error, check_error_stat=check_error_stat)
     arrays = dict(inputs) if isinstance(inputs, Mapping) else None
@@ -154,28 +156,37 @@ def diff(model: PathLike, *, dtype: str = "float16", artifact: PathLike | None =
         val_ranges=dict(val_ranges or {}), reference_outputs=_path(reference_outputs),
         save_outputs=_path(save_outputs), tolerance=policy, per_layer=per_layer, sample_axis=sample_axis,
         max_top1_flip=max_top1_flip, max_top5_flip=max_top5_flip, min_pixel_agreement=min_pixel_agreement,
+        remote=remote,
     )
     return diff_model(config, on_stage=on_stage)
 
 
 def inspect(model: PathLike, *, dtype: str = "float16", on_stage: StageCallback | None = None,
-            **build: Any) -> InspectReport:
-    """What converting ``model`` to ``dtype`` would do, per node: colour, compute dtype, guard. No compile."""
-    return inspect_model(_config(model, dtype, build), on_stage=on_stage)
+            headroom_margin: float | None = None, **build: Any) -> InspectReport:
+    """What converting ``model`` to ``dtype`` would do, per node: colour, compute dtype, guard. No compile.
+    ``headroom_margin`` (inspect --headroom --margin): also each node's margin to the dtype's limits,
+    in ``report.headroom``; ``amptool.app.inspect.write_headroom_colors`` writes its block list."""
+    return inspect_model(_config(model, dtype, build), on_stage=on_stage, headroom_margin=headroom_margin)
 
 
 def bench(model: PathLike, *, dtypes: Sequence[str] = ("float16",), target: str = "llvm",
           cuda_arch: str | None = None, threads: int | None = None, batch: int | None = None,
           rounds: int = 5, runs: int = 3, warmup: int = 2, seed: int = 0, fresh_workers: bool = True,
+          against: Sequence[str] = (), remote: RemoteSpec | None = None,
           on_stage: StageCallback | None = None, **build: Any) -> BenchReport:
     """Time amptool float32 and each of ``dtypes`` next to onnxruntime float32, each runtime in a
-    worker process of its own; ``model`` is an ONNX file or an artifact directory."""
+    worker process of its own; ``model`` is an ONNX file or an artifact directory. ``remote``: time
+    amptool's builds on that device instead (onnxruntime stays here; docs/remote.md)."""
     build = dict(build)
     config = BenchConfig(model=os.fspath(model), dtypes=tuple(dtypes), target=target, cuda_arch=cuda_arch,
                          batch=batch, threads=threads, input_shapes=build.pop("input_shapes", {}),
                          colors=build.pop("colors", None), build=build, rounds=rounds, runs=runs,
-                         warmup=warmup, seed=seed, fresh_workers=fresh_workers)
+                         warmup=warmup, seed=seed, fresh_workers=fresh_workers, against=tuple(against))
     _config(model, "float32", build)  # unknown build options are refused here, before any work
+    if remote is not None:
+        from amptool.app.remote_bench import bench_remote  # noqa: PLC0415
+
+        return bench_remote(config, remote, on_stage=on_stage)
     return bench_model(config, on_stage=on_stage)
 
 

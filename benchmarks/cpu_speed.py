@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/cpu_speed.py                 # all models, 2 and 1 threads → README.md
     .venv/bin/python benchmarks/cpu_speed.py --models resnet50,bert --threads 1 --no-write
+    .venv/bin/python benchmarks/cpu_speed.py --against openvino   # OpenVINO fp32 and bf16 beside (amptool[openvino])
 
 Models (built in code or shipped by the onnx wheel; nothing is downloaded):
   resnet50      torchvision-shaped ResNet-50, seeded weights          (benchmarks/models.py)
@@ -32,7 +33,14 @@ import onnx
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from amptool.app.bench import ONNXRUNTIME, BenchConfig, BenchReport, amptool_variant, bench_model  # noqa: E402
+from amptool.app.bench import (  # noqa: E402
+    ONNXRUNTIME,
+    BenchConfig,
+    BenchReport,
+    amptool_variant,
+    bench_model,
+    openvino_variant,
+)
 from benchmarks import models  # noqa: E402
 
 LIGHT = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data" / "light"
@@ -62,6 +70,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--readme", default=str(HERE / "README.md"), help="file whose results section is replaced")
     parser.add_argument("--no-write", action="store_true", help="print the table only")
+    parser.add_argument("--against", default="", help="'openvino': also time OpenVINO fp32 and bf16 (each isolated)")
     args = parser.parse_args()
     names = [n.strip() for n in args.models.split(",") if n.strip()]
     unknown = [n for n in names if n not in MODELS]
@@ -82,7 +91,7 @@ def main() -> None:
             for name in names:
                 print(f"== {name}, {threads} thread(s)", file=sys.stderr, flush=True)
                 config = BenchConfig(model=paths[name], dtypes=LOW, threads=threads, rounds=args.rounds,
-                                     runs=args.runs)
+                                     runs=args.runs, against=tuple(a for a in args.against.split(",") if a))
                 report = bench_model(config, on_stage=lambda stage: print(f"   {stage}", file=sys.stderr, flush=True))
                 reports.append((MODELS[name][0], report))
                 print(_row(MODELS[name][0], report), flush=True)
@@ -112,18 +121,29 @@ def _row(title: str, report: BenchReport) -> str:
         _ratio(report, fp32, ONNXRUNTIME), *(_ratio(report, amptool_variant(d), fp32) for d in LOW),
         "—" if compile_s is None else f"{compile_s:.1f}",
     ]
+    if _has_openvino(report):
+        cells += [_ms(report, openvino_variant("float32")), _ms(report, openvino_variant("bfloat16")),
+                  _ratio(report, fp32, openvino_variant("float32")),
+                  _ratio(report, amptool_variant("bfloat16"), openvino_variant("bfloat16"))]
     return "| " + " | ".join(cells) + " |"
+
+
+def _has_openvino(report: BenchReport) -> bool:
+    return report.timing(openvino_variant("float32")) is not None
 
 
 def _table(reports: list[tuple[str, BenchReport]], threads: int, args: argparse.Namespace, load_before: float,
            load_after: float) -> str:
+    openvino = any(_has_openvino(report) for _, report in reports)
     lines = [
         f"**{threads} thread(s)** for TVM and onnxruntime, batch 1, {args.rounds} rounds × {args.runs} runs per "
         f"variant, medians. Load average {load_before:.1f} before, {load_after:.1f} after.",
         "",
         "| model | onnxruntime fp32 ms | amptool fp32 ms | amptool fp16 ms | amptool bf16 ms "
-        "| fp32 vs onnxruntime | fp16 vs fp32 | bf16 vs fp32 | fp32 compile s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| fp32 vs onnxruntime | fp16 vs fp32 | bf16 vs fp32 | fp32 compile s |"
+        + (" OpenVINO fp32 ms | OpenVINO bf16 ms | fp32 vs OpenVINO fp32 | bf16 vs OpenVINO bf16 |"
+           if openvino else ""),
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" * 4 if openvino else ""),
         *(_row(title, report) for title, report in reports),
     ]
     return "\n".join(lines)

@@ -210,3 +210,27 @@ def test_workers_take_turns_and_exit(zoo_model):
         assert workers[0].info["provider"] == "CPUExecutionProvider"
         processes = [w.process for w in workers]
     assert [p.exitcode for p in processes] == [0, 0]
+
+
+def test_against_openvino_times_it_in_float32_and_each_dtype(zoo_model, run_cli, tmp_path):
+    pytest.importorskip("openvino", reason="amptool[openvino] is not installed")
+    out = tmp_path / "bench.json"
+    result = run_cli("bench", zoo_model("tiny_cnn"), "--dtype", "bf16", "--against", "openvino", *FAST,
+                     "--json", str(out))
+    assert result.exit_code == 0, result.output
+    data = read_json(out)
+    assert [r["variant"] for r in data["results"]] == [ONNXRUNTIME, "openvino-float32", "openvino-bfloat16",
+                                                       "amptool-float32", "amptool-bfloat16"]
+    assert all(r["median_ms"] > 0 for r in data["results"])
+    assert {"amptool-float32/openvino-float32", "amptool-bfloat16/openvino-bfloat16",
+            "amptool-bfloat16/openvino-float32"} <= set(data["ratios"])
+    assert data["openvino_precision"]["openvino-float32"] == "f32"
+    assert data["openvino_precision"]["openvino-bfloat16"] in ("bf16", "f32")  # f32 where the CPU has no bf16
+    assert "openvino-bfloat16" in result.output.strip().splitlines()[-1]
+
+
+def test_against_openvino_refuses_other_targets(zoo_model):
+    with pytest.raises(UserError, match="OpenVINO's CPU plugin"):
+        BenchConfig(model=zoo_model("tiny_cnn"), target="cuda", against=("openvino",))
+    with pytest.raises(UserError, match="not a runtime"):
+        BenchConfig(model=zoo_model("tiny_cnn"), against=("tensorrt",))

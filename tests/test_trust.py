@@ -111,9 +111,9 @@ def test_leftovers_of_a_killed_run_are_removed_and_tvm_temporaries_stay_inside(
     seen: list[tuple[str, str]] = []
     real_export = _tvm.export_library
 
-    def recording_export(executable, path):
+    def recording_export(executable, path, *rest):
         seen.append((tempfile.gettempdir(), os.environ.get("TMPDIR", "")))
-        return real_export(executable, path)
+        return real_export(executable, path, *rest)
 
     monkeypatch.setattr(_tvm, "export_library", recording_export)
     assert run_cli("convert", zoo_model("tiny_cnn"), "-o", str(tmp_path / "out")).exit_code == 0

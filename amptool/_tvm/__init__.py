@@ -9,6 +9,8 @@ Callers use ``from amptool import _tvm`` and ``_tvm.NAME``; the parts:
   ir        Relax types, constants, op names, passes, rebuilding calls (the pass's hot path)
   build     targets, exported libraries, LLVM/toolchain facts (the pipelines: amptool.compiler)
   runtime   devices, the VM, thread pools — all of it works under a runtime-only TVM
+  rpc       TVM's RPC client: tracker/server sessions, uploads, a remote VM (imported by its module path
+            ``amptool._tvm.rpc``, only where a remote is used)
 """
 
 from __future__ import annotations

@@ -52,7 +52,14 @@ import onnx
 
 from amptool import __version__, _tvm
 from amptool.app.artifact import load_artifact
-from amptool.app.bench_worker import ONNXRUNTIME_RUNTIME, TVM_RUNTIME, Worker, WorkerSpec, isolated_workers
+from amptool.app.bench_worker import (
+    ONNXRUNTIME_RUNTIME,
+    OPENVINO_RUNTIME,
+    TVM_RUNTIME,
+    Worker,
+    WorkerSpec,
+    isolated_workers,
+)
 from amptool.app.convert import BuildResult, ConvertConfig, build_model, export_build
 from amptool.app.versions import engine_versions
 from amptool.compiler.targets import require_device, resolve_target
@@ -65,6 +72,9 @@ from amptool.frontend.signature import TensorSpec, graph_inputs
 from amptool.runtime.inputs import generate_inputs
 
 ONNXRUNTIME = "onnxruntime-float32"
+OPENVINO = "openvino"
+#: Runtimes ``--against`` can add beside onnxruntime (which is always timed).
+AGAINST = (OPENVINO,)
 ISOLATION = "process per runtime"
 ISOLATION_FRESH = "process per runtime, fresh each round"
 StageCallback = Callable[[str], None]
@@ -73,6 +83,10 @@ ProgressCallback = Callable[[int, int], None]
 
 def amptool_variant(dtype: str) -> str:
     return f"amptool-{dtype}"
+
+
+def openvino_variant(dtype: str) -> str:
+    return f"openvino-{dtype}"
 
 
 @dataclass(frozen=True)
@@ -95,6 +109,7 @@ class BenchConfig:
     warmup: int = 2
     seed: int = 0
     fresh_workers: bool = True  # new worker processes every round (see the module docstring)
+    against: tuple[str, ...] = ()  # other runtimes to time beside onnxruntime: "openvino"
 
     def __post_init__(self) -> None:
         for dtype in self.dtypes:
@@ -106,6 +121,19 @@ class BenchConfig:
                 raise UserError(f"--{name} must be at least 1, got {value}")
         if self.rounds < 1 or self.runs < 1 or self.warmup < 0:
             raise UserError("--rounds and --runs must be at least 1")
+        for runtime in self.against:
+            if runtime not in AGAINST:
+                raise UserError(f"--against {runtime}: not a runtime amptool can time",
+                                f"Choose from: {', '.join(AGAINST)}.")
+        if OPENVINO in self.against:
+            if self.target != "llvm":
+                raise UserError(f"--against openvino times OpenVINO's CPU plugin; --target {self.target} runs "
+                                "elsewhere", "Use --target llvm for a CPU comparison.")
+            import importlib.util  # noqa: PLC0415
+
+            if importlib.util.find_spec("openvino") is None:
+                raise UserError("--against openvino needs OpenVINO, which is not installed",
+                                "pip install 'amptool[openvino]' (or pip install openvino).")
         if os.path.isdir(self.model):
             self._check_artifact_options()
 
@@ -172,6 +200,8 @@ class BenchReport:
     onnxruntime_provider: str = "CPUExecutionProvider"
     clock: str = "wall clock per call"
     isolation: str = ISOLATION
+    #: OpenVINO variant → the inference precision OpenVINO chose (it may ignore the hint).
+    openvino_precision: dict[str, str] = field(default_factory=dict)
 
     def timing(self, variant: str) -> VariantTiming | None:
         return next((r for r in self.results if r.variant == variant), None)
@@ -184,14 +214,19 @@ class BenchReport:
         return a.median_ms / b.median_ms
 
     def ratios(self) -> dict[str, float]:
-        """``variant/baseline`` → ratio: every amptool variant against onnxruntime, and every low
-        dtype against amptool float32."""
+        """``variant/baseline`` → ratio: every amptool variant against onnxruntime, every low dtype
+        against amptool float32, and with ``--against openvino`` every amptool variant against
+        OpenVINO in its own dtype and in float32 (missing baselines are skipped)."""
         found: dict[str, float] = {}
         fp32 = amptool_variant("float32")
         for r in self.results:
-            if r.variant == ONNXRUNTIME:
+            if not r.variant.startswith("amptool-"):
                 continue
-            for baseline in (ONNXRUNTIME, fp32) if r.variant != fp32 else (ONNXRUNTIME,):
+            dtype = r.variant.removeprefix("amptool-")
+            baselines = [ONNXRUNTIME, *([fp32] if r.variant != fp32 else []), openvino_variant(dtype)]
+            if dtype != "float32":
+                baselines.append(openvino_variant("float32"))
+            for baseline in baselines:
                 value = self.ratio(r.variant, baseline)
                 if value is not None:
                     found[f"{r.variant}/{baseline}"] = round(value, 4)
@@ -214,6 +249,7 @@ class BenchReport:
             "onnxruntime_provider": self.onnxruntime_provider,
             "clock": self.clock,
             "isolation": self.isolation,
+            **({"openvino_precision": self.openvino_precision} if self.openvino_precision else {}),
             "settle_ms": {r.variant: round(float(np.median(r.settle_ms)), 1) for r in self.results if r.settle_ms},
             "versions": self.versions,
             "date": self.date,
@@ -247,11 +283,12 @@ def bench_model(config: BenchConfig, on_stage: StageCallback | None = None,
             handle.write(ort_model.SerializeToString())
         provider = _onnxruntime_provider(config.target)
         workers = [WorkerSpec(ONNXRUNTIME, ONNXRUNTIME_RUNTIME, ort_path, threads, feeds, provider=provider),
+                   *_openvino_specs(config, ort_path, threads, feeds),
                    *(WorkerSpec(name, TVM_RUNTIME, v.path, threads, feeds) for name, v in variants.items())]
-        timings = [VariantTiming(ONNXRUNTIME),
-                   *(VariantTiming(name, build_s=v.build_s, compile_s=v.compile_s) for name, v in variants.items())]
+        timings = [VariantTiming(w.name) for w in workers if w.runtime != TVM_RUNTIME]
+        timings += [VariantTiming(name, build_s=v.build_s, compile_s=v.compile_s) for name, v in variants.items()]
         notify("loading each variant in its own process")
-        infos = _time_rounds(workers, timings, config, notify, on_progress)
+        infos = time_rounds(workers, timings, config, notify, on_progress)
     devices = {v.device for v in variants.values()}
     return BenchReport(
         model=config.model,
@@ -266,6 +303,8 @@ def bench_model(config: BenchConfig, on_stage: StageCallback | None = None,
         onnxruntime_provider=str(infos[0].get("provider", provider)),
         clock="wall clock per call" if devices == {"cpu"} else "wall clock per call, device synchronised after each",
         isolation=ISOLATION_FRESH if config.fresh_workers else ISOLATION,
+        openvino_precision={w.name: str(info["precision"]) for w, info in zip(workers, infos)
+                            if w.runtime == OPENVINO_RUNTIME},
     )
 
 
@@ -352,6 +391,14 @@ def _input_shapes(config: BenchConfig, declared: Sequence[TensorSpec]) -> dict[s
     return shapes
 
 
+def _openvino_specs(config: BenchConfig, path: str, threads: int, feeds: Mapping[str, np.ndarray]) -> list[WorkerSpec]:
+    """OpenVINO in float32 and in each low dtype asked for, on the same (pinned) ONNX file."""
+    if OPENVINO not in config.against:
+        return []
+    return [WorkerSpec(openvino_variant(dtype), OPENVINO_RUNTIME, path, threads, feeds, precision=dtype)
+            for dtype in dict.fromkeys(("float32", *config.dtypes))]
+
+
 def _onnxruntime_provider(target: str) -> str:
     """onnxruntime's CUDA provider for a CUDA bench when it is installed; the CPU otherwise."""
     import onnxruntime as ort  # noqa: PLC0415
@@ -361,7 +408,7 @@ def _onnxruntime_provider(target: str) -> str:
     return "CPUExecutionProvider"
 
 
-def _time_rounds(specs: list[WorkerSpec], timings: list[VariantTiming], config: BenchConfig,
+def time_rounds(specs: list[WorkerSpec], timings: list[VariantTiming], config: BenchConfig,
                  notify: StageCallback, on_progress: ProgressCallback | None) -> list[dict[str, Any]]:
     """Rounds of turns, one worker busy at a time, in an order that rotates every round.
     Returns the load infos of the first round's workers."""

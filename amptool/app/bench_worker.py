@@ -47,9 +47,12 @@ import numpy as np
 from amptool.errors import TargetUnavailableError, UserError, error_summary
 from amptool.runtime.onnxruntime_runner import session
 
-Runtime = Literal["onnxruntime", "tvm"]
+Runtime = Literal["onnxruntime", "tvm", "openvino"]
 ONNXRUNTIME_RUNTIME: Runtime = "onnxruntime"
 TVM_RUNTIME: Runtime = "tvm"
+OPENVINO_RUNTIME: Runtime = "openvino"
+#: OpenVINO's INFERENCE_PRECISION_HINT for each amptool dtype.
+OPENVINO_PRECISION = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 STOP_GRACE_S = 5.0  # a worker asked to stop may be finishing a timed turn first
 #: Quiet: two windows in a row in which all the worker's threads together used under 10% of one
 #: CPU. Process CPU time has nanosecond resolution, so 10 ms windows are enough to see a spinner.
@@ -69,6 +72,7 @@ class WorkerSpec:
     threads: int
     feeds: Mapping[str, np.ndarray] = field(default_factory=dict)
     provider: str = "CPUExecutionProvider"  # onnxruntime only
+    precision: str = "float32"  # openvino only: the inference precision to ask for
     device: str | None = None  # TVM only; None: the device the artifact was built for
 
 
@@ -217,6 +221,8 @@ def _load(spec: WorkerSpec) -> tuple[Callable[[], Any], dict[str, Any]]:
         return _onnxruntime_call(spec)
     if spec.runtime == TVM_RUNTIME:
         return _tvm_call(spec)
+    if spec.runtime == OPENVINO_RUNTIME:
+        return _openvino_call(spec)
     raise ValueError(f"unknown runtime {spec.runtime!r}")
 
 
@@ -242,3 +248,27 @@ def _tvm_call(spec: WorkerSpec) -> tuple[Callable[[], Any], dict[str, Any]]:
     dtypes: Sequence[str | None] = compiled.input_dtypes or [None] * len(compiled.input_names)
     arrays = [as_float_dtype(spec.feeds[n], d) for n, d in zip(compiled.input_names, dtypes)]
     return _tvm.prepared_call(compiled.vm, arrays, compiled.device), {"tvm_threads": threads, "device": compiled.device}
+
+
+def _openvino_call(spec: WorkerSpec) -> tuple[Callable[[], Any], dict[str, Any]]:
+    """OpenVINO's CPU plugin as its docs tune it for one request at a time: the LATENCY hint, one
+    stream, ``threads`` inference threads, the requested precision; the model reshaped to the
+    feeds' static shapes (dynamic dims run slower). ``info`` records the precision OpenVINO
+    actually chose — a CPU without bf16 support silently runs f32."""
+    import openvino as ov  # noqa: PLC0415 - an optional extra, loaded by its worker only
+
+    core = ov.Core()
+    try:
+        model = core.read_model(spec.path)
+        names = {port.get_any_name() for port in model.inputs}
+        model.reshape({name: list(np.shape(spec.feeds[name])) for name in names if name in spec.feeds})
+        compiled = core.compile_model(model, "CPU", {
+            "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": "1", "INFERENCE_NUM_THREADS": str(spec.threads),
+            "INFERENCE_PRECISION_HINT": OPENVINO_PRECISION[spec.precision]})
+    except Exception as err:
+        raise UserError(f"OpenVINO cannot run the model: {error_summary(err)}") from err
+    request = compiled.create_infer_request()
+    inputs = {name: np.ascontiguousarray(spec.feeds[name]) for name in names}
+    hint = compiled.get_property("INFERENCE_PRECISION_HINT")
+    chosen = hint.get_type_name() if hasattr(hint, "get_type_name") else str(hint)  # "bf16", "f32"
+    return (lambda: request.infer(inputs)), {"openvino": ov.__version__, "precision": chosen}

@@ -29,7 +29,8 @@ from amptool.app.outdir import check_output_dir
 from amptool.app.versions import engine_versions
 from amptool.colors import ColorPolicy, load_policy
 from amptool.colors.loader import unmatched_node_rules, with_exclusions
-from amptool.compiler.targets import ResolvedTarget, check_target_flags, resolve_target
+from amptool.compiler.cpu_speed import low_precision_speed_note, warn_if_slow
+from amptool.compiler.targets import ResolvedTarget, check_target_flags, cross_compiler, resolve_target
 from amptool.dtypes import DTYPES
 from amptool.errors import TargetUnavailableError, UserError
 from amptool.frontend.graph import iter_nodes
@@ -65,6 +66,7 @@ class ConvertConfig:
     #: input name → dims ("" names the model's only input); parsed from --input-shape at the edge
     input_shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     range_guards: bool = True
+    cancellation_guard: bool = True  # off with --no-cancellation-guard (range_guards=False turns it off too)
     prepare: bool = True
     #: input name → value (a number, numbers, or an array): inputs baked in as constants
     fixed_inputs: Mapping[str, FixedValue] = field(default_factory=dict)
@@ -150,6 +152,7 @@ class BuildResult:
             "target_spec": self.target_spec,
             "device": self.device,
             "arch": self.arch,
+            "triple": self.target_spec.get("mtriple") or _tvm.system_triple(),  # the host code's; run checks it
             "target_options": list(self.config.target_options),
             "library": LIBRARY_NAME,
             "inputs": [s.as_json() for s in self.inputs],
@@ -172,6 +175,8 @@ class BuildResult:
                 self.calibration.as_json(self.policy.activation_limit(self.config.dtype))
                 if self.calibration is not None else None
             ),
+            "cancellation_guard": cancellation_summary(self.config, self.policy, self.calibration),
+            "cpu_speed_note": low_precision_speed_note(self.config.dtype, self.target_spec),
             "weight_bytes": dict(self.passes.weight_bytes),
             "concretize_like": self.passes.concretize.as_json() if self.passes.concretize else None,
             "timings_s": {k: round(v, 4) for k, v in self.timings_s.items()},
@@ -204,8 +209,11 @@ def rewrite_model(
     config: ConvertConfig,
     arrays: Mapping[str, np.ndarray] | None = None,
     on_stage: StageCallback | None = None,
+    *,
+    calibrate: bool = False,
 ) -> Rewritten:
-    """Load, prepare, import, calibrate and run the Relax passes. ``arrays`` may pin shapes."""
+    """Load, prepare, import, calibrate and run the Relax passes. ``arrays`` may pin shapes;
+    ``calibrate`` measures even when no range guard reads it (inspect --headroom)."""
     timings: dict[str, float] = {}
     notify = on_stage or (lambda _name: None)
     policy = with_exclusions(load_policy(config.colors), config.exclude_ops, config.exclude_nodes)
@@ -233,7 +241,7 @@ def rewrite_model(
     )
     imported = timed("import", lambda: import_model(prepared.model, inputs))
     calibration = None
-    if config.range_guards and config.dtype != "float32":
+    if (config.range_guards or calibrate) and config.dtype != "float32":
         calibration = timed("calibrate", lambda: _calibrate(config, prepared.model, inputs))
     passes = _run_passes(config, imported, policy, calibration, notify)
     timings.update(passes.timings_s)
@@ -274,6 +282,8 @@ def _run_passes(config: ConvertConfig, imported: ImportedModel, policy: ColorPol
         imported.provenance,
         range_guards=config.range_guards,
         activation_peaks=calibration.peaks if calibration else None,
+        cancellation=({n: (c.ratio, c.feeds) for n, c in calibration.cancellation.items()}
+                      if calibration and config.cancellation_guard else None),
         low_precision_io=config.low_precision_io,
         concretize=config.concretize,
         on_stage=notify,
@@ -300,15 +310,9 @@ def build_model(
 
 def check_ir_path(path: str) -> None:
     """Refuse an ``--emit-ir`` path that cannot be written, before anything is built."""
-    import os  # noqa: PLC0415
+    from amptool.fileio import check_writable_file  # noqa: PLC0415
 
-    parent = os.path.dirname(os.path.abspath(path)) or "."
-    existing = parent
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if os.path.isdir(path) or not os.path.isdir(existing) or not os.access(existing, os.W_OK):
-        why = "is a directory" if os.path.isdir(path) else f"cannot be created in {existing}"
-        raise UserError(f"--emit-ir {path}: {why}", "Name a file in a writable directory, e.g. out/model.relax.py.")
+    check_writable_file(path, "--emit-ir", "Name a file in a writable directory, e.g. out/model.relax.py.")
 
 
 def write_ir(mod: Any, path: str) -> None:
@@ -327,6 +331,7 @@ def compile_rewritten(
     if on_stage:
         on_stage("compile")
     target_spec = target.spec
+    warn_if_slow(config.dtype, target_spec)  # before the minutes a slow build's bench would take
     start = time.perf_counter()
     executable = _compile(rewritten.passes.mod, target_spec)
     rewritten.timings_s["compile"] = time.perf_counter() - start
@@ -362,6 +367,14 @@ def _io_specs(specs: list[TensorSpec], config: ConvertConfig) -> list[TensorSpec
     if not config.low_precision_io or config.dtype == "float32":
         return specs
     return [TensorSpec(s.name, config.dtype, s.shape) if s.dtype == "float32" else s for s in specs]
+
+
+def cancellation_summary(config: ConvertConfig, policy: ColorPolicy,
+                         calibration: Calibration | None) -> dict[str, object] | None:
+    """The cancellation guard's bound and counts (manifest, inspect); None when it did not run."""
+    if calibration is None or not (config.range_guards and config.cancellation_guard):
+        return None
+    return calibration.cancellation_json(policy.cancellation_bound())
 
 
 def _calibrate(config: ConvertConfig, model: Any, inputs: list[TensorSpec]) -> Calibration:
@@ -400,7 +413,7 @@ def export_build(
     def write(tmp: str) -> None:
         import os  # noqa: PLC0415
 
-        _tvm.export_library(result.executable, os.path.join(tmp, LIBRARY_NAME))
+        _tvm.export_library(result.executable, os.path.join(tmp, LIBRARY_NAME), cross_compiler(result.target_spec))
         for name, text in (extra_files or {}).items():
             with open(os.path.join(tmp, name), "w", encoding="utf-8") as handle:
                 handle.write(text)

@@ -16,6 +16,7 @@ once the comparison is complete.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ import numpy as np
 
 from amptool.app.artifact import load_artifact
 from amptool.app.convert import ConvertConfig, build_model, resolve
+from amptool.app.remote import remote_artifact, remote_build, remote_json
 from amptool.compare.aggregate import mean_over, severity, worst_case
 from amptool.compare.labels import DecisionTracker
 from amptool.compare.stats import compare_output
@@ -48,6 +50,7 @@ from amptool.runtime.inputs import (
     save_outputs,
 )
 from amptool.runtime.onnxruntime_runner import OnnxruntimeRunner
+from amptool.runtime.remote import RemoteModel, RemoteSpec
 from amptool.runtime.samples import SOURCE_DIRECTORY, SOURCE_SAMPLE_AXIS, Samples, open_samples
 from amptool.runtime.tvm_runner import CompiledModel
 
@@ -73,8 +76,12 @@ class DiffConfig:
     max_top1_flip: float | None = None  # fail when more rows than this fraction change their argmax
     max_top5_flip: float | None = None
     min_pixel_agreement: float | None = None
+    remote: RemoteSpec | None = None  # run the converted model on a device behind TVM's RPC (app/remote.py)
 
     def __post_init__(self) -> None:
+        if self.per_layer and self.remote is not None:
+            raise UserError("--per-layer runs every node here, not on the remote device",
+                            "Drop --per-layer, or drop --rpc/--rpc-server to find the node on this machine.")
         for flag, value in (("--max-top1-flip", self.max_top1_flip), ("--max-top5-flip", self.max_top5_flip),
                             ("--min-pixel-agreement", self.min_pixel_agreement)):
             if value is not None and not 0.0 <= value <= 1.0:
@@ -127,6 +134,7 @@ class DiffReport:
     layers: Any = None  # amptool.app.per_layer.LayerReport, with --per-layer
     #: The overrides the tolerances were resolved from (flags or the API's tolerance_policy).
     policy: TolerancePolicy = field(default_factory=TolerancePolicy)
+    remote: dict[str, Any] | None = None  # where the converted model ran, with --rpc/--rpc-server
 
     @property
     def verdict(self) -> str:
@@ -172,6 +180,7 @@ class DiffReport:
             "guarded": self.manifest.get("guarded", []),
             "unknown_ops": self.manifest.get("unknown_ops", {}),
             "timings_s": {k: round(v, 4) for k, v in self.timings_s.items()},
+            "remote": self.remote,
             **(self.layers.as_json() if self.layers is not None else {}),
         })
 
@@ -198,6 +207,12 @@ def _override_json(override: ToleranceOverride) -> dict[str, Any]:
 
 def diff_model(config: DiffConfig, on_stage: Callable[[str], None] | None = None) -> DiffReport:
     """Convert (or load ``artifact``), run both sides on the same inputs, compare."""
+    with contextlib.ExitStack() as remote_session:  # with --rpc: ends the session, removes the library
+        return _diff_model(config, on_stage, remote_session)
+
+
+def _diff_model(config: DiffConfig, on_stage: Callable[[str], None] | None,
+                remote_session: contextlib.ExitStack) -> DiffReport:
     notify = on_stage or (lambda _name: None)
     timings: dict[str, float] = {"reference": 0.0, "run": 0.0}
     loaded = load_model(config.convert.model)
@@ -220,17 +235,20 @@ def diff_model(config: DiffConfig, on_stage: Callable[[str], None] | None = None
                         "Drop --per-layer; diff compares the gradients against float64 finite differences.")
 
     if config.artifact:
-        manifest, compiled = load_artifact(config.artifact)
+        manifest, compiled = (load_artifact(config.artifact) if config.remote is None
+                              else remote_session.enter_context(remote_artifact(config.remote, config.artifact)))
         dtype, target = manifest["dtype"], manifest["target"]
         pinned = [TensorSpec(i["name"], i["dtype"], tuple(i["shape"])) for i in manifest["inputs"]]
         declared = {s.name: s for s in graph_inputs(loaded.model)}
         fixed = {name: np.asarray(value, dtype=declared[name].dtype)
                  for name, value in manifest.get("fixed_inputs", {}).items() if name in declared}
     else:
-        require_device(resolve(config.convert))  # exit 3 before building for a GPU that is not here
+        if config.remote is None:
+            require_device(resolve(config.convert))  # exit 3 before building for a GPU that is not here
         build = build_model(config.convert, arrays=arrays, on_stage=notify)
         timings.update(build.timings_s)
-        manifest, compiled = build.manifest(), build.compiled()
+        manifest, compiled = build.manifest(), (build.compiled() if config.remote is None else
+                                                remote_session.enter_context(remote_build(config.remote, build)))
         dtype, target, pinned = config.convert.dtype, config.convert.target, build.inputs
     # Inputs are made and checked in the model's own dtypes; a --low-precision-io module
     # casts its float feeds itself (CompiledModel.run).
@@ -306,6 +324,7 @@ def diff_model(config: DiffConfig, on_stage: Callable[[str], None] | None = None
         dataset=dataset,
         layers=layers,
         policy=policy,
+        remote=remote_json(compiled) if isinstance(compiled, RemoteModel) else None,
     )
 
 
@@ -433,6 +452,8 @@ def verdict_line(report: DiffReport) -> str:
     and the statistic that decided."""
     worst = report.worst
     head = f"{report.dtype} on {report.target}"
+    if report.remote:
+        head += f" at {report.remote['server']}"
     if report.reference.get("path"):
         head += f" vs {report.reference['path']}"
     count = report.iterations.get("count", 1)

@@ -61,7 +61,7 @@ from amptool.app.fallback_verify import InputSet, Model, Verdict, check_outputs,
 from amptool.app.per_layer import LayerReport, compare_layers
 from amptool.app.probe import compile_probed
 from amptool.colors.loader import BUILTIN_PREFIX
-from amptool.colors.policy import Color, ColorPolicy, NodeRule
+from amptool.colors.policy import Color, ColorPolicy, NodeRule, literal_pattern
 from amptool.compare.aggregate import severity, worst_case
 from amptool.compare.tolerance import TolerancePolicy
 from amptool.errors import UserError
@@ -85,8 +85,14 @@ class FallbackConfig:
     iterations: int | None = None  # search seeds seed … seed+N-1 as diff's; None: 4, or --calibration's inputs
     held_out: int = DEFAULT_HELD_OUT_SEEDS  # held-out seeds, after the search's (unless ``validation``)
     validation: str | None = None  # .npz of held-out inputs (--validation), instead of seeds
+    #: Search on until every output's error is under this fraction of its tolerance (--target-margin).
+    target_margin: float | None = None
+    pareto: bool = False  # also build, check and time every step (amptool.app.pareto)
 
     def __post_init__(self) -> None:
+        if self.target_margin is not None and not 0.0 < self.target_margin <= 1.0:
+            raise UserError(f"--target-margin {self.target_margin}: a fraction of the tolerance in (0, 1]",
+                            "E.g. --target-margin 0.5 searches until errors are at most half the tolerance.")
         if self.convert.dtype == "float32":
             raise UserError("--auto-fallback needs a low-precision --dtype (float16 or bfloat16)",
                             "float32 has nothing to fall back from.")
@@ -128,19 +134,28 @@ class Measurement:
     layers: LayerReport | None  # None: measured without probes
     seconds: float
     build: BuildResult | None = None  # a normal build (no probes), ready to export
+    margin: float | None = None  # --target-margin: passing also needs every tolerance ratio under it
 
     @property
     def passed(self) -> bool:
-        return all(o["passed"] for o in self.outputs)
+        return all(o["passed"] for o in self.outputs) and within_margin(self.outputs, self.margin)
 
     @property
     def worst(self) -> dict[str, Any]:
         return max(self.outputs, key=severity)
 
+    @property
+    def failure(self) -> str | None:
+        """Why it did not pass: its worst output's failure, or the margin it missed."""
+        worst = self.worst
+        if worst["failure"] or self.passed:
+            return worst["failure"]
+        return f"tolerance ratio {worst['tolerance_ratio']:.3g} > --target-margin {self.margin:g}"
+
     def summary(self) -> dict[str, Any]:
         worst = self.worst
         return {"kept": len(self.kept), "passed": self.passed, "worst_output": worst["name"],
-                "tolerance_ratio": worst["tolerance_ratio"], "failure": worst["failure"],
+                "tolerance_ratio": worst["tolerance_ratio"], "failure": self.failure,
                 "first_jump": self.layers.first_jump if self.layers else None, "seconds": round(self.seconds, 3)}
 
 
@@ -159,6 +174,8 @@ class FallbackResult:
     search: Verdict  # the final build on the search sets (``final_outputs``)
     held_out: Verdict  # … and on sets the search never saw
     timings_s: dict[str, float] = field(default_factory=dict)
+    target_margin: float | None = None
+    pareto: dict[str, Any] | None = None  # amptool.app.pareto's report, with --pareto
 
     def manifest_section(self) -> dict[str, Any]:
         worst = max(self.final_outputs, key=severity)
@@ -175,6 +192,10 @@ class FallbackResult:
             "colors_file": FALLBACK_FILE,
             "search": self.search.as_json(),
             "held_out": self.held_out.as_json(),
+            "target_margin": self.target_margin,
+            "target_margin_met": (within_margin(self.search.outputs, self.target_margin)
+                                  and within_margin(self.held_out.outputs, self.target_margin)),
+            "pareto_steps": len(self.pareto["steps"]) if self.pareto else None,
             "timings_s": {k: round(v, 3) for k, v in self.timings_s.items()},
         })
 
@@ -233,6 +254,10 @@ def auto_fallback(config: FallbackConfig, on_stage: Callable[[str], None] | None
     notify(f"auto-fallback: held-out check ({len(held_out_sets)} input set(s))")
     held_out = judge(compiled.run, held_out_sets, output_names, config.tolerance, dtype)
     timings["held_out"] = time.perf_counter() - start - timings["search"]
+    pareto = None
+    if config.pareto:
+        pareto = _pareto(config, search, chosen, build, held_out_sets, output_names, notify)
+        timings["pareto"] = time.perf_counter() - start - timings["search"] - timings["held_out"]
     mod, decisions = chosen.rewritten.passes.mod, chosen.rewritten.passes.report.decisions
     return FallbackResult(
         build=build,
@@ -248,7 +273,31 @@ def auto_fallback(config: FallbackConfig, on_stage: Callable[[str], None] | None
         search=searched,
         held_out=held_out,
         timings_s=timings,
+        target_margin=config.target_margin,
+        pareto=pareto,
     )
+
+
+def within_margin(outputs: Sequence[dict[str, Any]], margin: float | None) -> bool:
+    """Every output's tolerance ratio at most ``margin`` (exactly compared outputs have none)."""
+    if margin is None:
+        return True
+    return all(o.get("tolerance_ratio") is None or o["tolerance_ratio"] <= margin for o in outputs)
+
+
+def _pareto(config: FallbackConfig, search: _Search, chosen: Measurement, final: BuildResult,
+            held_out: Sequence[InputSet], output_names: Sequence[str],
+            notify: Callable[[str], None]) -> dict[str, Any]:
+    """Every colouring the search measured, in order (the final build for the chosen one)."""
+    from amptool.app.pareto import Rung, pareto_report  # noqa: PLC0415 - imports bench's worker machinery
+
+    rungs: dict[tuple[str, ...], Rung] = {}
+    for measurement in search.history:
+        build = final if measurement.kept == chosen.kept else measurement.build
+        rungs.setdefault(measurement.kept, Rung(f"{len(measurement.kept)} kept", measurement.kept,
+                                                measurement.rewritten, build))
+    return pareto_report(config.convert, list(rungs.values()), chosen.kept, held_out, output_names,
+                         config.tolerance, notify)
 
 
 class _Search:
@@ -273,7 +322,8 @@ class _Search:
             self.compiles += 1
             compiled = build.compiled()
             results = worst_case([self._check(compiled.run(s.feeds), s.reference) for s in self.sets])
-            plain = Measurement(kept, rewritten, results, None, time.perf_counter() - start, build)
+            plain = Measurement(kept, rewritten, results, None, time.perf_counter() - start, build,
+                                self.config.target_margin)
             self.history.append(plain)
             return plain
         passes = rewritten.passes
@@ -289,7 +339,8 @@ class _Search:
         (_, converted), reference = runs[max(range(len(runs)), key=lambda i: severity(max(per_set[i], key=severity)))]
         layers = compare_layers(rewritten.prepared, probed.probes, reference, converted, convert.dtype,
                                 self.config.tolerance.resolve(convert.dtype), probed.skipped)
-        measurement = Measurement(kept, rewritten, results, layers, time.perf_counter() - start)
+        measurement = Measurement(kept, rewritten, results, layers, time.perf_counter() - start,
+                                  margin=self.config.target_margin)
         self.history.append(measurement)
         return measurement
 
@@ -360,15 +411,6 @@ def with_fp32_nodes(policy: ColorPolicy, nodes: Sequence[str]) -> ColorPolicy:
     return dataclasses.replace(policy, node_rules=rules + policy.node_rules)
 
 
-def literal_pattern(name: str) -> str:
-    """A ``nodes:`` pattern matching exactly ``name``: glob metacharacters bracketed, and a
-    name that would read as ``/regex/`` has its last slash bracketed."""
-    escaped = "".join(f"[{c}]" if c in "*?[" else c for c in name)
-    if len(escaped) >= 2 and escaped.startswith("/") and escaped.endswith("/"):
-        escaped = escaped[:-1] + "[/]"
-    return escaped
-
-
 # --------------------------------------------------------------------------- the colour list
 
 
@@ -390,6 +432,8 @@ def fallback_yaml(config: FallbackConfig, kept: Sequence[str], search: Verdict, 
     flags += [f"--fixed-input {n}={value_text(v)}" for n, v in config.convert.fixed_inputs.items()]
     if not config.convert.range_guards:
         flags.append("--no-range-guards")
+    elif not config.convert.cancellation_guard:
+        flags.append("--no-cancellation-guard")
     if not config.convert.prepare:
         flags.append("--no-prepare")
     if not config.convert.concretize:

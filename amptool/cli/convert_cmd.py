@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -13,6 +14,7 @@ from amptool.cli.help import command
 from amptool.cli.json_out import emit_json, json_option, json_to_stdout
 from amptool.cli.options import model_options, validation_option
 from amptool.errors import EXIT_ACCURACY_FAILED, UserError
+from amptool.fileio import check_writable_file
 
 if TYPE_CHECKING:
     from amptool.app.convert import ConvertConfig
@@ -44,12 +46,21 @@ if TYPE_CHECKING:
 @validation_option
 @click.option("--max-compiles", type=int, default=None, metavar="N",
               help="With --auto-fallback: most compiles the search may use, the final build included (default 10).")
+@click.option("--target-margin", type=float, default=None, metavar="FRACTION",
+              help="With --auto-fallback: keep falling back until every output's error is at most FRACTION of "
+              "its tolerance (e.g. 0.5), not just within it.")
+@click.option("--pareto", "pareto_path", type=click.Path(dir_okay=False), default=None, metavar="FILE.json",
+              help="With --auto-fallback: per search step, nodes kept float32, share of compute in the low dtype, "
+              "held-out accuracy and latency (each step built normally and timed in its own process).")
+@click.option("--pareto-plot", "pareto_plot", type=click.Path(dir_okay=False), default=None, metavar="FILE.png",
+              help="With --pareto: latency against held-out error per step (needs amptool[plot]).")
 @handles_user_errors
 def convert(model: str, dtype: str, build: dict[str, Any],
             output_dir: str, json_path: str | None, auto_fallback: bool = False, atol: tuple[str, ...] = (),
             rtol: tuple[str, ...] = (), min_cosine: tuple[str, ...] = (), iterations: int | None = None,
             max_compiles: int | None = None, validation: str | None = None, emit_ir: str | None = None,
-            lower_only: bool = False) -> None:
+            lower_only: bool = False, target_margin: float | None = None, pareto_path: str | None = None,
+            pareto_plot: str | None = None) -> None:
     """Convert MODEL.onnx to DTYPE and compile it into OUTPUT.
 
     \b
@@ -64,11 +75,22 @@ def convert(model: str, dtype: str, build: dict[str, Any],
 
     config = ConvertConfig(model=model, dtype=dtype, **build)
     given = (("--atol", atol), ("--rtol", rtol), ("--min-cosine", min_cosine), ("--iterations", iterations),
-             ("--max-compiles", max_compiles), ("--validation", validation))
+             ("--max-compiles", max_compiles), ("--validation", validation), ("--target-margin", target_margin),
+             ("--pareto", pareto_path))
     search_flags = [flag for flag, value in given if value not in (None, ())]
     if search_flags and not auto_fallback:
         raise UserError(f"{', '.join(search_flags)}: only used by --auto-fallback",
                         "Add --auto-fallback, or check a build's accuracy with 'amptool diff'.")
+    if pareto_plot and not pareto_path:
+        raise UserError("--pareto-plot draws the --pareto steps, but there is no --pareto FILE.json",
+                        "Add --pareto FILE.json.")
+    for flag, path in (("--pareto", pareto_path), ("--pareto-plot", pareto_plot)):
+        if path:
+            check_writable_file(path, flag, "Name a file in a writable directory.")
+    if pareto_plot:
+        from amptool.compare.plot import require_matplotlib  # noqa: PLC0415
+
+        require_matplotlib(pareto_plot)
     check_output_dir(output_dir)  # before anything is built: a foreign directory is refused untouched
     if emit_ir:
         check_ir_path(emit_ir)
@@ -82,13 +104,15 @@ def convert(model: str, dtype: str, build: dict[str, Any],
     with stages() as on_stage:
         if auto_fallback:
             fallback, manifest = _auto_fallback(config, output_dir, on_stage, atol, rtol, min_cosine, iterations,
-                                                max_compiles, validation)
+                                                max_compiles, validation, target_margin, pareto_path is not None)
             if emit_ir:
                 write_ir(fallback.build.passes.mod, emit_ir)
         else:
             _result, manifest = convert_model(config, output_dir, on_stage=on_stage, emit_ir=emit_ir)
     # exit 1 like diff when the search or the held-out check fails; the artifact is still written
     failed = fallback is not None and not fallback.passed
+    if fallback is not None and fallback.pareto is not None and pareto_path:
+        _write_pareto(fallback.pareto, pareto_path, pareto_plot)
     emit_json(json_path, manifest)
     if json_to_stdout(json_path):  # the JSON is the whole of stdout
         sys.exit(EXIT_ACCURACY_FAILED if failed else 0)
@@ -105,6 +129,9 @@ def convert(model: str, dtype: str, build: dict[str, Any],
         out.print(f"wrote {output_dir}/ (model.so, manifest.json)")
         return
     out.print(render.fallback_table(manifest["auto_fallback"]))
+    if fallback.pareto is not None:
+        out.print(render.pareto_table(fallback.pareto))
+        out.print(f"wrote {pareto_path}" + (f" and {pareto_plot}" if pareto_plot else ""))
     out.print(f"wrote {output_dir}/ (model.so, manifest.json, fallback.yaml)")
     out.print(render.fallback_line(manifest["auto_fallback"], dtype), markup=False, soft_wrap=True)
     if failed:
@@ -134,17 +161,29 @@ def _lower_only(config: ConvertConfig, output_dir: str, json_path: str | None, e
 
 def _auto_fallback(config: ConvertConfig, output_dir: str, on_stage: Callable[[str], None],
                    atol: tuple[str, ...], rtol: tuple[str, ...], min_cosine: tuple[str, ...],
-                   iterations: int | None, max_compiles: int | None,
-                   validation: str | None) -> tuple[FallbackResult, dict[str, Any]]:
+                   iterations: int | None, max_compiles: int | None, validation: str | None,
+                   target_margin: float | None, pareto: bool) -> tuple[FallbackResult, dict[str, Any]]:
     from amptool.app.convert import export_build  # noqa: PLC0415
     from amptool.app.fallback import DEFAULT_MAX_COMPILES, FALLBACK_FILE, FallbackConfig, auto_fallback  # noqa: PLC0415
     from amptool.compare.tolerance import parse_tolerance_flags  # noqa: PLC0415
 
     policy = parse_tolerance_flags(atol=atol, rtol=rtol, min_cosine=min_cosine)
     search = FallbackConfig(convert=config, tolerance=policy, iterations=iterations, validation=validation,
-                            max_compiles=DEFAULT_MAX_COMPILES if max_compiles is None else max_compiles)
+                            max_compiles=DEFAULT_MAX_COMPILES if max_compiles is None else max_compiles,
+                            target_margin=target_margin, pareto=pareto)
     result = auto_fallback(search, on_stage=on_stage)
     manifest = export_build(result.build, output_dir, on_stage,
                             extra_manifest={"auto_fallback": result.manifest_section()},
                             extra_files={FALLBACK_FILE: result.yaml_text})
     return result, manifest
+
+
+def _write_pareto(report: dict[str, Any], path: str, plot: str | None) -> None:
+    from amptool.app.pareto import write_pareto  # noqa: PLC0415
+
+    write_pareto(path, report)
+    if plot:
+        from amptool.compare.plot import plot_pareto  # noqa: PLC0415
+
+        name = os.path.basename(report["model"])
+        plot_pareto(plot, report["steps"], f"{report['dtype']} auto-fallback steps: {name}")

@@ -12,7 +12,7 @@ import click
 from amptool.cli.console import handles_user_errors, stages
 from amptool.cli.help import command
 from amptool.cli.json_out import emit_json, json_option, json_to_stdout, report_console
-from amptool.cli.options import model_options
+from amptool.cli.options import model_options, rpc_options
 from amptool.errors import EXIT_ACCURACY_FAILED, EXIT_OK, UserError
 
 _FILE = click.Path(dir_okay=False)
@@ -67,6 +67,7 @@ _FILE = click.Path(dir_okay=False)
 @click.option("--per-layer", is_flag=True,
               help="Also compare every ONNX node's output with onnxruntime's and name the node where error "
               "first jumps (one more compile; not with --artifact or --reference-outputs).")
+@rpc_options
 @handles_user_errors
 def diff(model: str, dtype: str, build: dict[str, Any],
          artifact: str | None, inputs_path: str | None,
@@ -76,7 +77,7 @@ def diff(model: str, dtype: str, build: dict[str, Any],
          json_path: str | None,
          plot_path: str | None, per_layer: bool = False, junit_path: str | None = None,
          tolerances_path: str | None = None, sample_axis: int | None = None, max_top1_flip: float | None = None,
-         max_top5_flip: float | None = None, min_pixel_agreement: float | None = None) -> None:
+         max_top5_flip: float | None = None, min_pixel_agreement: float | None = None, remote: Any = None) -> None:
     """Compare MODEL converted to DTYPE with onnxruntime float32 on the same inputs.
 
     Exit 0 when every output passes, 1 when one fails, 2 on bad input, 3 when the target cannot run here.
@@ -115,7 +116,7 @@ def diff(model: str, dtype: str, build: dict[str, Any],
         iterations=iterations, val_ranges=parse_val_ranges(val_ranges),
         reference_outputs=reference_outputs, save_outputs=save_outputs,
         tolerance=policy, per_layer=per_layer, sample_axis=sample_axis, max_top1_flip=max_top1_flip,
-        max_top5_flip=max_top5_flip, min_pixel_agreement=min_pixel_agreement,
+        max_top5_flip=max_top5_flip, min_pixel_agreement=min_pixel_agreement, remote=remote,
     )
     start = time.perf_counter()
     with stages() as on_stage:

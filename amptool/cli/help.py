@@ -8,20 +8,25 @@ from typing import Any
 
 import click
 
-GROUPS = ("Model", "Precision", "Target", "Inputs", "Tolerances", "Output", "Other")
+GROUPS = ("Model", "Precision", "Target", "Remote", "Inputs", "Tolerances", "Output", "Other")
 #: Parameter name → help heading; anything unnamed goes under "Other".
 GROUP_OF = {
     **dict.fromkeys(("input_shapes", "fixed_inputs", "dims", "no_prepare", "no_concretize", "max_input_bytes",
                      "artifact"), "Model"),
     **dict.fromkeys(("dtype", "colors", "exclude_ops", "exclude_nodes", "no_range_guards", "calibration",
-                     "low_precision_io", "auto_fallback", "max_compiles", "validation", "dtypes"), "Precision"),
-    **dict.fromkeys(("target", "cuda_arch", "target_options", "lower_only", "device", "threads", "batch"), "Target"),
+                     "no_cancellation_guard", "margin",
+                     "low_precision_io", "auto_fallback", "max_compiles", "validation", "dtypes", "target_margin"),
+                    "Precision"),
+    **dict.fromkeys(("target", "cuda_arch", "target_options", "lower_only", "device", "threads", "batch", "against"),
+                    "Target"),
+    **dict.fromkeys(("rpc_tracker", "rpc_key", "rpc_server", "rpc_timeout"), "Remote"),  # docs/remote.md
     **dict.fromkeys(("inputs_path", "inputs", "seed", "iterations", "val_ranges", "reference_outputs", "rounds",
                      "runs", "sample_axis", "fresh_workers"), "Inputs"),
     **dict.fromkeys(("atol", "rtol", "min_cosine", "check_error_stat", "max_scale_error", "tolerances_path",
                      "per_layer", "max_top1_flip", "max_top5_flip", "min_pixel_agreement"), "Tolerances"),
     **dict.fromkeys(("output_dir", "output", "output_path", "json_path", "json_summary", "emit_ir", "save_inputs",
-                     "save_outputs", "plot_path", "junit_path", "show_nodes"), "Output"),
+                     "save_outputs", "plot_path", "junit_path", "show_nodes",
+                     "headroom", "write_colors", "pareto_path", "pareto_plot"), "Output"),
 }
 
 

@@ -206,6 +206,23 @@ def fallback_table(section: dict[str, Any]) -> Table:
     return table
 
 
+def pareto_table(report: dict[str, Any]) -> Table:
+    """One row per fallback step: what it keeps, what it costs, what it buys (``--pareto``)."""
+    table = Table(title=f"speed/accuracy per step (held-out {report['held_out']}; {report['timing']})",
+                  title_justify="left")
+    for column in ("step", "kept fp32", "low-precision compute", "of tol", "held-out", "ms", "× float32", ""):
+        table.add_column(column, justify="left" if column in ("step", "held-out", "") else "right")
+    frontier = set(report["frontier"])
+    for step in report["steps"]:
+        marks = (("chosen", step["chosen"]), ("frontier", step["step"] in frontier))
+        table.add_row(escape(step["step"]), "all" if step["all_float32"] else str(step["nodes_kept_fp32"]),
+                      f"{step['fraction_low_precision']:.1%}", _fmt(step["tolerance_ratio"], 3),
+                      "[green]pass[/]" if step["held_out_passed"] else "[red]FAIL[/]", _fmt(step["latency_ms"], 4),
+                      _fmt(step["latency_vs_float32"], 3),
+                      " ".join(mark for mark, on in marks if on))
+    return table
+
+
 def fallback_line(section: dict[str, Any], dtype: str) -> str:
     """``PASSED | …`` / ``FAILED | …``: compiles, nodes kept, compute left in the low dtype, and the
     worst output on the search's input sets and on the held-out ones. A held-out failure after a

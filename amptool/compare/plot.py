@@ -75,6 +75,34 @@ def plot_outputs(
         fig.savefig(handle, format=fmt, dpi=110)
 
 
+def plot_pareto(path: str, steps: Sequence[dict[str, Any]], title: str) -> None:
+    """Latency against held-out error (× tolerance), one labelled point per fallback step."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
+    from matplotlib.figure import Figure  # noqa: PLC0415
+
+    fig = Figure(figsize=(7, 4.5), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots()
+    for step in steps:
+        ratio = step.get("tolerance_ratio")
+        if ratio is None or step.get("latency_ms") is None:
+            continue
+        colour = "tab:green" if step["held_out_passed"] else "tab:red"
+        axes.scatter([step["latency_ms"]], [ratio], s=80 if step["chosen"] else 30, color=colour,
+                     edgecolors="black" if step["chosen"] else "none")
+        label = step["step"] if step["held_out_passed"] else f"{step['step']} (FAIL)"
+        axes.annotate(label, (step["latency_ms"], ratio), textcoords="offset points", xytext=(5, 4),
+                      fontsize=8)
+    axes.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    axes.set_yscale("symlog", linthresh=0.1)
+    axes.set_xlabel("median latency (ms)")
+    axes.set_ylabel("held-out error / tolerance (≤ 1 passes)")
+    axes.set_title(title, fontsize=10)
+    fmt = os.path.splitext(path)[1].lstrip(".").lower()
+    with atomic_write(path, "wb", "--pareto-plot") as handle:
+        fig.savefig(handle, format=fmt, dpi=110)
+
+
 def _numeric(ref: np.ndarray, out: np.ndarray) -> bool:
     return ref.shape == out.shape and ref.dtype.kind in "fiub" and out.dtype.kind in "fiub" and ref.size > 0
 
