@@ -10,7 +10,11 @@ this 2-vCPU VM's speed for onnxruntime at 2 threads drifts between ~5.7 and ~10 
 seconds and one process keeps its luck for life: blocks timed before and after bench compared
 other minutes, and their ratio swung 0.76–1.33. It prints bench's onnxruntime median, the
 standalone median, their ratio and the ratio per round. ``--check-isolation`` exits 1 when the
-ratio is outside 1 ± ``--tolerance`` (15%). NOISY says the standalone medians moved more than that
+median of the per-round ratios (each bench round against the standalone process right after it)
+is outside 1 ± ``--tolerance`` (15%). The verdict is paired because the pooled medians are not a
+stable statistic here: a process's speed is bimodal (~5.7 or ~9.7 ms), and the median of a
+mixture whose slow share is near one half jumps between the modes — the pooled ratio read 0.73
+in a run whose per-round median was 1.004. Both are printed. NOISY says the standalone medians moved more than that
 between rounds. Bench runs with the fp16 and bf16 variants: the case in which onnxruntime was
 reported ~4x slower than alone when all runtimes shared one process.
 """
@@ -139,9 +143,10 @@ def main() -> int:
     if spread > args.tolerance:
         print(f"  NOISY: standalone medians moved {spread:.0%} between rounds; the machine's speed drifted "
               "(onnxruntime at threads = cores feels it most): interleaving keeps the comparison fair")
-    verdict = "PASSED" if low <= ratio <= high else "FAILED"
-    print(f"ISOLATION {verdict} | bench/standalone onnxruntime {ratio:.3f} (allowed {low:.2f}-{high:.2f}) | "
-          f"isolation: {report.isolation}")
+    paired = float(np.median(per_round))
+    verdict = "PASSED" if low <= paired <= high else "FAILED"
+    print(f"ISOLATION {verdict} | bench/standalone onnxruntime {paired:.3f} per round, median "
+          f"(allowed {low:.2f}-{high:.2f}); pooled medians {ratio:.3f} | isolation: {report.isolation}")
     return 1 if args.check_isolation and verdict == "FAILED" else 0
 
 
