@@ -17,6 +17,8 @@ once the comparison is complete.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -38,6 +40,7 @@ from amptool.frontend.gradient import has_gradients
 from amptool.frontend.input_values import fixed_input_arrays
 from amptool.frontend.load import load_model
 from amptool.frontend.prepare import reference_model
+from amptool.frontend.shape_inputs import pins_from_arrays, value_preview
 from amptool.frontend.signature import TensorSpec, graph_inputs, graph_outputs
 from amptool.runtime.inputs import (
     check_input_arrays,
@@ -53,6 +56,8 @@ from amptool.runtime.onnxruntime_runner import OnnxruntimeRunner
 from amptool.runtime.remote import RemoteModel, RemoteSpec
 from amptool.runtime.samples import SOURCE_DIRECTORY, SOURCE_SAMPLE_AXIS, Samples, open_samples
 from amptool.runtime.tvm_runner import CompiledModel
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -198,6 +203,31 @@ class DiffReport:
         }
 
 
+def _pin_shape_inputs(config: DiffConfig, model: Any, specs: list[TensorSpec], arrays: Mapping[str, np.ndarray],
+                      ) -> tuple[ConvertConfig, dict[str, np.ndarray]]:
+    """The build's config with the inputs whose given values decide output shapes fixed to them
+    (Relax needs those values at import; see frontend/shape_inputs.py), and those values."""
+    pins = pins_from_arrays(model, specs, arrays, already=config.convert.fixed_inputs)
+    for name, (value, use) in pins.items():
+        log.warning("input '%s' decides output shapes (%s); pinned to its --inputs value %s for this build",
+                    name, ", ".join(use.labels), value_preview(value))
+    if not pins:
+        return config.convert, {}
+    fixed = {name: value for name, (value, _use) in pins.items()}
+    return dataclasses.replace(config.convert, fixed_inputs={**config.convert.fixed_inputs, **fixed}), fixed
+
+
+def _check_auto_fixed(feeds: Mapping[str, np.ndarray], fixed: Mapping[str, np.ndarray], source: str) -> None:
+    """Every input set must give an auto-fixed input the value the build was made for."""
+    for name, value in fixed.items():
+        if name in feeds and not np.array_equal(np.asarray(feeds[name]), value):
+            raise UserError(
+                f"{source}: input '{name}' is {value_preview(feeds[name])}, but decides output shapes and the build "
+                f"was pinned to {value_preview(value)} (the first set's value)",
+                "Split the sets by that input's value and diff each group separately.",
+            )
+
+
 def _override_json(override: ToleranceOverride) -> dict[str, Any]:
     """Only the fields an override sets, under the names ``Tolerance.as_json`` uses."""
     fields = {"atol": override.atol, "rtol": override.rtol, "min_cosine": override.min_cosine,
@@ -230,6 +260,12 @@ def _diff_model(config: DiffConfig, on_stage: Callable[[str], None] | None,
               else samples.load(0) if samples is not None
               else load_inputs(config.inputs_path, specs) if config.inputs_path else None)
     stored = load_reference_outputs(config.reference_outputs, output_names) if config.reference_outputs else None
+    convert_config, auto_fixed = config.convert, {}
+    if arrays is not None and not config.artifact:  # values that decide shapes: fixed for this build
+        convert_config, auto_fixed = _pin_shape_inputs(config, loaded.model, specs, arrays)
+        fixed = {**fixed, **auto_fixed}
+        specs = [s for s in specs if s.name not in auto_fixed]
+        arrays = {name: value for name, value in arrays.items() if name not in auto_fixed}
     if config.per_layer and has_gradients(loaded.model):
         raise UserError("--per-layer runs every node in onnxruntime, which cannot run Gradient nodes",
                         "Drop --per-layer; diff compares the gradients against float64 finite differences.")
@@ -244,8 +280,8 @@ def _diff_model(config: DiffConfig, on_stage: Callable[[str], None] | None,
                  for name, value in manifest.get("fixed_inputs", {}).items() if name in declared}
     else:
         if config.remote is None:
-            require_device(resolve(config.convert))  # exit 3 before building for a GPU that is not here
-        build = build_model(config.convert, arrays=arrays, on_stage=notify)
+            require_device(resolve(convert_config))  # exit 3 before building for a GPU that is not here
+        build = build_model(convert_config, arrays=arrays, on_stage=notify)
         timings.update(build.timings_s)
         manifest, compiled = build.manifest(), (build.compiled() if config.remote is None else
                                                 remote_session.enter_context(remote_build(config.remote, build)))
@@ -270,6 +306,7 @@ def _diff_model(config: DiffConfig, on_stage: Callable[[str], None] | None,
     for index, seed in enumerate(seeds):
         if samples is not None:
             feeds = samples.load(index)
+            _check_auto_fixed(feeds, auto_fixed, f"--inputs {config.inputs_path} ({samples.labels[index]})")
             check_input_shapes(feeds, pinned, f"--inputs {config.inputs_path} ({samples.labels[index]})")
         else:
             feeds = arrays if arrays is not None else generate_inputs(
@@ -458,7 +495,10 @@ def verdict_line(report: DiffReport) -> str:
         head += f" vs {report.reference['path']}"
     count = report.iterations.get("count", 1)
     sets = f" × {count} {'samples' if _from_dataset(report) else 'input sets'}" if count > 1 else ""
-    decisions = _decisions_text(report.dataset)
+    gated = any(v is not None for v in report.dataset.get("thresholds", {}).values())
+    # Shape cannot tell a class-score or segmentation output from hidden states or a flow field:
+    # decisions lead the line only on a dataset or when a threshold asks for them (JSON has them always).
+    decisions = _decisions_text(report.dataset) if _from_dataset(report) or gated else ""
     if worst is None:
         return f"PASSED | {head} | no outputs"
     threshold_failures = report.dataset.get("failures", [])
