@@ -22,12 +22,8 @@ from tests.conftest import ONNX_DATA
 
 #: Models amptool must refuse, and the words the one-line error must contain.
 REFUSED = {
-    "test_expand_shape_model1": "Expand",  # run-time Expand shapes: TVM frontend, issue 4
-    "test_expand_shape_model2": "Expand",
-    "test_expand_shape_model3": "FoldConstant",
-    "test_expand_shape_model4": "FoldConstant",
     "test_sequence_model6": "SequenceLength",
-    "test_sequence_model8": "SplitToSequence",  # run-time split sizes (its [0] input is static since issue 14)
+    "test_sequence_model8": "SequenceLength",  # split sizes pinned from the stored inputs; sequences next
     "test_PReLU_1d_multiparam": "onnxruntime cannot run",  # the reference itself is invalid
     "test_PReLU_2d_multiparam": "onnxruntime cannot run",
     "test_PReLU_3d_multiparam": "onnxruntime cannot run",

@@ -37,13 +37,17 @@ def cases(tmp_path):
     bad = _case(tmp_path, "test_add_bad_reference", "Add", helper.make_node("Add", ["a", "b"], ["c"]),
                 [helper.make_tensor_value_info(n, f, [2, 3]) for n in "ab"],
                 [helper.make_tensor_value_info("c", f, [2, 3])], [x, x], [x])
-    # Run-time (non-empty) axes: onnxruntime takes them, Relax needs them at import: amptool refuses.
+    # Run-time axes: Relax needs them at import; the harness fixes them to the case's value (as diff --inputs).
     reduce = _case(tmp_path, "test_reduce_sum_axes_input", "ReduceSum",
                    helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0),
                    [helper.make_tensor_value_info("x", f, [2, 3]),
                     helper.make_tensor_value_info("axes", TensorProto.INT64, [1])],
                    [helper.make_tensor_value_info("y", f, [2])], [x, np.array([1], np.int64)], [x.sum(1)])
-    return [add, bad, reduce]
+    # No converter: amptool refuses.
+    celu = _case(tmp_path, "test_celu", "Celu", helper.make_node("Celu", ["x"], ["y"]),
+                 [helper.make_tensor_value_info("x", f, [2, 3])], [helper.make_tensor_value_info("y", f, [2, 3])],
+                 [x], [np.where(x > 0, x, np.expm1(x))])
+    return [add, bad, reduce, celu]
 
 
 def test_compare_checks_shapes_and_values():
@@ -61,13 +65,14 @@ def test_run_classifies_and_renders_the_table(cases, tmp_path):
     assert verdicts["test_add"] == ("pass", "pass", "pass")
     assert verdicts["test_add_bad_reference"][0] == "wrong"  # onnxruntime disagrees: out of the denominator
     assert verdicts["test_add_bad_reference"][1] == ""  # and amptool is not run
-    ort, f32, _ = verdicts["test_reduce_sum_axes_input"]
-    assert (ort, f32) == ("pass", "refused")
+    assert verdicts["test_reduce_sum_axes_input"][:2] == ("pass", "pass")
+    assert verdicts["test_celu"][:2] == ("pass", "refused")
     text, summary = render(outcomes, minutes=0.1, jobs=2, full=False)
-    assert "onnxruntime passes 2 · amptool float32 passes 1 (50.0%)" in summary
+    assert "onnxruntime passes 3 · amptool float32 passes 2 (66.7%)" in summary
     assert "| Add | 2 | 1 | 1 |  |  |  |  | 1 / 1 |" in text
-    assert "| ReduceSum | 1 | 1 |  |  | 1 |  |  | 0 / 1 |" in text
-    assert "## Refusals" in text and "(op ReduceSum)" in text
+    assert "| ReduceSum | 1 | 1 | 1 |  |  |  |  | 1 / 1 |" in text
+    assert "| Celu | 1 | 1 |  |  | 1 |  |  | 0 / 1 |" in text
+    assert "## Refusals" in text and "Celu" in text
 
 
 def test_a_hung_case_is_a_timeout_and_the_worker_is_replaced(cases, tmp_path):

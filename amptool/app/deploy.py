@@ -24,8 +24,9 @@ import numpy as np
 from amptool import _tvm
 from amptool.app.artifact import check_runnable, load_artifact, read_manifest
 from amptool.errors import UserError
+from amptool.frontend.shape_inputs import value_preview
 from amptool.frontend.signature import TensorSpec
-from amptool.runtime.inputs import check_input_shapes, load_inputs, save_arrays
+from amptool.runtime.inputs import check_input_arrays, check_input_shapes, read_npz, save_arrays
 from amptool.runtime.remote import RemoteSpec
 
 
@@ -73,7 +74,8 @@ def run_artifact(config: RunConfig) -> RunResult:
     manifest = read_manifest(config.artifact)
     check_runnable(config.artifact, manifest)
     specs = [TensorSpec(i["name"], i["dtype"], tuple(i["shape"])) for i in manifest["inputs"]]
-    feeds = load_inputs(config.inputs, [_npz_spec(s) for s in specs])
+    arrays = _without_fixed(read_npz(config.inputs, "--inputs"), manifest.get("fixed_inputs", {}), config.inputs)
+    feeds = check_input_arrays(arrays, [_npz_spec(s) for s in specs], "--inputs", config.inputs)
     check_input_shapes(feeds, specs, f"--inputs {config.inputs}")
     start = time.perf_counter()
     with contextlib.ExitStack() as session:
@@ -95,6 +97,22 @@ def run_artifact(config: RunConfig) -> RunResult:
     return RunResult(outputs=outputs, device=compiled.device, manifest=manifest, load_s=loaded - start,
                      run_s=ran - loaded, runtime_only=_tvm.runtime_only(), artifact=config.artifact,
                      output=config.output, remote=remote)
+
+
+def _without_fixed(arrays: dict[str, np.ndarray], fixed: dict[str, Any], path: str) -> dict[str, np.ndarray]:
+    """The arrays less those of inputs the artifact fixed (a constant of the build): each must hold
+    the fixed value — another value would need a different build, not a different feed."""
+    for name, value in fixed.items():
+        if name not in arrays:
+            continue
+        given, pinned = np.asarray(arrays.pop(name)), np.asarray(value)
+        if given.shape != pinned.shape or not np.array_equal(given, pinned.astype(given.dtype)):
+            raise UserError(
+                f"--inputs {path}: input '{name}' is fixed to {value_preview(pinned)} in this artifact, "
+                f"the file gives {value_preview(given)}",
+                f"Convert again with --fixed-input {name}=VALUE for that value, or drop '{name}' from the file.",
+            )
+    return arrays
 
 
 def _npz_spec(spec: TensorSpec) -> TensorSpec:

@@ -260,7 +260,8 @@ def _diff_model(config: DiffConfig, on_stage: Callable[[str], None] | None,
               else samples.load(0) if samples is not None
               else load_inputs(config.inputs_path, specs) if config.inputs_path else None)
     stored = load_reference_outputs(config.reference_outputs, output_names) if config.reference_outputs else None
-    convert_config, auto_fixed = config.convert, {}
+    auto_fixed: dict[str, np.ndarray] = {}
+    convert_config = config.convert
     if arrays is not None and not config.artifact:  # values that decide shapes: fixed for this build
         convert_config, auto_fixed = _pin_shape_inputs(config, loaded.model, specs, arrays)
         fixed = {**fixed, **auto_fixed}

@@ -31,6 +31,7 @@ from amptool.frontend.gradient import check_gradients, is_gradient
 from amptool.frontend.gradient_lower import lower_gradient
 from amptool.frontend.graph import Names, default_opset, identifier, iter_nodes
 from amptool.frontend.narrow_casts import check_narrow_types
+from amptool.frontend.shape_inputs import SHAPE_OPERANDS, fixed_input_hint, inputs_deciding_node
 from amptool.frontend.signature import TensorSpec
 
 #: Node types the frontend handles outside its converter map.
@@ -172,7 +173,7 @@ def _make_importer(shape_dict: dict[str, list[int]], dtype_dict: dict[str, str],
 
         def _convert_operator(self, op_name: str, inputs: Any, attrs: dict, opset: int) -> Any:
             node_name = str(attrs.get("tvm_custom", {}).get("name", "") or op_name)
-            inputs = _empty_as_constants(inputs)
+            inputs = _empty_as_constants(inputs, SHAPE_OPERANDS.get(op_name, {}))
             try:
                 if op_name == "Gradient" and node_name in self._gradients:
                     return self._gradient(node_name, list(inputs))
@@ -181,11 +182,16 @@ def _make_importer(shape_dict: dict[str, list[int]], dtype_dict: dict[str, str],
                     result = super()._convert_operator(op_name, inputs, attrs, opset)
                 else:
                     result = self.bb.normalize(result)
-            except UserError:
-                raise
+            except UserError as err:
+                deciding = inputs_deciding_node(model, node_name)
+                if not deciding:
+                    raise
+                raise UserError(err.message, fixed_input_hint(deciding)) from err
             except Exception as err:
+                deciding = inputs_deciding_node(model, node_name)
                 raise UserError(
                     f"Cannot import node '{node_name}' (op {op_name}): {error_summary(err, last=True)}",
+                    fixed_input_hint(deciding) if deciding else
                     "Pin input shapes with --input-shape; dynamic shape chains are the usual cause.",
                 ) from err
             return self._bind(result, node_name, op_name)
@@ -219,18 +225,23 @@ def _make_importer(shape_dict: dict[str, list[int]], dtype_dict: dict[str, str],
     return _ProvenanceImporter()
 
 
-def _empty_as_constants(inputs: Any) -> Any:
-    """Inputs with a static zero-size shape as constants: an empty tensor has one possible value.
+def _empty_as_constants(inputs: Any, positions: Any) -> Any:
+    """Shape-deciding operands (``positions``) with a static zero-size shape as constants: an
+    empty tensor has one possible value.
 
     Why: converters that need a value at import time (Reduce* axes, Split sizes) refuse a graph
-    input, yet an input of shape [0] — "reduce over the default axes" — can only ever be empty."""
+    input, yet an input of shape [0] — "reduce over the default axes" — can only ever be empty.
+    Only those operands: an empty *data* constant would reach the library, and TVM 0.27 writes an
+    empty tensor into its constant pool that it cannot read back ("Invalid DLTensor file format")."""
     import numpy as np  # noqa: PLC0415
     from tvm import relax  # noqa: PLC0415
 
     items = list(inputs)
     changed = False
     for i, value in enumerate(items):
-        if not isinstance(value, relax.Var) or not isinstance(getattr(value, "ty", None), relax.TensorType):
+        if i not in positions or not isinstance(value, relax.Var):
+            continue
+        if not isinstance(getattr(value, "ty", None), relax.TensorType):
             continue
         shape = value.ty.shape
         try:
