@@ -53,7 +53,9 @@ def render(outcomes: Sequence[Any], *, minutes: float, jobs: int, full: bool) ->
         "passed) and compared with the stored outputs: float32 `isclose(rtol=1e-3, atol=1e-4)` and exact",
         "shapes (onnx's backend runner), float16 `rtol=1e-2, atol=1e-3` (amptool's float16 default).",
         "Cases onnxruntime fails are left out of the denominator. *refused*: amptool's one-line user error",
-        "(exit 2); *crash*: any other exception (exit 70) or a worker killed by a signal.",
+        "(exit 2); *crash*: any other exception (exit 70) or a worker killed by a signal. Inputs that decide",
+        "output shapes (Reduce* axes, Resize sizes, Pad pads, Reshape shapes, …) are pinned to the case's own",
+        "values, as `amptool diff --inputs` pins them (amptool.frontend.shape_inputs).",
         "",
         f"Run {datetime.date.today().isoformat()}, {minutes:.1f} min with {jobs} jobs"
         + (f"; {_versions()}" if _versions() else "") + ("" if full else " (a subset)") + ".",
