@@ -211,3 +211,14 @@ def test_honest_folding_passes_the_numerics_check():
     model = model_zoo.resnet_like()
     prepared = prepare.prepare_model(model, graph_inputs(model))
     assert "onnxruntime-fold" in prepared.steps and "check-numerics" in prepared.steps
+
+
+def test_numerics_check_compares_sequence_outputs_element_by_element():
+    """Sequence outputs whose elements differ in shape cannot become one array (a crash, once)."""
+    from amptool.frontend.prepare import _first_mismatch
+
+    seq = [np.zeros((2, 3), np.float32), np.ones((1, 3), np.float32)]
+    assert _first_mismatch({"s": seq}, {"s": [a.copy() for a in seq]}) is None
+    assert _first_mismatch({"s": seq}, {"s": seq[:1]}) == "'s' (sequence lengths differ)"
+    changed = [seq[0], seq[1] * 2]
+    assert _first_mismatch({"s": seq}, {"s": changed}).startswith("'s[1]'")

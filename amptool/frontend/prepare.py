@@ -220,6 +220,14 @@ def _first_mismatch(before: Mapping[str, np.ndarray], after: Mapping[str, np.nda
         got = after.get(name)
         if got is None:
             return f"'{name}' (missing)"
+        if isinstance(want, (list, tuple)) or isinstance(got, (list, tuple)):  # a sequence output
+            if not isinstance(want, (list, tuple)) or not isinstance(got, (list, tuple)) or len(want) != len(got):
+                return f"'{name}' (sequence lengths differ)"
+            mismatch = _first_mismatch({f"{name}[{i}]": w for i, w in enumerate(want)},
+                                       {f"{name}[{i}]": g for i, g in enumerate(got)})
+            if mismatch:
+                return mismatch
+            continue
         want, got = np.asarray(want), np.asarray(got)
         if want.shape != got.shape:
             return f"'{name}' (shape {list(got.shape)} vs {list(want.shape)})"
