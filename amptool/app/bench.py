@@ -337,24 +337,32 @@ def _build_variant(convert: ConvertConfig, name: str, notify: StageCallback, scr
     return _Variant(path, build.device, build_s, build.timings_s.get("compile")), build
 
 
+def artifact_baseline(artifact: str, manifest: Mapping[str, Any], needed_for: str) -> tuple[
+        str, onnx.ModelProto, list[TensorSpec], dict[str, np.ndarray]]:
+    """The ONNX model an artifact was built from (its path and proto), the artifact's input specs in
+    the model's declared dtypes, and its fixed inputs: what onnxruntime's baseline runs on."""
+    path = manifest.get("model", {}).get("path", "")
+    if not os.path.isfile(path):
+        raise UserError(f"{artifact} was built from {path or 'an unrecorded model'}, which is not there",
+                        f"bench needs the original ONNX model for {needed_for}.")
+    model = load_model(path).model
+    declared = {s.name: s for s in graph_inputs(model)}
+    specs = [TensorSpec(i["name"], declared[i["name"]].dtype if i["name"] in declared else i["dtype"],
+                        tuple(i["shape"])) for i in manifest["inputs"]]
+    fixed = {n: np.asarray(v, dtype=declared[n].dtype) for n, v in manifest.get("fixed_inputs", {}).items()
+             if n in declared}
+    return path, model, specs, fixed
+
+
 def _from_artifact(config: BenchConfig, notify: StageCallback, scratch: str) -> tuple[
         dict[str, _Variant], list[TensorSpec], onnx.ModelProto, dict[str, np.ndarray]]:
     """The artifact's build next to a fresh float32 build of its model, at its input shapes."""
     notify("load artifact")
     manifest, compiled = load_artifact(config.model)  # loads here to fail early; its worker loads it again
-    path = manifest.get("model", {}).get("path", "")
-    if not os.path.isfile(path):
-        raise UserError(f"{config.model} was built from {path or 'an unrecorded model'}, which is not there",
-                        "bench needs the original ONNX model for the onnxruntime and float32 baselines.")
-    model = load_model(path).model
-    declared = {s.name: s for s in graph_inputs(model)}
-    specs = [TensorSpec(i["name"], declared[i["name"]].dtype if i["name"] in declared else i["dtype"],
-                        tuple(i["shape"])) for i in manifest["inputs"]]
+    path, model, specs, fixed = artifact_baseline(config.model, manifest, "the onnxruntime and float32 baselines")
     if config.batch and any(s.shape and s.shape[0] != config.batch for s in specs):
         raise UserError(f"--batch {config.batch} does not match the artifact's input shapes",
                         "An artifact is compiled for fixed shapes; bench the ONNX model instead.")
-    fixed = {n: np.asarray(v, dtype=declared[n].dtype) for n, v in manifest.get("fixed_inputs", {}).items()
-             if n in declared}
     shapes = {s.name: tuple(int(d) for d in s.shape or ()) for s in specs}
     fp32 = ConvertConfig(model=path, dtype="float32", colors=None, target=manifest.get("target", config.target),
                          cuda_arch=manifest.get("arch"), target_options=tuple(manifest.get("target_options", ())),

@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import signal
-import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -45,6 +44,7 @@ from typing import Any, Literal
 import numpy as np
 
 from amptool.errors import TargetUnavailableError, UserError, error_summary
+from amptool.runtime.child_signals import sigint_ignored
 from amptool.runtime.onnxruntime_runner import session
 
 Runtime = Literal["onnxruntime", "tvm", "openvino"]
@@ -122,7 +122,7 @@ def isolated_workers(specs: Sequence[WorkerSpec]) -> Iterator[list[Worker]]:
             parent_end, child_end = context.Pipe()
             process = context.Process(target=_serve, args=(child_end, spec), name=f"amptool-bench {spec.name}",
                                       daemon=True)
-            with _sigint_ignored():  # the child keeps SIG_IGN through exec: Ctrl-C is the parent's to handle
+            with sigint_ignored():  # the child keeps SIG_IGN through exec: Ctrl-C is the parent's to handle
                 process.start()
             child_end.close()  # ours closed, the worker's death reads as EOF
             workers.append(Worker(spec, process, parent_end))
@@ -131,18 +131,6 @@ def isolated_workers(specs: Sequence[WorkerSpec]) -> Iterator[list[Worker]]:
         yield workers
     finally:
         _stop(workers)
-
-
-@contextlib.contextmanager
-def _sigint_ignored() -> Iterator[None]:
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signal handlers belong to the main thread; a worker may then see Ctrl-C too
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def _stop(workers: Sequence[Worker]) -> None:

@@ -35,6 +35,7 @@ from amptool.app.bench import (
     _from_onnx,
     _onnxruntime_provider,
     amptool_variant,
+    artifact_baseline,
     default_threads,
     host_info,
     time_rounds,
@@ -42,9 +43,8 @@ from amptool.app.bench import (
 from amptool.app.bench_worker import ONNXRUNTIME_RUNTIME, WorkerSpec
 from amptool.app.versions import engine_versions
 from amptool.errors import UserError
-from amptool.frontend.load import load_model
 from amptool.frontend.prepare import pin_shapes, reference_model
-from amptool.frontend.signature import TensorSpec, graph_inputs
+from amptool.frontend.signature import TensorSpec
 from amptool.runtime.inputs import generate_inputs
 from amptool.runtime.remote import RemoteSpec, open_remote
 
@@ -126,14 +126,5 @@ def _artifact_variant(config: BenchConfig) -> tuple[dict[str, str], list[TensorS
     here), at its input shapes; onnxruntime runs its original model."""
     manifest = read_manifest(config.model)
     check_runnable(config.model, manifest)
-    path = manifest.get("model", {}).get("path", "")
-    if not os.path.isfile(path):
-        raise UserError(f"{config.model} was built from {path or 'an unrecorded model'}, which is not there",
-                        "bench needs the original ONNX model for the onnxruntime baseline.")
-    model = load_model(path).model
-    declared = {s.name: s for s in graph_inputs(model)}
-    specs = [TensorSpec(i["name"], declared[i["name"]].dtype if i["name"] in declared else i["dtype"],
-                        tuple(i["shape"])) for i in manifest["inputs"]]
-    fixed = {n: np.asarray(v, dtype=declared[n].dtype) for n, v in manifest.get("fixed_inputs", {}).items()
-             if n in declared}
+    _path, model, specs, fixed = artifact_baseline(config.model, manifest, "the onnxruntime baseline")
     return {amptool_variant(str(manifest.get("dtype"))): config.model}, specs, model, fixed

@@ -27,7 +27,6 @@ import contextlib
 import multiprocessing
 import os
 import signal
-import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -40,6 +39,7 @@ import numpy as np
 
 from amptool.dtypes import as_float_dtype
 from amptool.errors import TargetUnavailableError, UserError
+from amptool.runtime.child_signals import sigint_ignored
 from amptool.runtime.tvm_runner import CompiledModel
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -177,7 +177,7 @@ def open_remote(spec: RemoteSpec, library: str, device: str, input_names: Sequen
     parent_end, child_end = context.Pipe()
     process = context.Process(target=_serve, args=(child_end, spec, os.path.abspath(library), device),
                               name="amptool-rpc", daemon=True)
-    with _sigint_ignored():  # inherited through the spawn: Ctrl-C is the parent's, which then ends the child
+    with sigint_ignored():  # inherited through the spawn: Ctrl-C is the parent's, which then ends the child
         process.start()
     child_end.close()  # ours closed: the child's death reads as EOF
     model = RemoteModel(spec, process, parent_end, input_names, output_names, device, input_dtypes)
@@ -189,18 +189,6 @@ def open_remote(spec: RemoteSpec, library: str, device: str, input_names: Sequen
         yield model
     finally:
         model.close()
-
-
-@contextlib.contextmanager
-def _sigint_ignored() -> Iterator[None]:
-    if threading.current_thread() is not threading.main_thread():
-        yield  # only the main thread may set handlers
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def _serve(conn: Connection, spec: RemoteSpec, library: str, device: str) -> None:
