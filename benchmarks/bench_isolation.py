@@ -97,7 +97,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=sorted(builders), default="bert_mini")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=12, help="bench rounds, each followed by a standalone process")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--standalone-runs", type=int, default=25, help="timed runs per standalone process")
     parser.add_argument("--tolerance", type=float, default=0.15, help="allowed |ratio - 1| (default 0.15)")
