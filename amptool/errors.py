@@ -51,3 +51,20 @@ class TargetUnavailableError(UserError):
     """The requested target cannot be built or run on this machine."""
 
     exit_code = EXIT_TARGET_UNAVAILABLE
+
+
+#: Start of the message of a model-raised run-time failure: an If branch amptool imported as one that
+#: raises because it does not type at the pinned shapes (frontend/control_flow.py). The runtime turns
+#: it into a one-line refusal, as onnxruntime refuses a model that fails at run time.
+BRANCH_RAISE_MARKER = "the model took an If branch that cannot run at these input shapes"
+
+
+def model_raised(err: BaseException) -> UserError | None:
+    """The refusal for a run-time failure the model itself raised, or None for any other error."""
+    text = str(err)
+    if BRANCH_RAISE_MARKER not in text:
+        return None
+    detail = text[text.index(BRANCH_RAISE_MARKER):].splitlines()[0]
+    return UserError(f"The model failed at run time: {detail[:400]}",
+                     "Feed values that take the branch the build was made for (the convert warning names "
+                     "the If and the input deciding it), or pin other input shapes with --input-shape.")

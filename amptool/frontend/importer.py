@@ -26,6 +26,7 @@ from typing import Any
 import onnx
 
 from amptool.errors import UserError, error_summary
+from amptool.frontend.control_flow import BranchImporter
 from amptool.frontend.converters import CONVERTERS
 from amptool.frontend.gradient import check_gradients, is_gradient
 from amptool.frontend.gradient_lower import lower_gradient
@@ -142,6 +143,8 @@ def import_model(model: onnx.ModelProto, inputs: Sequence[TensorSpec]) -> Import
                 "Pin input shapes with --input-shape; if it persists, the model uses a "
                 "pattern the ONNX frontend does not handle.",
             ) from err
+    if importer._branches.warnings:  # a raising branch's assert_op is the only impure call
+        mod["main"] = mod["main"].with_attr("relax.force_pure", True)
     provenance = attribute_bindings(mod, importer.named)
     return ImportedModel(mod=mod, provenance=provenance, tensors=dict(importer._nodes))
 
@@ -166,6 +169,7 @@ def _make_importer(shape_dict: dict[str, list[int]], dtype_dict: dict[str, str],
             self.named: dict[str, NodeOrigin] = {}
             self._names = Names(set())
             self._gradients = check_gradients(model)  # Gradient node name → what it differentiates
+            self._branches = BranchImporter(model)  # If branches that do not type raise at run time
 
         def _check_for_unsupported_ops(self, graph: Any) -> None:
             """Done already, and better, by ``check_supported`` — which also knows amptool's
@@ -195,6 +199,11 @@ def _make_importer(shape_dict: dict[str, list[int]], dtype_dict: dict[str, str],
                     "Pin input shapes with --input-shape; dynamic shape chains are the usual cause.",
                 ) from err
             return self._bind(result, node_name, op_name)
+
+        def _convert_subgraph(self, bb: Any, graph: Any) -> Any:
+            """An If branch; one that does not type at these shapes raises at run time (control_flow.py)."""
+            parent = super()._convert_subgraph
+            return self._branches.convert(graph, lambda body: parent(bb, body))
 
         def _gradient(self, node_name: str, inputs: list[Any]) -> Any:
             """A Gradient node needs its forward graph, not only its inputs: gradient.py lowers it."""

@@ -10,6 +10,7 @@ import numpy as np
 
 from amptool import _tvm
 from amptool.dtypes import as_float_dtype
+from amptool.errors import model_raised
 
 
 @dataclass
@@ -26,7 +27,13 @@ class CompiledModel:
         arrays = [feeds[n] for n in self.input_names]
         if self.input_dtypes is not None:
             arrays = [as_float_dtype(a, d) for a, d in zip(arrays, self.input_dtypes)]
-        outputs = _tvm.run_vm(self.vm, arrays, self.device)
+        try:
+            outputs = _tvm.run_vm(self.vm, arrays, self.device)
+        except Exception as err:
+            refusal = model_raised(err)
+            if refusal is None:
+                raise
+            raise refusal from err
         if len(outputs) != len(self.output_names):
             raise RuntimeError(
                 f"compiled module returned {len(outputs)} outputs, expected {len(self.output_names)}"
