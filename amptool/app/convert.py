@@ -36,7 +36,7 @@ from amptool.errors import TargetUnavailableError, UserError
 from amptool.frontend.graph import iter_nodes
 from amptool.frontend.importer import ImportedModel, NodeOrigin, import_model
 from amptool.frontend.input_values import FixedValue, fixed_input_arrays, resolve_input_shapes
-from amptool.frontend.load import LoadedModel, load_model
+from amptool.frontend.load import LoadedModel, load_model, refuse_quantized
 from amptool.frontend.prepare import prepare_model
 from amptool.frontend.signature import (
     DEFAULT_MAX_INPUT_BYTES,
@@ -226,6 +226,8 @@ def rewrite_model(
         return value
 
     loaded: LoadedModel = timed("load", lambda: load_model(config.model))
+    if config.dtype != "float32":
+        refuse_quantized(loaded.model, config.model)
     unmatched = unmatched_node_rules(policy, (node.name for node in iter_nodes(loaded.model.graph)))
     for pattern in unmatched:
         log.warning("node rule %r (--exclude-node or the colour list's nodes:) matches no node of %s",

@@ -81,7 +81,6 @@ def load_model(path: str) -> LoadedModel:
                 "Run onnx.checker.check_model on it and fix the exporter's output.",
             ) from err
         log.warning("%s fails onnx.checker (%s) but onnxruntime loads it; continuing", path, error_summary(err))
-    _refuse_quantized(model, path)
     _refuse_strings(model, path)
     name_nodes(model.graph)
     from amptool.frontend.gradient import check_gradients  # noqa: PLC0415 (gradient imports load)
@@ -118,7 +117,9 @@ def name_nodes(graph: onnx.GraphProto, prefix: str = "") -> None:
 
 
 
-def _refuse_quantized(model: onnx.ModelProto, path: str) -> None:
+def refuse_quantized(model: onnx.ModelProto, path: str) -> None:
+    """A model already quantized has nothing to gain from float16/bfloat16 and its integer parts
+    must stay as they are: refused for those dtypes (``--dtype float32`` builds it as it is)."""
     found = collections.Counter(
         n.op_type for n in iter_nodes(model.graph) if n.op_type in QUANTIZED_OPS
     )
@@ -127,7 +128,7 @@ def _refuse_quantized(model: onnx.ModelProto, path: str) -> None:
         raise UserError(
             f"{path} is already quantized ({ops}); amptool converts float32 models to "
             "float16/bfloat16",
-            "Convert the float32 export of this model instead.",
+            "Convert the float32 export of this model instead, or build this one as it is with --dtype float32.",
         )
 
 
