@@ -23,6 +23,7 @@ from amptool.frontend.elementwise import convert_bitcast, convert_isinf
 from amptool.frontend.layout_ops import LAYOUT_CONVERTERS
 from amptool.frontend.narrow_casts import convert_cast, convert_cast_like
 from amptool.frontend.norms import convert_cumprod, convert_cumsum, convert_layer_norm, convert_lp_normalization
+from amptool.frontend.quantized import QUANTIZED_CONVERTERS
 from amptool.frontend.rnn import convert_gru, convert_lstm, convert_rnn
 from amptool.frontend.signal_ops import SIGNAL_CONVERTERS
 from amptool.frontend.small_ops import SMALL_OP_CONVERTERS
@@ -124,6 +125,6 @@ CONVERTERS: dict[str, Converter] = {
     "BitCast": convert_bitcast,
 }
 # One module per family; each says why its converters exist. No op appears in two tables.
-for _table in (SMALL_OP_CONVERTERS, LAYOUT_CONVERTERS, SIGNAL_CONVERTERS, DETECTION_CONVERTERS):
+for _table in (SMALL_OP_CONVERTERS, LAYOUT_CONVERTERS, SIGNAL_CONVERTERS, DETECTION_CONVERTERS, QUANTIZED_CONVERTERS):
     assert not set(_table) & set(CONVERTERS), f"op registered twice: {set(_table) & set(CONVERTERS)}"
     CONVERTERS.update(_table)
