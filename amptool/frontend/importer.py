@@ -181,6 +181,7 @@ def _make_importer(shape_dict: dict[str, list[int]], dtype_dict: dict[str, str],
             try:
                 if op_name == "Gradient" and node_name in self._gradients:
                     return self._gradient(node_name, list(inputs))
+                attrs.setdefault("tvm_custom", {})["opset"] = opset  # defaults that moved between opsets (DFT axis)
                 result = CONVERTERS[op_name](self.bb, list(inputs), attrs) if op_name in CONVERTERS else None
                 if result is None:  # not ours, or ours declined this instance
                     result = super()._convert_operator(op_name, inputs, attrs, opset)

@@ -47,6 +47,12 @@ SHAPE_OPERANDS: dict[str, dict[int, str]] = {
     "OneHot": {1: "depth"},
     "Range": {0: "start", 1: "limit", 2: "delta"},
     "CenterCropPad": {1: "shape"},
+    "Col2Im": {1: "image_shape", 2: "block_shape"},
+    "AffineGrid": {1: "size"},
+    "DFT": {1: "dft_length", 2: "axis"},
+    "STFT": {1: "frame_step", 3: "frame_length"},
+    **{op: {0: "size"} for op in ("HannWindow", "HammingWindow", "BlackmanWindow")},
+    "MelWeightMatrix": {0: "num_mel_bins", 1: "dft_length", 2: "sample_rate", 3: "lower_edge", 4: "upper_edge"},
 }
 #: op type → operand indices whose value passes through unchanged (None: every operand)
 _PASS_THROUGH: dict[str, tuple[int, ...] | None] = {
