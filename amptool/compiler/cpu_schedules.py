@@ -184,6 +184,8 @@ def _parallel_vectorized(sch: Any, block: Any, tiling: Tiling, vectorize: bool =
             _parallel(sch, loops[:1], tiling)
         return
     sizes = [int(e) for e in extents if e is not None]
+    if 0 in sizes:
+        return  # a zero-size tensor (a Split piece of length 0): nothing to run, and TVM refuses to vectorize it
     widest = 4 * tiling.lanes
     k = len(loops) - 1
     while k > 0 and sizes[k] < 8 and sizes[k] * sizes[k - 1] <= widest:

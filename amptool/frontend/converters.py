@@ -27,6 +27,7 @@ from amptool.frontend.quantized import QUANTIZED_CONVERTERS
 from amptool.frontend.rnn import convert_gru, convert_lstm, convert_rnn
 from amptool.frontend.signal_ops import SIGNAL_CONVERTERS
 from amptool.frontend.small_ops import SMALL_OP_CONVERTERS
+from amptool.frontend.tree_ensemble import TREE_CONVERTERS
 
 Converter = Callable[[Any, list[Any], dict[str, Any]], Any]
 
@@ -125,6 +126,8 @@ CONVERTERS: dict[str, Converter] = {
     "BitCast": convert_bitcast,
 }
 # One module per family; each says why its converters exist. No op appears in two tables.
-for _table in (SMALL_OP_CONVERTERS, LAYOUT_CONVERTERS, SIGNAL_CONVERTERS, DETECTION_CONVERTERS, QUANTIZED_CONVERTERS):
+_TABLES = (SMALL_OP_CONVERTERS, TREE_CONVERTERS, LAYOUT_CONVERTERS, SIGNAL_CONVERTERS, DETECTION_CONVERTERS,
+           QUANTIZED_CONVERTERS)
+for _table in _TABLES:
     assert not set(_table) & set(CONVERTERS), f"op registered twice: {set(_table) & set(CONVERTERS)}"
     CONVERTERS.update(_table)

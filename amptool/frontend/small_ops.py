@@ -1,11 +1,339 @@
 """Small ops TVM's ONNX frontend lacks or gets wrong (elementwise, reductions, linear algebra, ai.onnx.ml).
 
 Converters in the shape of amptool.frontend.converters (``fn(bb, inputs, attrs) -> relax.Expr``);
-the table at the bottom is merged into CONVERTERS.
+the table at the bottom is merged into CONVERTERS. Where TVM's own converter is right for an
+instance, the converter here declines it (returns None), so only the broken cases change.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-SMALL_OP_CONVERTERS: dict[str, Any] = {}
+import numpy as np
+
+from amptool import _tvm
+from amptool.errors import UserError
+
+#: dtypes computed in float32 and cast back (their own arithmetic loses too much for exp/LU)
+_NARROW_FLOATS = ("float16", "bfloat16")
+
+
+def _node(attrs: dict[str, Any], op_type: str) -> str:
+    return str(attrs.get("tvm_custom", {}).get("name", "") or op_type)
+
+
+def _shape(x: Any) -> list[int] | None:
+    """The static shape of a tensor expression, or None (unknown rank or a symbolic dimension)."""
+    try:
+        return [int(d) for d in x.ty.shape]
+    except (AttributeError, TypeError):
+        return None
+
+
+def _static(x: Any, attrs: dict[str, Any], op_type: str) -> list[int]:
+    shape = _shape(x)
+    if shape is None:
+        raise UserError(f"{op_type} node '{_node(attrs, op_type)}' needs a static input shape",
+                        "Pin the input shapes with --input-shape.")
+    return shape
+
+
+def _constant(expr: Any) -> np.ndarray | None:
+    return np.asarray(_tvm.constant_numpy(expr)) if expr is not None and _tvm.is_constant(expr) else None
+
+
+def _onnx_dtype(code: int) -> str:
+    from onnx import helper  # noqa: PLC0415
+
+    return str(np.dtype(helper.tensor_dtype_to_np_dtype(int(code))))
+
+
+def _is_float(dtype: str | None) -> bool:
+    return dtype in _tvm.FLOAT_DTYPES
+
+
+def _array(value: np.ndarray, dtype: str | None = None) -> Any:
+    """A Relax constant of ``value`` in its own dtype (or ``dtype``): relax.const alone narrows
+    int64 to int32 and float64 to float32."""
+    from tvm import relax  # noqa: PLC0415
+
+    return relax.const(value, dtype or str(value.dtype))
+
+
+def convert_celu(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
+    """Celu: max(0, x) + min(0, α·(exp(x/α) − 1)). No TVM converter; float16 is computed in float32."""
+    from tvm import relax  # noqa: PLC0415
+
+    op, x = relax.op, inputs[0]
+    dtype = _tvm.tensor_dtype(x) or "float32"
+    xs = bb.emit(op.astype(x, "float32")) if dtype in _NARROW_FLOATS else x
+    work = "float32" if dtype in _NARROW_FLOATS else dtype
+    alpha = relax.const(float(attrs.get("alpha", 1.0)), work)
+    zero = relax.const(0.0, work)
+    negative = op.multiply(alpha, op.subtract(op.exp(op.divide(op.minimum(xs, zero), alpha)), relax.const(1.0, work)))
+    y = bb.emit(op.add(op.maximum(xs, zero), negative))
+    return op.astype(y, dtype) if work != dtype else y
+
+
+def convert_eye_like(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
+    """EyeLike whose ``dtype`` differs from the input's: TVM refuses it, yet only the shape is read."""
+    from tvm import relax  # noqa: PLC0415
+
+    x = inputs[0]
+    if "dtype" not in attrs:
+        return None
+    return relax.op.eye_like(x, int(attrs.get("k", 0)), _onnx_dtype(attrs["dtype"]))
+
+
+def convert_pow(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
+    """Pow with mixed or integer types: the result has the base's type (TVM wants one float type).
+
+    A float base takes the exponent cast to its type. An integer base is raised in float64 (exact
+    below 2⁵³) and cast back: rounded for integer exponents ≥ 0 (the result is an integer, which
+    pow may miss by an ulp), truncated otherwise (onnxruntime's static_cast of std::pow)."""
+    from tvm import relax  # noqa: PLC0415
+
+    op = relax.op
+    base, exponent = inputs[0], inputs[1]
+    bt, et = _tvm.tensor_dtype(base), _tvm.tensor_dtype(exponent)
+    if bt is None or et is None or (bt == et and _is_float(bt)):
+        return None
+    if _is_float(bt):
+        return op.power(base, bb.emit(op.astype(exponent, bt)))
+    result = bb.emit(op.power(op.astype(base, "float64"), op.astype(exponent, "float64")))
+    if _is_float(et):
+        result = bb.emit(op.trunc(result))
+    else:
+        nonnegative = op.greater_equal(exponent, relax.const(0, et))
+        result = bb.emit(op.where(nonnegative, op.round(result), op.trunc(result)))
+    return op.astype(result, bt)
+
+
+def convert_mod(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
+    """Float Mod with ``fmod=0``: numpy's ``mod`` (the sign of the divisor), built on ``fmod``.
+
+    Why: TVM's floor_mod computes x − floor(x/y)·y, which is NaN for an infinite divisor where
+    numpy gives x (same signs) or y (opposite signs). As numpy does: r = fmod(x, y); r + y where r
+    is non-zero and its sign differs from y's; a zero result takes y's sign. Other instances decline."""
+    from tvm import relax  # noqa: PLC0415
+
+    op = relax.op
+    x, y = inputs[0], inputs[1]
+    dtype = _tvm.tensor_dtype(x)
+    if int(attrs.get("fmod", 0)) != 0 or not _is_float(dtype) or _tvm.tensor_dtype(y) != dtype:
+        return None
+    zero = relax.const(0.0, dtype)
+    r = bb.emit(op.mod(x, y))
+    flip = op.logical_and(op.not_equal(r, zero), op.logical_xor(op.less(r, zero), op.less(y, zero)))
+    r = bb.emit(op.where(flip, op.add(r, y), r))
+    signed_zero = op.where(op.less(y, zero), relax.const(-0.0, dtype), zero)
+    return op.where(op.equal(r, zero), signed_zero, r)
+
+
+def _reduce_extreme(kind: str) -> Any:
+    """ReduceMax / ReduceMin over bool inputs or an empty set; other instances decline to TVM.
+
+    Why: TVM's max/min have no identity for bool (FoldConstant refuses), so bool reduces as uint8.
+    Over an empty set ONNX gives the identity — ∓inf for floats, the type's min/max for integers,
+    False/True for bool — where TVM returned its finite init value."""
+
+    def convert(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
+        from tvm import relax  # noqa: PLC0415
+
+        x = inputs[0]
+        dtype, shape = _tvm.tensor_dtype(x), _shape(x)
+        if dtype is None or shape is None:
+            return None
+        axes_value = attrs.get("axes")
+        if len(inputs) > 1 and inputs[1] is not None:
+            value = _constant(inputs[1])
+            if value is None:
+                return None  # TVM's converter names the problem
+            axes_value = value.reshape(-1).tolist()
+        if not axes_value and int(attrs.get("noop_with_empty_axes", 0)):
+            return None  # the input unchanged
+        axes = sorted({int(a) % len(shape) for a in axes_value}) if axes_value else list(range(len(shape)))
+        keepdims = bool(int(attrs.get("keepdims", 1)))
+        out_shape = [1 if i in axes else d for i, d in enumerate(shape) if keepdims or i not in axes]
+        empty_set = any(shape[a] == 0 for a in axes)
+        if empty_set and 0 not in out_shape:
+            return _array(np.full(out_shape, _identity(kind, dtype)), dtype)
+        if dtype != "bool":
+            return None
+        reduce = relax.op.max if kind == "ReduceMax" else relax.op.min
+        return relax.op.astype(bb.emit(reduce(relax.op.astype(x, "uint8"), axes, keepdims)), "bool")
+
+    return convert
+
+
+def _identity(kind: str, dtype: str) -> Any:
+    """The value of ``kind`` over an empty set (ONNX: ∓inf if the type has it, else its min/max)."""
+    high = kind == "ReduceMin"
+    if dtype == "bool":
+        return high
+    if _is_float(dtype):
+        return np.inf if high else -np.inf
+    info = np.iinfo(np.dtype(dtype))
+    return info.max if high else info.min
+
+
+def convert_split(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
+    """Split with zero-size pieces, as one strided_slice per output.
+
+    Why: relax.split takes cut indices that must strictly increase; a piece of size 0 repeats
+    one, and FoldConstant refuses the model. Splits without a zero-size piece decline to TVM.
+    A piece that spans the whole axis is the input itself."""
+    from tvm import relax  # noqa: PLC0415
+
+    x = inputs[0]
+    sizes = attrs.get("split")
+    if len(inputs) > 1 and inputs[1] is not None:
+        value = _constant(inputs[1])
+        sizes = value.reshape(-1).tolist() if value is not None else None
+    if not sizes or all(int(s) > 0 for s in sizes):
+        return None
+    shape = _static(x, attrs, "Split")
+    axis = int(attrs.get("axis", 0)) % len(shape)
+    if sum(int(s) for s in sizes) != shape[axis]:
+        raise UserError(f"Split node '{_node(attrs, 'Split')}': sizes {sizes} do not add up to {shape[axis]}",
+                        "Check the exporter's output.")
+    pieces, start = [], 0
+    for size in (int(s) for s in sizes):
+        # A piece spanning the axis is x itself (every piece of an empty x): no kernel of extent 0
+        whole = size == shape[axis]
+        pieces.append(x if whole else bb.emit(relax.op.strided_slice(x, [axis], [start], [start + size])))
+        start += size
+    return relax.Tuple(pieces)
+
+
+def convert_trilu(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
+    """Trilu with a run-time ``k`` or a zero-size input; a constant ``k`` declines to TVM's triu/tril.
+
+    Why: TVM's run-time-k path builds its mask from un-normalised calls, which fails on a
+    zero-size input. An empty input is its own result; otherwise the mask col − row ≥ k (upper)
+    or ≤ k (lower) is built here."""
+    from tvm import relax  # noqa: PLC0415
+
+    op = relax.op
+    x = inputs[0]
+    k = inputs[1] if len(inputs) > 1 else None
+    shape = _static(x, attrs, "Trilu")
+    if 0 in shape:
+        return x
+    if k is None or _tvm.is_constant(k):
+        return None
+    m, n = shape[-2], shape[-1]
+    diff = _array(np.arange(n, dtype=np.int64)[None, :] - np.arange(m, dtype=np.int64)[:, None])
+    k64 = bb.emit(op.reshape(bb.emit(op.astype(k, "int64")), []))
+    upper = bool(int(attrs.get("upper", 1)))
+    mask = op.greater_equal(diff, k64) if upper else op.less_equal(diff, k64)
+    return op.where(bb.emit(mask), x, relax.const(0, _tvm.tensor_dtype(x) or "float32"))
+
+
+def convert_one_hot(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
+    """OneHot with run-time ``values`` (and indices of any numeric type) as a compare and a select.
+
+    Why: TVM's converter wants ``values`` as a constant. ``depth`` decides the output shape, so
+    it must be a constant (amptool pins it). Negative indices count from ``depth``; indices out
+    of [-depth, depth) select nothing (every entry off), as the spec says."""
+    from tvm import relax  # noqa: PLC0415
+
+    op = relax.op
+    indices, depth_expr, values = inputs[0], inputs[1], inputs[2]
+    depth_value = _constant(depth_expr)
+    if depth_value is None:
+        raise UserError(f"OneHot node '{_node(attrs, 'OneHot')}': depth (the output's size) is computed at run time",
+                        "Fix the depth input's value with --fixed-input NAME=VALUE.")
+    depth = int(depth_value.reshape(-1)[0])
+    rank = len(_static(indices, attrs, "OneHot"))
+    axis = int(attrs.get("axis", -1)) % (rank + 1)
+    index = bb.emit(op.astype(indices, "int64"))
+    index = bb.emit(op.where(op.less(index, relax.const(0, "int64")), op.add(index, relax.const(depth, "int64")),
+                             index))
+    classes = np.arange(depth, dtype=np.int64).reshape([depth if i == axis else 1 for i in range(rank + 1)])
+    hit = bb.emit(op.equal(op.expand_dims(index, axis), _array(classes)))
+    off = bb.emit(op.take(values, relax.const(0, "int64"), axis=0))
+    on = bb.emit(op.take(values, relax.const(1, "int64"), axis=0))
+    return op.where(hit, on, off)
+
+
+def convert_det(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
+    """Det of [..., n, n] by LU with partial pivoting, unrolled over the static n. No TVM converter.
+
+    Each step swaps the row with the largest |pivot| into place (a gather per batch element),
+    eliminates below it and multiplies the pivot into the determinant; a swap flips the sign.
+    A zero pivot (the column is zero from there down) leaves the determinant 0. float16 inputs
+    are computed in float32."""
+    from tvm import relax  # noqa: PLC0415
+
+    op = relax.op
+    x = inputs[0]
+    shape = _static(x, attrs, "Det")
+    dtype = _tvm.tensor_dtype(x) or "float32"
+    if len(shape) < 2 or shape[-1] != shape[-2]:
+        raise UserError(f"Det node '{_node(attrs, 'Det')}': input shape {shape} is not [..., n, n]",
+                        "Check the exporter's output.")
+    work = "float32" if dtype in _NARROW_FLOATS else dtype
+    rank, n, batch = len(shape), shape[-1], shape[:-2]
+    a = bb.emit(op.astype(x, work)) if work != dtype else x
+    rows = _array(np.arange(n, dtype=np.int64).reshape(n, 1))
+    one, zero = relax.const(1.0, work), relax.const(0.0, work)
+    det = _array(np.ones([*batch, 1, 1]), work)
+    for k in range(n):
+        column = op.strided_slice(a, [rank - 2, rank - 1], [k, k], [n, k + 1])
+        pivot_at = bb.emit(op.add(op.argmax(op.abs(column), axis=rank - 2, keepdims=True),
+                                  relax.const(k, "int64")))  # [..., 1, 1]
+        pivot_row = bb.emit(op.gather_elements(a, op.broadcast_to(pivot_at, [*batch, 1, n]), axis=rank - 2))
+        row_k = bb.emit(op.strided_slice(a, [rank - 2], [k], [k + 1]))
+        k_const = relax.const(k, "int64")
+        a = bb.emit(op.where(op.equal(rows, k_const), pivot_row, op.where(op.equal(rows, pivot_at), row_k, a)))
+        det = bb.emit(op.where(op.equal(pivot_at, k_const), det, op.negative(det)))
+        pivot = bb.emit(op.strided_slice(pivot_row, [rank - 1], [k], [k + 1]))  # [..., 1, 1]
+        det = bb.emit(op.multiply(det, pivot))
+        if k == n - 1:
+            break
+        safe = op.where(op.equal(pivot, zero), one, pivot)
+        factors = op.divide(op.strided_slice(a, [rank - 1], [k], [k + 1]), safe)  # [..., n, 1]
+        factors = bb.emit(op.where(op.greater(rows, k_const), factors, zero))
+        a = bb.emit(op.subtract(a, op.multiply(factors, pivot_row)))
+    det = bb.emit(op.reshape(det, batch))
+    return op.astype(det, dtype) if work != dtype else det
+
+
+def convert_binarizer(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
+    """ai.onnx.ml Binarizer: 1 where x > threshold, else 0, in x's type. No TVM converter."""
+    from tvm import relax  # noqa: PLC0415
+
+    x = inputs[0]
+    dtype = _tvm.tensor_dtype(x) or "float32"
+    above = relax.op.greater(x, relax.const(float(attrs.get("threshold", 0.0)), dtype))
+    return relax.op.where(above, relax.const(1, dtype), relax.const(0, dtype))
+
+
+def convert_array_feature_extractor(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
+    """ai.onnx.ml ArrayFeatureExtractor: the indexed columns of the last axis. No TVM converter.
+
+    As onnxruntime: the indices are flattened; a 1-D input gives [1, count]."""
+    from tvm import relax  # noqa: PLC0415
+
+    x, indices = inputs[0], inputs[1]
+    shape = _static(x, attrs, "ArrayFeatureExtractor")
+    flat = bb.emit(relax.op.reshape(bb.emit(relax.op.astype(indices, "int64")), [-1]))
+    result = bb.emit(relax.op.take(x, flat, axis=len(shape) - 1))
+    return relax.op.expand_dims(result, 0) if len(shape) == 1 else result
+
+
+SMALL_OP_CONVERTERS: dict[str, Any] = {
+    "Celu": convert_celu,
+    "EyeLike": convert_eye_like,
+    "Pow": convert_pow,
+    "Mod": convert_mod,
+    "ReduceMax": _reduce_extreme("ReduceMax"),
+    "ReduceMin": _reduce_extreme("ReduceMin"),
+    "Split": convert_split,
+    "Trilu": convert_trilu,
+    "OneHot": convert_one_hot,
+    "Det": convert_det,
+    "Binarizer": convert_binarizer,
+    "ArrayFeatureExtractor": convert_array_feature_extractor,
+}
