@@ -94,11 +94,39 @@ def convert_pad(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     value = 0.0
     if len(inputs) > 2 and inputs[2] is not None:
         if not _tvm.is_constant(inputs[2]):
-            return None
+            if mode != "constant":
+                return relax.op.nn.pad(x, width, _PAD_MODES[mode])  # the value applies to constant mode only
+            return _pad_with_tensor(bb, x, width, inputs[2])
         value = float(np.asarray(_tvm.constant_numpy(inputs[2])).reshape(-1)[0])
     elif attrs.get("value") is not None:
         value = float(attrs["value"])
     return relax.op.nn.pad(x, width, _PAD_MODES[mode], value)
+
+
+def _pad_with_tensor(bb: Any, x: Any, width: list[int], value: Any) -> Any:
+    """Constant padding with a run-time ``constant_value`` (``relax.nn.pad`` takes a number only):
+    pad with 0, then select the value on the border — the union of each axis's border, a small
+    boolean constant per padded axis, broadcast."""
+    from tvm import relax  # noqa: PLC0415
+
+    op = relax.op
+    rank = len(width) // 2
+    padded = bb.emit(op.nn.pad(x, width))
+    shape = [int(d) for d in padded.ty.shape]
+    border = None
+    for axis in range(rank):
+        before, after = width[2 * axis], width[2 * axis + 1]
+        if before == 0 and after == 0:
+            continue
+        line = np.zeros(shape[axis], dtype=bool)
+        line[:before] = True
+        line[shape[axis] - after:] = True
+        view = relax.const(line.reshape([shape[axis] if i == axis else 1 for i in range(rank)]), "bool")
+        border = view if border is None else bb.emit(op.logical_or(border, view))
+    if border is None:
+        return padded
+    fill = bb.emit(op.reshape(bb.emit(op.astype(value, _tvm.tensor_dtype(x))), []))
+    return op.where(border, fill, padded)
 
 
 def _constant_ints(expr: Any, attr: Any, what: str) -> list[int]:
