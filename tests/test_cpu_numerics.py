@@ -88,3 +88,30 @@ def test_conv2d_matches_onnxruntime(x_shape, w_shape, stride, pad, groups):
     model.ir_version = 8
     want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x_np})[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("pads", [(0, 1), (1, 0), (1, 1), (0, 3)])
+def test_pad_after_conv_is_not_fused_into_the_conv_tiles(pads):
+    """A pad consuming a conv writes positions the conv's tiles never visit: fused into them as an
+    epilogue, the end-only pads came back as garbage/NaN (TF-style SAME pads are end-only)."""
+    from tvm import relax
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 4, 16, 16)).astype(np.float32)
+    w = rng.standard_normal((8, 4, 3, 3)).astype(np.float32)
+    xv = relax.Var("x", relax.TensorType((1, 4, 16, 16), "float32"))
+    wv = relax.Var("w", relax.TensorType((8, 4, 3, 3), "float32"))
+    width = [0, 0, 0, 0, pads[0], pads[1], pads[0], pads[1]]
+
+    def make():
+        conv = relax.op.nn.conv2d(xv, wv, padding=1)
+        return relax.op.nn.pad(relax.op.nn.relu(conv), width)
+
+    got = _build_and_run(make, [x, w], [xv, wv])
+    padded = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    conv = np.zeros((1, 8, 16, 16))
+    for i in range(3):
+        for j in range(3):
+            conv += np.einsum("nchw,oc->nohw", padded[:, :, i:i + 16, j:j + 16], w[:, :, i, j])
+    want = np.pad(np.maximum(conv, 0), ((0, 0), (0, 0), pads, pads))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

@@ -154,7 +154,9 @@ def _epilogue_at(sch: Any, block: Any, loop: Any) -> Any | None:
     current = block
     while True:
         consumers = sch.get_consumers(current)
-        if len(consumers) != 1:
+        if len(consumers) != 1 or not _same_output_shape(sch, consumers[0], block):
+            # A consumer with another shape (a pad, a concat) has positions the block's tiles never
+            # visit: computed under them, its extra rows/columns were never written (garbage, NaN).
             break
         chain.append(consumers[0])
         current = consumers[0]
@@ -164,6 +166,15 @@ def _epilogue_at(sch: Any, block: Any, loop: Any) -> Any | None:
         sch.compute_inline(step)
     sch.reverse_compute_at(chain[-1], loop, preserve_unit_loops=True)
     return chain[-1]
+
+
+def _same_output_shape(sch: Any, a: Any, b: Any) -> bool:
+    """Whether blocks ``a`` and ``b`` write buffers of one shape."""
+    writes_a, writes_b = sch.get(a).writes, sch.get(b).writes
+    if len(writes_a) != 1 or len(writes_b) != 1:
+        return False
+    shape_a, shape_b = writes_a[0].buffer.shape, writes_b[0].buffer.shape
+    return len(shape_a) == len(shape_b) and all(str(x) == str(y) for x, y in zip(shape_a, shape_b, strict=True))
 
 
 def _schedule_prologue(sch: Any, block: Any, skip: Any, tiling: Tiling, vectorize: bool = True) -> None:
