@@ -24,6 +24,7 @@ from amptool.frontend.layout_ops import LAYOUT_CONVERTERS
 from amptool.frontend.narrow_casts import convert_cast, convert_cast_like
 from amptool.frontend.norms import convert_cumprod, convert_cumsum, convert_layer_norm, convert_lp_normalization
 from amptool.frontend.quantized import QUANTIZED_CONVERTERS
+from amptool.frontend.rms_norm import RMS_NORM_CONVERTERS
 from amptool.frontend.rnn import convert_gru, convert_lstm, convert_rnn
 from amptool.frontend.signal_ops import SIGNAL_CONVERTERS
 from amptool.frontend.small_ops import SMALL_OP_CONVERTERS
@@ -127,7 +128,7 @@ CONVERTERS: dict[str, Converter] = {
 }
 # One module per family; each says why its converters exist. No op appears in two tables.
 _TABLES = (SMALL_OP_CONVERTERS, TREE_CONVERTERS, LAYOUT_CONVERTERS, SIGNAL_CONVERTERS, DETECTION_CONVERTERS,
-           QUANTIZED_CONVERTERS)
+           QUANTIZED_CONVERTERS, RMS_NORM_CONVERTERS)
 for _table in _TABLES:
     assert not set(_table) & set(CONVERTERS), f"op registered twice: {set(_table) & set(CONVERTERS)}"
     CONVERTERS.update(_table)

@@ -130,6 +130,11 @@ def prepare_model(
         # a fixed sample rate — an invalid graph, at times a segfault).
         _try(prepared, "fold-subgraphs", lambda m: _fold_everywhere(m, prepared.notes))
         _try(prepared, "onnxruntime-fold", _onnxruntime_basic_optimize)
+        if prepared.steps[-1] == "onnxruntime-fold":
+            # onnxruntime expands function ops (GroupNormalization, Attention, LinearAttention …)
+            # into their bodies, whose Shape arithmetic and Scans it leaves unfolded: our folder,
+            # again, folds those and unrolls the Scans the TVM frontend cannot take.
+            _try(prepared, "fold-expanded", lambda m: _fold_everywhere(m, prepared.notes, "fold-expanded"))
         if prepared.model is not unfolded:
             _check_numerics(prepared, model, unfolded, inputs, fixed_inputs or {})
     _try(prepared, "shape-inference", lambda m: onnx.shape_inference.infer_shapes(m, data_prop=True))
@@ -247,11 +252,11 @@ def _first_mismatch(before: Mapping[str, np.ndarray], after: Mapping[str, np.nda
     return None
 
 
-def _fold_everywhere(model: onnx.ModelProto, notes: list[str]) -> onnx.ModelProto:
+def _fold_everywhere(model: onnx.ModelProto, notes: list[str], step: str = "fold-subgraphs") -> onnx.ModelProto:
     folded, stats = fold_model(model)
     if stats.changed:
         notes.append(
-            f"fold-subgraphs: {stats.folded} node(s) and {stats.shapes} Shape(s) folded, "
+            f"{step}: {stats.folded} node(s) and {stats.shapes} Shape(s) folded, "
             f"{stats.ifs_inlined} If(s) with a constant condition inlined, "
             f"{stats.loops_unrolled} Loop/Scan(s) with a known trip count unrolled"
         )

@@ -18,11 +18,13 @@ references stay, subgraphs in the body are copied with renamed inner names, and 
 initializers and `Constant` nodes are emitted once per loop (the copying itself lives in
 amptool/frontend/unroll_body.py). N = 0 gives the initial values and empty scan outputs.
 A `Scan` (opset ≥ 9) with a static sequence length L becomes L copies of its body fed by
-`Gather` slices, honouring the input/output axes and directions.
+`Gather` slices, honouring the input/output axes and directions. An opset-8 `Scan` (a leading
+batch axis B, time on axis 1) becomes B × L copies, per batch element, stacked on axis 0.
 
 When not: a data-dependent trip count or condition, more than ``MAX_TRIP_COUNT`` iterations
-or ``MAX_UNROLLED_NODES`` nodes, a Scan with a symbolic or zero length, or opset-8 Scan. The
-node is left alone, and ``refusals`` says why, for the importer's "No converter" message.
+or ``MAX_UNROLLED_NODES`` nodes, a Scan with a symbolic or zero length, or an opset-8 Scan whose
+``sequence_lens`` are not all its full length. The node is left alone, and ``refusals`` says
+why, for the importer's "No converter" message.
 
 Preserves: every output's name and value (prepare checks the numerics with onnxruntime).
 """
@@ -129,6 +131,9 @@ class _Walker:
             if node.op_type == "Loop":
                 trips = _loop_trip_count(node, known, self.model)
                 body_nodes = _count_nodes(attr_graph(node, "body"))
+            elif self.opset < 9:  # batch × length copies, each element's inputs one Gather more
+                batch, length = self._scan8_extent(node, known)
+                trips, body_nodes = batch * length, _count_nodes(attr_graph(node, "body")) + 2
             else:
                 trips = self._scan_length(node, known)
                 body_nodes = _count_nodes(attr_graph(node, "body")) + 1
@@ -138,7 +143,9 @@ class _Walker:
             if not self.rewrite:
                 raise Refusal("it could be unrolled, but prepare's folding was skipped (--no-prepare) or reverted")
             copier = BodyCopier(node, self.names, self.opset)
-            if node.op_type == "Scan":
+            if node.op_type == "Scan" and self.opset < 9:
+                nodes = copier.scan_batched(batch, length)
+            elif node.op_type == "Scan":
                 nodes = copier.scan(trips)
             else:
                 nodes = copier.loop(trips, self._empty_scans(node) if trips == 0 else [])
@@ -160,15 +167,32 @@ class _Walker:
         return empties
 
     def _scan_length(self, node: onnx.NodeProto, known: dict[str, np.ndarray]) -> int:
-        if self.opset < 9:
-            raise Refusal("opset-8 Scan (with a batch axis) is not supported; convert the model to opset 9 or later")
+        axis = (attr_ints(node, "scan_input_axes") or [0])[0]
+        return self._checked_length(int(self._first_scan_shape(node, known)[axis]))
+
+    def _scan8_extent(self, node: onnx.NodeProto, known: dict[str, np.ndarray]) -> tuple[int, int]:
+        """Opset-8 Scan: (batch, sequence length) — axes 0 and 1 of its scan inputs. Per-element
+        ``sequence_lens`` are accepted only when known and all the full length."""
+        shape = self._first_scan_shape(node, known)
+        batch, length = int(shape[0]), self._checked_length(int(shape[1]))
+        if batch == 0:
+            raise Refusal("its batch size is 0")
+        lens = node.input[0]
+        if lens and (lens not in known or np.any(np.asarray(known[lens]) != length)):
+            raise Refusal("its sequence_lens are not all the full sequence length (or depend on input values)")
+        if batch * length > MAX_TRIP_COUNT:
+            raise Refusal(f"batch × sequence length {batch * length} exceeds the unroll limit of {MAX_TRIP_COUNT}")
+        return batch, length
+
+    def _first_scan_shape(self, node: onnx.NodeProto, known: dict[str, np.ndarray]) -> tuple[int, ...]:
         m = attr_int(node, "num_scan_inputs", 0)
         first = node.input[len(node.input) - m]
         shape = known[first].shape if first in known else self.shapes().get(first)
         if shape is None:
             raise Refusal("its sequence length is not static; pin input shapes with --input-shape")
-        axis = (attr_ints(node, "scan_input_axes") or [0])[0]
-        length = int(shape[axis])
+        return tuple(shape)
+
+    def _checked_length(self, length: int) -> int:
         if length == 0:
             raise Refusal("its sequence length is 0")
         if length > MAX_TRIP_COUNT:

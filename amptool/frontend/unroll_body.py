@@ -164,6 +164,45 @@ class BodyCopier:
         self.bind(sources, outputs)
         return self.out
 
+    def scan_batched(self, batch: int, length: int) -> list[onnx.NodeProto]:
+        """Opset-8 Scan: inputs (sequence_lens, state…, scan inputs…), each with a leading batch axis
+        and scan inputs' time on axis 1; the body sees one batch element. Per element b, the body is
+        copied ``length`` times on ``Gather`` slices of element b; results are stacked on axis 0."""
+        node = self.node
+        n_state = len(node.input) - 1 - attr_int(node, "num_scan_inputs", 0)
+        outputs = list(node.output) + [""] * (len(self.body.output) - len(node.output))
+        per_batch = [self._scan_element(b, length, n_state, outputs) for b in range(batch)]
+        sources = [self.stack([row[j] for row in per_batch], 0, f"batch_out_{j}") if out else ""
+                   for j, out in enumerate(outputs)]
+        self.bind(sources, outputs)
+        return self.out
+
+    def _scan_element(self, b: int, length: int, n_state: int, outputs: list[str]) -> list[str]:
+        """Opset-8 Scan on batch element ``b``: its final states and stacked scan outputs."""
+        values = list(self.node.input[1:])
+        dirs = attr_ints(self.node, "directions") or [0] * (len(values) - n_state)
+        row = self.const(np.array(b, np.int64), f"batch_{b}")
+        slice_names = [v.name for v in self.body.input[n_state:]]
+        read = live_nodes(self.body, [v.name for v in self.body.output])[1]
+        needed = [j < n_state or slice_names[j - n_state] in read for j in range(len(values))]
+        element = [self.emit("Gather", [x, row], f"{b}/input_{j}", axis=0) if x and needed[j] else ""
+                   for j, x in enumerate(values)]
+
+        def inputs(t: int, previous: list[str] | None, used: set[str]) -> list[str]:
+            slices = []
+            for j, x in enumerate(element[n_state:]):
+                if slice_names[j] not in used:
+                    slices.append("")
+                    continue
+                index = self.const(np.array(length - 1 - t if dirs[j] else t, np.int64), f"index_{t}")
+                slices.append(self.emit("Gather", [x, index], f"{b}/{t}/slice_{j}", axis=0))
+            return [*(previous[:n_state] if previous else element[:n_state]), *slices]
+
+        results = self.run_body(length, [v.name for v in self.body.output], inputs)
+        scans = [self.stack([r[j] for r in results], 0, f"{b}/scan_{j}") if outputs[j] else ""
+                 for j in range(n_state, len(outputs))]
+        return [*results[-1][:n_state], *scans]
+
     def stack(self, parts: list[str], axis: int, base: str) -> str:
         """Unsqueeze each part on ``axis`` and concatenate along it."""
         if self.opset >= 13:
