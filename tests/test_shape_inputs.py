@@ -118,3 +118,38 @@ def test_float_inputs_are_pinned_only_when_they_feed_shapes_alone(tmp_path):
     pins = pins_from_arrays(model, graph_inputs(model), arrays)
     assert list(pins) == ["scales"]
     assert not pins_from_arrays(model, graph_inputs(model), arrays, already=["scales"])
+
+
+def test_an_input_behind_integer_arithmetic_and_a_loop_trip_count_is_pinned(tmp_path, run_cli):
+    """``crop`` reaches Pad's pads through Sub/Div/Concat (an expanded CenterCropPad) and a Loop's
+    trip count through Relu: both pinned from --inputs, so the Pad imports and the Loop unrolls."""
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("Add", ["acc_in", "one"], ["acc_out"])], "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc_in", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, [2])],
+        [helper.make_tensor("one", TensorProto.FLOAT, [], [1.0])])
+    nodes = [
+        helper.make_node("Sub", ["crop", "two"], ["less"]), helper.make_node("Div", ["less", "two"], ["half"]),
+        helper.make_node("Concat", ["zeros", "half", "zeros", "half"], ["pads"], axis=0),
+        helper.make_node("Pad", ["x", "pads"], ["y"], name="pad"),
+        helper.make_node("Relu", ["crop"], ["trips_vec"]), helper.make_node("Squeeze", ["trips_vec"], ["trips"]),
+        helper.make_node("Loop", ["trips", "", "start"], ["total"], name="loop", body=body),
+    ]
+    graph = helper.make_graph(nodes, "g", [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+        helper.make_tensor_value_info("crop", TensorProto.INT64, [1]),
+        helper.make_tensor_value_info("start", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("total", TensorProto.FLOAT, None)],
+        [helper.make_tensor("two", TensorProto.INT64, [1], [2]), helper.make_tensor("zeros", TensorProto.INT64, [1], [0])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    assert set(shape_uses(model)) == {"crop"}
+    arrays = {"x": X3[0, :2, :3].copy(), "crop": np.array([6], np.int64), "start": np.zeros(2, np.float32)}
+    path, npz = _save(tmp_path, model, arrays)
+    result = run_cli("diff", path, "--dtype", "float32", "--inputs", npz, "--json", str(tmp_path / "d.json"))
+    assert result.exit_code == 0, result.output
+    assert "input 'crop' decides output shapes" in result.output

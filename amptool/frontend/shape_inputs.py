@@ -9,9 +9,10 @@ from its arrays (:func:`pins_from_arrays`); the importer names them in a refusal
 (:func:`inputs_deciding_node`).
 
 An input *reaches* a shape operand directly or through value-preserving ops (Cast, Identity,
-Unsqueeze, Squeeze, Concat, Reshape's data operand). Integer inputs that reach one are pinned;
-a float input only when every use is such an operand (Resize scales), never data that also feeds
-arithmetic.
+Unsqueeze, Squeeze, Concat, Reshape's data operand) and elementwise arithmetic (Add, Sub, Max,
+Div, Ceil, …, Gather/Slice of a vector). Integer and bool inputs that reach one are pinned; a float
+input only when every use leads to such an operand (Resize scales), never data that also feeds
+anything else.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ SHAPE_OPERANDS: dict[str, dict[int, str]] = {
     "OneHot": {1: "depth"},
     "Range": {0: "start", 1: "limit", 2: "delta"},
     "CenterCropPad": {1: "shape"},
+    "Loop": {0: "M", 1: "cond"},  # a trip count known at build time lets prepare unroll the loop
     "Col2Im": {1: "image_shape", 2: "block_shape"},
     "AffineGrid": {1: "size"},
     "DFT": {1: "dft_length", 2: "axis"},
@@ -54,10 +56,15 @@ SHAPE_OPERANDS: dict[str, dict[int, str]] = {
     **{op: {0: "size"} for op in ("HannWindow", "HammingWindow", "BlackmanWindow")},
     "MelWeightMatrix": {0: "num_mel_bins", 1: "dft_length", 2: "sample_rate", 3: "lower_edge", 4: "upper_edge"},
 }
-#: op type → operand indices whose value passes through unchanged (None: every operand)
+#: op type → operand indices whose value reaches the output (None: every operand): value-preserving
+#: ops, and the integer arithmetic exporters wrap around sizes (CenterCropPad's ``(shape - crop) / 2``,
+#: Range's ``ceil((limit - start) / delta)``), so the input behind such arithmetic is the one pinned
 _PASS_THROUGH: dict[str, tuple[int, ...] | None] = {
     "Cast": None, "CastLike": (0,), "Identity": None, "Unsqueeze": (0,), "Squeeze": (0,), "Concat": None,
     "Reshape": (0,),
+    **{op: None for op in ("Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "Mod", "Neg", "Abs", "Ceil", "Floor",
+                           "Round", "Relu")},
+    "Gather": (0,), "Slice": (0,), "Clip": (0,),
 }
 
 
@@ -111,12 +118,13 @@ def shape_uses(model: onnx.ModelProto) -> dict[str, ShapeUse]:
 
 
 def pinnable(spec: TensorSpec, use: ShapeUse) -> bool:
-    """Integer inputs that reach a shape operand; float ones only when that is all they feed."""
+    """Integer and bool inputs that reach a shape operand (or a Loop's trip count / condition); float
+    ones only when that is all they feed."""
     try:
         kind = numpy_dtype(spec.dtype).kind
     except Exception:  # noqa: BLE001 - a dtype numpy cannot name (string, bfloat16 …) is never pinned
         return False
-    return kind in "iu" or (kind == "f" and not use.other_uses)
+    return kind in "iub" or (kind == "f" and not use.other_uses)
 
 
 def pins_from_arrays(model: onnx.ModelProto, specs: Sequence[TensorSpec], arrays: Mapping[str, np.ndarray],

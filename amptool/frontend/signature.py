@@ -91,7 +91,19 @@ def _spec(value: onnx.ValueInfoProto, role: str) -> TensorSpec:
 def graph_inputs(model: onnx.ModelProto) -> list[TensorSpec]:
     """Real inputs: graph inputs that are not backed by an initializer (those are weights)."""
     weights = {init.name for init in model.graph.initializer}
-    return [_spec(v, "Input") for v in model.graph.input if v.name not in weights]
+    real = [v for v in model.graph.input if v.name not in weights]
+    for value in real:
+        kind = value.type.WhichOneof("value")
+        if kind not in (None, "tensor_type"):  # a sequence/map/optional: the compiled module takes tensors only
+            raise UserError(f"Input '{value.name}' is {_kind_name(kind)}, which amptool cannot convert",
+                            "Make every model input a tensor (e.g. feed a stacked tensor and split it in the model).")
+    return [_spec(v, "Input") for v in real]
+
+
+def _kind_name(kind: str) -> str:
+    """'a sequence', 'an optional', 'a map' for a TypeProto's ``value`` field name."""
+    word = kind.removesuffix("_type")
+    return f"{'an' if word[:1] in 'aeiou' else 'a'} {word}"
 
 
 def graph_outputs(model: onnx.ModelProto) -> list[TensorSpec]:
@@ -99,7 +111,7 @@ def graph_outputs(model: onnx.ModelProto) -> list[TensorSpec]:
     for value in model.graph.output:
         kind = value.type.WhichOneof("value")
         if kind not in (None, "tensor_type"):  # a sequence/map/optional: the compiled module returns tensors only
-            raise UserError(f"Output '{value.name}' is a {kind.removesuffix('_type')}, which amptool cannot convert",
+            raise UserError(f"Output '{value.name}' is {_kind_name(kind)}, which amptool cannot convert",
                             "Make every model output a tensor (e.g. ConcatFromSequence before the output).")
     return [_spec(v, "Output") for v in model.graph.output]
 
