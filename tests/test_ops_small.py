@@ -221,3 +221,15 @@ def test_wide_types_keep_their_range(tmp_path):
     got = amptool.convert(path, dtype="float32").run({"x": x})["y"]
     assert got.dtype == np.float64
     np.testing.assert_allclose(got, np.linalg.det(x), rtol=1e-9)
+
+
+@pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin"])
+def test_reduce_extreme_of_a_row_of_infinities_is_infinite(tmp_path, op):
+    """A fully masked row (all -inf) reduces to -inf, not TVM's init value -3.4e38: the expanded
+    Attention's Equal(ReduceMax(bias), -inf) guard depends on it."""
+    sign = -1.0 if op == "ReduceMax" else 1.0
+    x = np.array([[1.0, 5.0, -2.0], [sign * np.inf] * 3, [sign * np.inf, 0.5, sign * np.inf]], np.float32)
+    axes = helper.make_tensor("axes", I64, [1], [1])
+    got = _check(tmp_path, helper.make_node(op, ["x", "axes"], ["y"], keepdims=0), [_info("x", [3, 3])],
+                 [_info("y", [3])], {"x": x}, opset=18, initializers=[axes])
+    assert got["y"][1] == sign * np.inf

@@ -131,7 +131,7 @@ def convert_mod(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
 
 
 def _reduce_extreme(kind: str) -> Any:
-    """ReduceMax / ReduceMin over bool inputs or an empty set; other instances decline to TVM.
+    """ReduceMax / ReduceMin over floats (∓inf rows), bools or an empty set; integers decline to TVM.
 
     Why: TVM's max/min have no identity for bool (FoldConstant refuses), so bool reduces as uint8.
     Over an empty set ONNX gives the identity — ∓inf for floats, the type's min/max for integers,
@@ -158,12 +158,34 @@ def _reduce_extreme(kind: str) -> Any:
         empty_set = any(shape[a] == 0 for a in axes)
         if empty_set and 0 not in out_shape:
             return _array(np.full(out_shape, _identity(kind, dtype)), dtype)
+        reduce = relax.op.max if kind == "ReduceMax" else relax.op.min
+        if _is_float(dtype):
+            return _with_infinite_identity(bb, x, axes, keepdims, kind)
         if dtype != "bool":
             return None
-        reduce = relax.op.max if kind == "ReduceMax" else relax.op.min
         return relax.op.astype(bb.emit(reduce(relax.op.astype(x, "uint8"), axes, keepdims)), "bool")
 
     return convert
+
+
+def _with_infinite_identity(bb: Any, x: Any, axes: list[int], keepdims: bool, kind: str) -> Any:
+    """max/min whose result is ∓inf when every element is ∓inf.
+
+    Why: TVM starts max/min at the type's finite lowest/highest value, so a row of -inf (a fully
+    masked attention row) reduced to -3.4e38 and ``Equal(ReduceMax(bias), -inf)`` — the expanded
+    Attention's fully-masked-row test — never held: its NaN guard failed. The repair is exact
+    (the extreme is ∓inf iff every element is) and keeps relax max/min, which follow the colours."""
+    from tvm import relax  # noqa: PLC0415
+
+    op = relax.op
+    high = kind == "ReduceMin"
+    dtype = str(x.ty.dtype)
+    reduce = op.min if high else op.max
+    infinite = op.logical_and(op.isinf(x), op.greater(x, relax.const(0, dtype)) if high
+                              else op.less(x, relax.const(0, dtype)))
+    every = bb.emit(op.min(op.astype(infinite, "uint8"), axes, keepdims))
+    extreme = bb.emit(reduce(x, axes, keepdims))
+    return op.where(op.astype(every, "bool"), relax.const(np.inf if high else -np.inf, dtype), extreme)
 
 
 def _identity(kind: str, dtype: str) -> Any:
