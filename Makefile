@@ -9,7 +9,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 JOBS   ?= 2
 
-.PHONY: demo test test-all zoo lint clean venv check-models check-models-remote conformance
+.PHONY: demo test test-all zoo lint clean venv check-models check-models-remote conformance detection
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,13 @@ check-models-remote: $(STAMP)
 # A subset: make conformance ARGS="--ops Add,Conv" (or --filter REGEX).
 conformance: $(STAMP)
 	$(PY) -m conformance.run --jobs $(JOBS) $(ARGS)
+
+# torchvision's SSDlite and Faster R-CNN (random seeded weights, exported here) through diff float32 and
+# convert float16. A venv of its own: PyPI's torchvision needs torch 2.14.1, the zoo pins 2.13 (~5.5 GB).
+detection:
+	test -x .venv-vision/bin/python || $(PYTHON) -m venv .venv-vision
+	.venv-vision/bin/python -m pip install --quiet -e '.[vision]'
+	.venv-vision/bin/python -m pytest -q -m detection tests/test_detection.py
 
 lint: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[lint]'

@@ -145,7 +145,8 @@ def test_an_input_behind_integer_arithmetic_and_a_loop_trip_count_is_pinned(tmp_
         helper.make_tensor_value_info("start", TensorProto.FLOAT, [2])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
          helper.make_tensor_value_info("total", TensorProto.FLOAT, None)],
-        [helper.make_tensor("two", TensorProto.INT64, [1], [2]), helper.make_tensor("zeros", TensorProto.INT64, [1], [0])])
+        [helper.make_tensor("two", TensorProto.INT64, [1], [2]),
+         helper.make_tensor("zeros", TensorProto.INT64, [1], [0])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     assert set(shape_uses(model)) == {"crop"}
     arrays = {"x": X3[0, :2, :3].copy(), "crop": np.array([6], np.int64), "start": np.zeros(2, np.float32)}

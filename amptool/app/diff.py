@@ -508,7 +508,7 @@ def verdict_line(report: DiffReport) -> str:
     if report.passed:
         check = worst["tolerance"]["check_error_stat"] if worst.get("tolerance") else "max"
         ratio = worst.get("tolerance_ratio")
-        of_tol = f"{ratio:.2f}× tolerance"
+        of_tol = f"{ratio:.2f}× tolerance" if ratio is not None else ""
         if ratio is None:
             detail = "compared exactly (no finite numeric elements)"
         elif check == "elemwise":

@@ -2,10 +2,241 @@
 
 Converters in the shape of amptool.frontend.converters (``fn(bb, inputs, attrs) -> relax.Expr``);
 the table at the bottom is merged into CONVERTERS.
+
+How a run-time length is carried: the kernel writes into a buffer of the upper bound and
+returns the count; ``tensor_to_shape`` + ``match_cast`` bind the count to a fresh symbolic
+dim, and a ``strided_slice`` to that dim gives the result its true type (``[n, 3]``), so the
+ops after it are typed, legalized and allocated with ``n``, not with the bound.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
-DETECTION_CONVERTERS: dict[str, Any] = {}
+import numpy as np
+
+from amptool import _tvm
+from amptool.frontend.graph import iter_nodes
+
+#: ONNX ops TVM 0.27's importer lets take a shape value (a ``relax.ShapeExpr``: what its Shape,
+#: Concat, Gather … return for dims known only symbolically); its ``shape_compatible_ops``.
+_SHAPE_VALUE_OPS = frozenset({"Reshape", "Resize", "ConstantOfShape", "Gather", "Slice", "Shape", "Expand",
+                              "Concat", "Equal", "Where", "Cast", "CastLike", "Squeeze"})
+
+
+def shape_value_producers(model: Any) -> frozenset[str]:
+    """Names of the nodes whose output feeds an op that refuses a shape value.
+
+    Why: on a run-time length (the boxes left after a score threshold) TVM's importer keeps
+    ``Shape → Gather → Unsqueeze → Concat`` as a ``ShapeExpr`` and then refuses it as the input
+    of anything else ("cannot handle ShapeExpr inputs"): torchvision's ``min(k, boxes)`` is a
+    ReduceMin of such a Concat. The importer turns these nodes' shape values into int64 tensors.
+    """
+    producer = {out: node.name for node in iter_nodes(model.graph) for out in node.output if out}
+    return frozenset(producer[name] for node in iter_nodes(model.graph) if node.op_type not in _SHAPE_VALUE_OPS
+                     for name in node.input if name in producer)
+
+
+def name_unknown_dims(bb: Any, inputs: Any, nodes: dict[str, Any]) -> Any:
+    """``inputs`` with each tensor of known rank but unknown shape matched to fresh symbolic dims.
+
+    Why: torchvision's ``batched_nms`` is ``If(no boxes, empty, nms(...))``; the branches'
+    lengths differ (0 and the boxes kept), so Relax types the result ``ndim=1`` with no shape.
+    The frontend's converters then fail on it (``shape_of expects a tensor``) and no op reading
+    it can be legalized ("CodeGenVM cannot emit this Relax operator"). A ``match_cast`` gives
+    each dim a name, and ``nodes`` (the importer's ONNX tensor → value table) is pointed at
+    it, so every later reader shares the names.
+    """
+    from tvm import relax, tirx  # noqa: PLC0415
+
+    items, changed = list(inputs), False
+    for i, value in enumerate(items):
+        ty = getattr(value, "ty", None)
+        if not isinstance(ty, relax.TensorType) or ty.shape is not None or ty.ndim < 0:
+            continue
+        dims = [tirx.Var(f"dim{axis}", "int64") for axis in range(ty.ndim)]
+        items[i] = bb.match_cast(value, relax.TensorType(dims, ty.dtype))
+        changed = True
+        for name, known in list(nodes.items()):
+            if isinstance(known, relax.Expr) and known.same_as(value):
+                nodes[name] = items[i]
+    return type(inputs)(items) if changed else inputs  # the frontend's onnx_input: None past the end
+
+
+def run_time_length(bb: Any, count: Any, name: str) -> Any:
+    """A fresh symbolic int64 dim bound to the value of ``count`` (a 1-element int64 tensor)."""
+    from tvm import relax, tirx  # noqa: PLC0415
+
+    shape = bb.emit(relax.op.tensor_to_shape(relax.op.reshape(count, [1])))
+    dim = tirx.Var(name, "int64")
+    bb.match_cast(shape, relax.ShapeType([dim]))
+    return dim
+
+
+def _leading(bb: Any, x: Any, length: Any) -> Any:
+    """The first ``length`` rows of ``x`` (``length`` a symbolic dim no larger than x's first)."""
+    from tvm import relax  # noqa: PLC0415
+
+    return bb.emit(relax.op.strided_slice(x, axes=[0], begin=[0], end=[length], assume_inbound=True))
+
+
+def convert_nms(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
+    """NonMaxSuppression as onnxruntime computes it, with a ``[selected, 3]`` result.
+
+    Why: TVM's converter types the result as its upper bound (``[max boxes, 3]``) while its
+    kernel returns fewer rows, reads a run-time ``max_output_boxes_per_class`` as 0 (no rows),
+    suppresses at IoU == threshold (onnxruntime: only above it) and selects nothing when the
+    IoU threshold is 0. Here: a stable descending sort of the scores (ties: lower box index
+    first, as onnxruntime's queue), then one greedy pass per batch and class in float32 that
+    tests each candidate against the boxes kept so far with onnxruntime's IoU arithmetic.
+    Thresholds and the per-class limit may be run-time tensors.
+    """
+    from tvm import relax  # noqa: PLC0415
+
+    op = relax.op
+    boxes, scores = (_float32(bb, x) for x in inputs[:2])
+    batch, boxes_n = boxes.ty.shape[0], boxes.ty.shape[1]
+    classes = scores.ty.shape[1]
+    corners = bb.emit(_corners(boxes, int(attrs.get("center_point_box", 0))))
+    order = bb.emit(op.argsort(scores, axis=-1, descending=True, dtype="int64"))
+    limit = _optional(inputs, 2)
+    limit = relax.const(np.zeros(1, np.int64)) if limit is None else bb.emit(
+        op.reshape(op.astype(limit, "int64"), [1]))
+    iou, score = _optional(inputs, 3), _optional(inputs, 4)
+    params = _thresholds(bb, iou, score)
+    rows = batch * classes * boxes_n
+    result = bb.emit(relax.call_tir(
+        bb.add_func(_nms_kernel(), "amptool_nms"), [corners, scores, order, params, limit],
+        [relax.TensorType([rows, 3], "int64"), relax.TensorType([1], "int64")]))
+    selected = run_time_length(bb, bb.emit(relax.TupleGetItem(result, 1)), "nms_selected")
+    return _leading(bb, bb.emit(relax.TupleGetItem(result, 0)), selected)
+
+
+def convert_topk(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
+    """TopK (opset 10+) whose ``K`` is known only at run time: a ``[.., k, ..]`` result.
+
+    Why: TVM's converter refuses a K that is not a constant, and detectors compute it
+    (torchvision keeps ``min(candidates, boxes left after the score threshold)``). A stable
+    sort of the whole axis, its first ``k`` indices (ties: lower index first, as onnxruntime),
+    and the values gathered at them. A constant K declines to TVM's converter.
+    """
+    from tvm import relax  # noqa: PLC0415
+
+    if len(inputs) < 2 or inputs[1] is None or _tvm.is_constant(inputs[1]):
+        return None
+    op = relax.op
+    x = inputs[0]
+    axis = int(attrs.get("axis", -1)) % len(x.ty.shape)
+    if not int(attrs.get("sorted", 1)):
+        return None  # TVM's converter refuses unsorted TopK with one line
+    k = op.reshape(op.astype(inputs[1], "int64"), [1])
+    length = op.take(op.shape_to_tensor(op.shape_of(x)), relax.const(np.array([axis], np.int64)))
+    k = run_time_length(bb, bb.emit(op.minimum(k, length)), "topk_k")
+    order = bb.emit(op.argsort(x, axis=axis, descending=bool(int(attrs.get("largest", 1))), dtype="int64"))
+    indices = bb.emit(op.strided_slice(order, axes=[axis], begin=[0], end=[k], assume_inbound=True))
+    return relax.Tuple([bb.emit(op.gather_elements(x, indices, axis=axis)), indices])
+
+
+def _optional(inputs: list[Any], index: int) -> Any:
+    return inputs[index] if len(inputs) > index else None
+
+
+def _float32(bb: Any, x: Any) -> Any:
+    from tvm import relax  # noqa: PLC0415
+
+    return x if _tvm.tensor_dtype(x) == "float32" else bb.emit(relax.op.astype(x, "float32"))
+
+
+def _corners(boxes: Any, center_point_box: int) -> Any:
+    """``[x_min, y_min, x_max, y_max]`` per box, as onnxruntime derives them (corner boxes come
+    as ``[y1, x1, y2, x2]`` in either order; centre boxes as ``[xc, yc, w, h]``)."""
+    from tvm import relax  # noqa: PLC0415
+
+    op = relax.op
+    cols = [op.strided_slice(boxes, axes=[2], begin=[i], end=[i + 1]) for i in range(4)]
+    if center_point_box:
+        half_w, half_h = (op.divide(c, relax.const(2.0, "float32")) for c in cols[2:])
+        parts = [op.subtract(cols[0], half_w), op.subtract(cols[1], half_h),
+                 op.add(cols[0], half_w), op.add(cols[1], half_h)]
+    else:
+        parts = [op.minimum(cols[1], cols[3]), op.minimum(cols[0], cols[2]),
+                 op.maximum(cols[1], cols[3]), op.maximum(cols[0], cols[2])]
+    return op.concat(parts, axis=2)
+
+
+def _thresholds(bb: Any, iou: Any, score: Any) -> Any:
+    """``[iou_threshold, score_threshold, has a score threshold]`` as one float32 tensor."""
+    from tvm import relax  # noqa: PLC0415
+
+    if all(x is None or _tvm.is_constant(x) for x in (iou, score)):
+        values = [float(np.asarray(_tvm.constant_numpy(x)).reshape(-1)[0]) if x is not None else 0.0
+                  for x in (iou, score)]
+        return relax.const(np.array([*values, float(score is not None)], np.float32))
+    op = relax.op
+    parts = [op.reshape(op.astype(x, "float32"), [1]) if x is not None else relax.const(np.zeros(1, np.float32))
+             for x in (iou, score)]
+    parts.append(relax.const(np.full(1, float(score is not None), np.float32)))
+    return bb.emit(op.concat(parts, axis=0))
+
+
+@functools.cache
+def _nms_kernel() -> Any:
+    """The greedy pass (TVMScript, symbolic batch/classes/boxes): ``out[:count]`` are the kept
+    ``[batch, class, box]`` rows, by batch, class, then score."""
+    from tvm.script import tirx as T  # noqa: PLC0415
+
+    @T.prim_func(private=True)
+    def nms(var_corners: T.handle, var_scores: T.handle, var_order: T.handle, var_params: T.handle,
+            var_limit: T.handle, var_out: T.handle, var_count: T.handle) -> None:
+        T.func_attr({"tirx.noalias": True})
+        b, n, c = T.int64(), T.int64(), T.int64()
+        corners = T.match_buffer(var_corners, (b, n, 4), "float32")
+        scores = T.match_buffer(var_scores, (b, c, n), "float32")
+        order = T.match_buffer(var_order, (b, c, n), "int64")
+        params = T.match_buffer(var_params, (3,), "float32")
+        limit = T.match_buffer(var_limit, (1,), "int64")
+        out = T.match_buffer(var_out, (b * c * n, 3), "int64")
+        count = T.match_buffer(var_count, (1,), "int64")
+        start = T.alloc_buffer((1,), "int64", scope="local")
+        keep = T.alloc_buffer((1,), "int32", scope="local")
+        count[0] = T.int64(0)
+        for bi, ci in T.grid(b, c):
+            start[0] = count[0]
+            for j in range(n):
+                box = order[bi, ci, j]
+                if count[0] - start[0] < limit[0] and (
+                        params[2] == T.float32(0) or scores[bi, ci, box] > params[1]):
+                    keep[0] = 1
+                    for k in range(count[0] - start[0]):
+                        kept = out[start[0] + k, 2]
+                        x0 = T.max(corners[bi, box, 0], corners[bi, kept, 0])
+                        y0 = T.max(corners[bi, box, 1], corners[bi, kept, 1])
+                        x1 = T.min(corners[bi, box, 2], corners[bi, kept, 2])
+                        y1 = T.min(corners[bi, box, 3], corners[bi, kept, 3])
+                        if keep[0] == 1 and x1 > x0 and y1 > y0:
+                            inter = (x1 - x0) * (y1 - y0)
+                            area = (corners[bi, box, 2] - corners[bi, box, 0]) * (
+                                corners[bi, box, 3] - corners[bi, box, 1])
+                            area_kept = (corners[bi, kept, 2] - corners[bi, kept, 0]) * (
+                                corners[bi, kept, 3] - corners[bi, kept, 1])
+                            union = area + area_kept - inter
+                            if (inter > T.float32(0) and area > T.float32(0) and area_kept > T.float32(0)
+                                    and union > T.float32(0) and inter / union > params[0]):
+                                keep[0] = 0
+                    if keep[0] == 1:
+                        out[count[0], 0] = bi
+                        out[count[0], 1] = ci
+                        out[count[0], 2] = box
+                        count[0] = count[0] + T.int64(1)
+
+    return nms
+
+
+DETECTION_CONVERTERS: dict[str, Any] = {
+    # NonMaxSuppression: TVM's result is typed as its upper bound and its IoU test is off by one
+    # comparison; this one is onnxruntime's algorithm with a run-time number of rows.
+    "NonMaxSuppression": convert_nms,
+    # TopK with a run-time K: TVM's converter needs a constant.
+    "TopK": convert_topk,
+}

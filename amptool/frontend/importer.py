@@ -28,6 +28,7 @@ import onnx
 from amptool.errors import UserError, error_summary
 from amptool.frontend.control_flow import BranchImporter
 from amptool.frontend.converters import CONVERTERS
+from amptool.frontend.detection import name_unknown_dims, shape_value_producers
 from amptool.frontend.gradient import check_gradients, is_gradient
 from amptool.frontend.gradient_lower import lower_gradient
 from amptool.frontend.graph import Names, default_opset, identifier, iter_nodes
@@ -82,32 +83,6 @@ def check_supported(model: onnx.ModelProto) -> None:
         )
 
 
-#: Ops whose output length depends on the data, which TVM 0.27's importer types as its upper
-#: bound: NonMaxSuppression's ``[max boxes, 3]``. At run time the kernel returns only the rows
-#: selected, so an op reading the output through that static type reads past them (a Gather
-#: of the selected indices came back 100 long instead of 10, garbage beyond). As a graph
-#: output the rows come back right.
-_BOUNDED_OUTPUTS = frozenset({"NonMaxSuppression"})
-
-
-def check_bounded_outputs(model: onnx.ModelProto) -> None:
-    """Raise a UserError when the output of a data-dependent-length op feeds another node."""
-    consumers: dict[str, list[str]] = collections.defaultdict(list)
-    for node in iter_nodes(model.graph):
-        for name in node.input:
-            consumers[name].append(node.name or node.op_type)
-    for node in iter_nodes(model.graph):
-        if node.op_type in _BOUNDED_OUTPUTS and node.output and consumers.get(node.output[0]):
-            users = consumers[node.output[0]]
-            raise UserError(
-                f"{node.op_type} '{node.name}': its output (one row per box kept, a count known only at "
-                f"run time) feeds {', '.join(repr(u) for u in users[:3])}; TVM's importer types it as its "
-                "upper bound, so those ops would read rows that are not there",
-                f"Export the model with {node.op_type} as the last step (its output a model output) and "
-                "index the kept boxes after running, as most detector pipelines do.",
-            )
-
-
 def _loop_reasons(model: onnx.ModelProto, missing: dict[str, list[str]]) -> str:
     """Why prepare left a Loop/Scan in place (it unrolls those with a known trip count)."""
     if "Loop" not in missing and "Scan" not in missing:
@@ -122,7 +97,6 @@ def _loop_reasons(model: onnx.ModelProto, missing: dict[str, list[str]]) -> str:
 def import_model(model: onnx.ModelProto, inputs: Sequence[TensorSpec]) -> ImportedModel:
     """ONNX → Relax with static input shapes and named bindings."""
     check_supported(model)
-    check_bounded_outputs(model)
     check_narrow_types(model)
     importer = _make_importer(
         shape_dict={s.name: [int(d) for d in (s.shape or ())] for s in inputs},
@@ -170,6 +144,7 @@ def _make_importer(shape_dict: dict[str, list[int]], dtype_dict: dict[str, str],
             self._names = Names(set())
             self._gradients = check_gradients(model)  # Gradient node name → what it differentiates
             self._branches = BranchImporter(model)  # If branches that do not type raise at run time
+            self._shape_tensors = shape_value_producers(model)  # shape values read by ops that need tensors
 
         def _check_for_unsupported_ops(self, graph: Any) -> None:
             """Done already, and better, by ``check_supported`` — which also knows amptool's
@@ -178,6 +153,7 @@ def _make_importer(shape_dict: dict[str, list[int]], dtype_dict: dict[str, str],
         def _convert_operator(self, op_name: str, inputs: Any, attrs: dict, opset: int) -> Any:
             node_name = str(attrs.get("tvm_custom", {}).get("name", "") or op_name)
             inputs = _empty_as_constants(inputs, SHAPE_OPERANDS.get(op_name, {}))
+            inputs = name_unknown_dims(self.bb, inputs, self._nodes)  # an If's result of data-dependent length
             try:
                 if op_name == "Gradient" and node_name in self._gradients:
                     return self._gradient(node_name, list(inputs))
@@ -215,6 +191,8 @@ def _make_importer(shape_dict: dict[str, list[int]], dtype_dict: dict[str, str],
 
         def _bind(self, result: Any, node_name: str, op_type: str) -> Any:
             origin = NodeOrigin(node_name, op_type)
+            if isinstance(result, relax.ShapeExpr) and node_name in self._shape_tensors:
+                result = relax.op.shape_to_tensor(result)
             if isinstance(result, relax.Call):
                 var = self.bb.emit(result, name_hint=self._names.fresh(identifier(node_name)))
                 self.named[str(var.name)] = origin
