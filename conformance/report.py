@@ -7,6 +7,7 @@ masked so one gap (say ``Reduce* with axes as an input``) is one row with its co
 from __future__ import annotations
 
 import datetime
+import os
 import re
 from collections import Counter, defaultdict
 from collections.abc import Sequence
@@ -31,6 +32,15 @@ def _versions() -> str:
         return ", ".join(f"{p} {version(p)}" for p in ("onnx", "onnxruntime", "apache-tvm"))
     except Exception:  # noqa: BLE001 - versions are decoration; a missing one must not lose the table
         return ""
+
+
+def _history() -> list[str]:
+    """conformance/history.md (kept by hand: one line per milestone) and a blank line, if it exists."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "history.md")
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as handle:
+        return [*handle.read().rstrip().splitlines(), ""]
 
 
 def render(outcomes: Sequence[Any], *, minutes: float, jobs: int, full: bool) -> tuple[str, str]:
@@ -62,6 +72,7 @@ def render(outcomes: Sequence[Any], *, minutes: float, jobs: int, full: bool) ->
         "",
         f"**{summary}.**",
         "",
+        *_history(),
         "| op | cases | ort pass | f32 pass | wrong | refused | crash | timeout | f16 pass / float |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
