@@ -10,6 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import amptool
+from tests.onnx_checks import assert_outputs_match, info
 
 F = TensorProto.FLOAT
 
@@ -25,13 +26,7 @@ def _check(tmp_path, nodes, inputs, outputs, feeds, opset=23, atol=1e-5):
     names = [o.name for o in outputs]
     expected = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(names, feeds)
     actual = amptool.convert(path, dtype="float32").run(feeds)
-    for name, want in zip(names, expected, strict=True):
-        assert actual[name].shape == want.shape, name
-        np.testing.assert_allclose(actual[name], want, rtol=1e-4, atol=atol, err_msg=name)
-
-
-def _info(name, dims, elem=F):
-    return helper.make_tensor_value_info(name, elem, dims)
+    assert_outputs_match(actual, names, expected, atol=atol)
 
 
 def test_attention_3d_gqa_causal_with_presents(tmp_path):
@@ -43,9 +38,9 @@ def test_attention_3d_gqa_causal_with_presents(tmp_path):
              "pv": rng.standard_normal((2, 2, 3, 4), dtype=np.float32)}
     node = helper.make_node("Attention", ["q", "k", "v", "", "pk", "pv"], ["y", "present_k", "present_v"],
                             q_num_heads=4, kv_num_heads=2, is_causal=1)
-    _check(tmp_path, [node], [_info("q", [2, 4, 16]), _info("k", [2, 5, 8]), _info("v", [2, 5, 8]),
-                              _info("pk", [2, 2, 3, 4]), _info("pv", [2, 2, 3, 4])],
-           [_info("y", [2, 4, 16]), _info("present_k", [2, 2, 8, 4]), _info("present_v", [2, 2, 8, 4])], feeds)
+    _check(tmp_path, [node], [info("q", [2, 4, 16]), info("k", [2, 5, 8]), info("v", [2, 5, 8]),
+                              info("pk", [2, 2, 3, 4]), info("pv", [2, 2, 3, 4])],
+           [info("y", [2, 4, 16]), info("present_k", [2, 2, 8, 4]), info("present_v", [2, 2, 8, 4])], feeds)
 
 
 def test_attention_fully_masked_row_is_zero_not_nan(tmp_path):
@@ -56,8 +51,8 @@ def test_attention_fully_masked_row_is_zero_not_nan(tmp_path):
              "k": rng.standard_normal((1, 2, 4, 8), dtype=np.float32),
              "v": rng.standard_normal((1, 2, 4, 8), dtype=np.float32), "m": mask}
     node = helper.make_node("Attention", ["q", "k", "v", "m"], ["y"], softcap=2.0)
-    _check(tmp_path, [node], [_info("q", [1, 2, 3, 8]), _info("k", [1, 2, 4, 8]), _info("v", [1, 2, 4, 8]),
-                              _info("m", [3, 4], TensorProto.BOOL)], [_info("y", [1, 2, 3, 8])], feeds)
+    _check(tmp_path, [node], [info("q", [1, 2, 3, 8]), info("k", [1, 2, 4, 8]), info("v", [1, 2, 4, 8]),
+                              info("m", [3, 4], TensorProto.BOOL)], [info("y", [1, 2, 3, 8])], feeds)
 
 
 @pytest.mark.parametrize("interleaved", [0, 1])
@@ -69,8 +64,8 @@ def test_rotary_embedding_with_position_ids(tmp_path, interleaved):
              "pos": rng.integers(0, 10, (2, 5)).astype(np.int64)}
     node = helper.make_node("RotaryEmbedding", ["x", "cos", "sin", "pos"], ["y"], interleaved=interleaved,
                             rotary_embedding_dim=4)
-    _check(tmp_path, [node], [_info("x", [2, 3, 5, 8]), _info("cos", [10, 2]), _info("sin", [10, 2]),
-                              _info("pos", [2, 5], TensorProto.INT64)], [_info("y", [2, 3, 5, 8])], feeds)
+    _check(tmp_path, [node], [info("x", [2, 3, 5, 8]), info("cos", [10, 2]), info("sin", [10, 2]),
+                              info("pos", [2, 5], TensorProto.INT64)], [info("y", [2, 3, 5, 8])], feeds)
 
 
 def test_layer_norm_mean_and_inv_std_dev_shapes(tmp_path):
@@ -78,21 +73,21 @@ def test_layer_norm_mean_and_inv_std_dev_shapes(tmp_path):
     feeds = {"x": rng.standard_normal((2, 3, 4), dtype=np.float32), "s": rng.standard_normal(4, dtype=np.float32),
              "b": rng.standard_normal(4, dtype=np.float32)}
     node = helper.make_node("LayerNormalization", ["x", "s", "b"], ["y", "mean", "inv"], axis=-1)
-    _check(tmp_path, [node], [_info("x", [2, 3, 4]), _info("s", [4]), _info("b", [4])],
-           [_info("y", [2, 3, 4]), _info("mean", [2, 3, 1]), _info("inv", [2, 3, 1])], feeds, opset=17)
+    _check(tmp_path, [node], [info("x", [2, 3, 4]), info("s", [4]), info("b", [4])],
+           [info("y", [2, 3, 4]), info("mean", [2, 3, 1]), info("inv", [2, 3, 1])], feeds, opset=17)
 
 
 def test_lp_normalization_l1_with_a_zero_row(tmp_path):
     x = np.array([[1.0, -3.0, 4.0], [0.0, 0.0, 0.0]], dtype=np.float32)
     node = helper.make_node("LpNormalization", ["x"], ["y"], p=1, axis=1)
-    _check(tmp_path, [node], [_info("x", [2, 3])], [_info("y", [2, 3])], {"x": x}, opset=17)
+    _check(tmp_path, [node], [info("x", [2, 3])], [info("y", [2, 3])], {"x": x}, opset=17)
 
 
 def test_cumsum_run_time_axis_reverse_exclusive(tmp_path):
     rng = np.random.default_rng(4)
     node = helper.make_node("CumSum", ["x", "axis"], ["y"], reverse=1, exclusive=1)
     for axis in (0, -1):
-        _check(tmp_path, [node], [_info("x", [3, 4]), _info("axis", [], TensorProto.INT64)], [_info("y", [3, 4])],
+        _check(tmp_path, [node], [info("x", [3, 4]), info("axis", [], TensorProto.INT64)], [info("y", [3, 4])],
                {"x": rng.standard_normal((3, 4), dtype=np.float32), "axis": np.array(axis, dtype=np.int64)},
                opset=14)
 
@@ -100,7 +95,7 @@ def test_cumsum_run_time_axis_reverse_exclusive(tmp_path):
 def test_reduce_with_an_empty_axes_input_reduces_everything(tmp_path):
     node = helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=1)
     x = np.arange(12, dtype=np.float32).reshape(3, 4)
-    _check(tmp_path, [node], [_info("x", [3, 4]), _info("axes", [0], TensorProto.INT64)], [_info("y", [1, 1])],
+    _check(tmp_path, [node], [info("x", [3, 4]), info("axes", [0], TensorProto.INT64)], [info("y", [1, 1])],
            {"x": x, "axes": np.zeros(0, dtype=np.int64)}, opset=18)
 
 
@@ -108,4 +103,4 @@ def test_reduce_with_an_empty_axes_input_reduces_everything(tmp_path):
 def test_isinf_detects_only_the_sign_asked(tmp_path, positive, negative):
     x = np.array([np.inf, -np.inf, 1.0, np.nan], dtype=np.float32)
     node = helper.make_node("IsInf", ["x"], ["y"], detect_positive=positive, detect_negative=negative)
-    _check(tmp_path, [node], [_info("x", [4])], [_info("y", [4], TensorProto.BOOL)], {"x": x}, opset=20)
+    _check(tmp_path, [node], [info("x", [4])], [info("y", [4], TensorProto.BOOL)], {"x": x}, opset=20)

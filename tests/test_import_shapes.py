@@ -13,6 +13,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import amptool
+from tests.onnx_checks import assert_outputs_match, info
 
 F = TensorProto.FLOAT
 
@@ -33,14 +34,8 @@ def _check(tmp_path, model, feeds, atol=1e-5):
     expected = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(names, feeds)
     result = amptool.convert(path, dtype="float32")
     actual = result.run(feeds)
-    for name, want in zip(names, expected, strict=True):
-        assert actual[name].shape == want.shape, name
-        np.testing.assert_allclose(actual[name], want, rtol=1e-4, atol=atol, err_msg=name)
+    assert_outputs_match(actual, names, expected, atol=atol)
     return result
-
-
-def _info(name, dims, elem=F):
-    return helper.make_tensor_value_info(name, elem, dims)
 
 
 def test_expanded_group_normalization_folds_its_shape_arithmetic(tmp_path):
@@ -49,7 +44,7 @@ def test_expanded_group_normalization_folds_its_shape_arithmetic(tmp_path):
     feeds = {"x": rng.standard_normal((2, 6, 3, 3), dtype=np.float32),
              "s": rng.standard_normal(6, dtype=np.float32), "b": rng.standard_normal(6, dtype=np.float32)}
     node = helper.make_node("GroupNormalization", ["x", "s", "b"], ["y"], num_groups=3, epsilon=1e-3)
-    model = _model([node], [_info("x", [2, 6, 3, 3]), _info("s", [6]), _info("b", [6])], [_info("y", None)], 21)
+    model = _model([node], [info("x", [2, 6, 3, 3]), info("s", [6]), info("b", [6])], [info("y", None)], 21)
     result = _check(tmp_path, model, feeds)
     assert "fold-expanded" in result.build.prepare_steps
 
@@ -61,8 +56,8 @@ def test_causal_conv_with_state_present_state_is_sliced_statically(tmp_path):
              "w": rng.standard_normal((4, 1, 3), dtype=np.float32),
              "past": rng.standard_normal((2, 4, 2), dtype=np.float32)}
     node = helper.make_node("CausalConvWithState", ["x", "w", "", "past"], ["y", "present"], activation="silu")
-    model = _model([node], [_info("x", [2, 4, 7]), _info("w", [4, 1, 3]), _info("past", [2, 4, 2])],
-                   [_info("y", None), _info("present", None)], 27)
+    model = _model([node], [info("x", [2, 4, 7]), info("w", [4, 1, 3]), info("past", [2, 4, 2])],
+                   [info("y", None), info("present", None)], 27)
     _check(tmp_path, model, feeds)
 
 
@@ -73,8 +68,8 @@ def test_linear_attention_scan_is_unrolled_after_expansion(tmp_path):
     feeds = {name: rng.standard_normal((1, 3, 16), dtype=np.float32) for name in ("q", "k", "v")}
     node = helper.make_node("LinearAttention", ["q", "k", "v"], ["y", "state"], q_num_heads=2, kv_num_heads=2,
                             update_rule="linear")
-    model = _model([node], [_info(n, [1, 3, 16]) for n in ("q", "k", "v")],
-                   [_info("y", None), _info("state", None)], 27)
+    model = _model([node], [info(n, [1, 3, 16]) for n in ("q", "k", "v")],
+                   [info("y", None), info("state", None)], 27)
     result = _check(tmp_path, model, feeds, atol=1e-4)
     assert "fold-expanded" in result.build.prepare_steps
 
@@ -85,7 +80,7 @@ def test_rms_normalization_over_every_axis(tmp_path, shape, axis):
     rng = np.random.default_rng(3)
     feeds = {"x": rng.standard_normal(shape, dtype=np.float32), "s": rng.standard_normal(shape, dtype=np.float32)}
     node = helper.make_node("RMSNormalization", ["x", "s"], ["y"], axis=axis, epsilon=1e-4)
-    model = _model([node], [_info("x", list(shape)), _info("s", list(shape))], [_info("y", list(shape))], 23)
+    model = _model([node], [info("x", list(shape)), info("s", list(shape))], [info("y", list(shape))], 23)
     _check(tmp_path, model, feeds)
 
 
@@ -94,12 +89,12 @@ def test_opset8_scan_with_batch_axis_is_unrolled(tmp_path):
     body = helper.make_graph(
         [helper.make_node("Add", ["acc_in", "fwd"], ["acc_out"]),
          helper.make_node("Mul", ["acc_out", "bwd"], ["elem"])],
-        "body", [_info("acc_in", [3]), _info("fwd", [3]), _info("bwd", [3])],
-        [_info("acc_out", [3]), _info("elem", [3])])
+        "body", [info("acc_in", [3]), info("fwd", [3]), info("bwd", [3])],
+        [info("acc_out", [3]), info("elem", [3])])
     node = helper.make_node("Scan", ["", "init", "a", "b"], ["final", "seq"], num_scan_inputs=2,
                             directions=[0, 1], body=body)
-    model = _model([node], [_info("init", [2, 3]), _info("a", [2, 4, 3]), _info("b", [2, 4, 3])],
-                   [_info("final", [2, 3]), _info("seq", [2, 4, 3])], 8)
+    model = _model([node], [info("init", [2, 3]), info("a", [2, 4, 3]), info("b", [2, 4, 3])],
+                   [info("final", [2, 3]), info("seq", [2, 4, 3])], 8)
     model.ir_version = 3
     rng = np.random.default_rng(4)
     feeds = {"init": rng.standard_normal((2, 3), dtype=np.float32),

@@ -13,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 import amptool
 from amptool.frontend.shape_inputs import pins_from_arrays
 from amptool.frontend.signature import graph_inputs
+from tests.onnx_checks import assert_outputs_match, info
 
 F = TensorProto.FLOAT
 I64 = TensorProto.INT64
@@ -41,14 +42,8 @@ def _check(tmp_path, node, inputs, outputs, feeds, *, opset=19, constants=(), or
     pins = {name: value for name, (value, _use) in pins_from_arrays(model, graph_inputs(model), feeds).items()}
     assert sorted(pins) == sorted(fixed)
     actual = amptool.convert(path, dtype="float32", fixed_inputs=pins, prepare=prepare).run(feeds)
-    for name, want in zip(names, expected, strict=True):
-        assert actual[name].shape == want.shape, name
-        np.testing.assert_allclose(actual[name], want, rtol=1e-4, atol=atol, err_msg=name)
+    assert_outputs_match(actual, names, expected, atol=atol)
     return actual
-
-
-def _info(name, dims, elem=F):
-    return helper.make_tensor_value_info(name, elem, dims)
 
 
 def _image(*shape, seed=0):
@@ -71,14 +66,14 @@ def test_resize_modes_tvm_got_wrong(tmp_path, attrs, scales, sizes, out):
     constants = [("scales", np.array(scales, np.float32))] if scales else [("sizes", np.array(sizes, np.int64))]
     operands = ["x", "", "scales"] if scales else ["x", "", "", "sizes"]
     node = helper.make_node("Resize", operands, ["y"], **attrs)
-    _check(tmp_path, node, [_info("x", [1, 2, 5, 5])], [_info("y", out)], {"x": x}, constants=constants)
+    _check(tmp_path, node, [info("x", [1, 2, 5, 5])], [info("y", out)], {"x": x}, constants=constants)
 
 
 def test_resize_tf_crop_and_resize_extrapolates_outside_the_roi(tmp_path):
     x = _image(1, 1, 4, 4)
     node = helper.make_node("Resize", ["x", "roi", "", "sizes"], ["y"], mode="linear", axes=[2, 3],
                             coordinate_transformation_mode="tf_crop_and_resize", extrapolation_value=7.0)
-    actual = _check(tmp_path, node, [_info("x", [1, 1, 4, 4])], [_info("y", [1, 1, 3, 5])], {"x": x},
+    actual = _check(tmp_path, node, [info("x", [1, 1, 4, 4])], [info("y", [1, 1, 3, 5])], {"x": x},
                     constants=[("roi", np.array([0.4, -0.2, 1.2, 0.9], np.float32)),
                                ("sizes", np.array([3, 5], np.int64))])
     assert (actual["y"] == 7.0).any()  # the case reaches past the input
@@ -87,7 +82,7 @@ def test_resize_tf_crop_and_resize_extrapolates_outside_the_roi(tmp_path):
 def test_resize_float16_build_stays_close(tmp_path):
     x = _image(1, 3, 8, 8)
     node = helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="cubic")
-    graph = helper.make_graph([node], "g", [_info("x", [1, 3, 8, 8])], [_info("y", [1, 3, 12, 12])],
+    graph = helper.make_graph([node], "g", [info("x", [1, 3, 8, 8])], [info("y", [1, 3, 12, 12])],
                               [numpy_helper.from_array(np.array([1, 1, 1.5, 1.5], np.float32), "scales")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
     path = tmp_path / "m.onnx"
@@ -100,14 +95,14 @@ def test_resize_float16_build_stays_close(tmp_path):
 def test_upsample_opset9_scales_input(tmp_path):
     x = _image(1, 1, 2, 3)
     node = helper.make_node("Upsample", ["x", "scales"], ["y"], mode="nearest")
-    _check(tmp_path, node, [_info("x", [1, 1, 2, 3])], [_info("y", [1, 1, 6, 6])], {"x": x}, opset=9,
+    _check(tmp_path, node, [info("x", [1, 1, 2, 3])], [info("y", [1, 1, 6, 6])], {"x": x}, opset=9,
            constants=[("scales", np.array([1, 1, 3, 2], np.float32))])
 
 
 def test_space_to_depth_crd(tmp_path):
     x = _image(2, 3, 4, 6)
     node = helper.make_node("SpaceToDepth", ["x"], ["y"], blocksize=2, mode="CRD")
-    actual = _check(tmp_path, node, [_info("x", [2, 3, 4, 6])], [_info("y", [2, 12, 2, 3])], {"x": x}, opset=28,
+    actual = _check(tmp_path, node, [info("x", [2, 3, 4, 6])], [info("y", [2, 12, 2, 3])], {"x": x}, opset=28,
                     oracle="reference")
     want = x.reshape(2, 3, 2, 2, 3, 2).transpose(0, 1, 3, 5, 2, 4).reshape(2, 12, 2, 3)
     np.testing.assert_array_equal(actual["y"], want)
@@ -125,7 +120,7 @@ def test_conv_transpose_output_shape(tmp_path, attrs):
     w = rng.standard_normal((2, 4 // group, 3, 3)).astype(np.float32)
     b = rng.standard_normal(4).astype(np.float32)
     node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], **attrs)
-    _check(tmp_path, node, [_info("x", [1, 2, 3, 3])], [_info("y", [1, 4, *attrs["output_shape"]])], {"x": x},
+    _check(tmp_path, node, [info("x", [1, 2, 3, 3])], [info("y", [1, 4, *attrs["output_shape"]])], {"x": x},
            constants=[("w", w), ("b", b)], atol=1e-4)
 
 
@@ -139,7 +134,7 @@ def test_max_pool_with_indices(tmp_path, attrs):
     x = _image(2, 3, 5, 6, seed=6)
     x[0, 0, 1, 1] = x[0, 0, 1, 2] = 9.0  # a tie: the first in row-major order wins
     node = helper.make_node("MaxPool", ["x"], ["y", "i"], **attrs)
-    graph = helper.make_graph([node], "g", [_info("x", [2, 3, 5, 6])], [_info("y", None), _info("i", None, I64)])
+    graph = helper.make_graph([node], "g", [info("x", [2, 3, 5, 6])], [info("y", None), info("i", None, I64)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)])
     path = tmp_path / "m.onnx"
     onnx.save(model, path)
@@ -158,14 +153,14 @@ def test_batch_norm_training_mode_running_statistics(tmp_path):
                  ("m", rng.standard_normal(3).astype(np.float32)), ("v", rng.random(3).astype(np.float32))]
     node = helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y", "rm", "rv"], training_mode=1,
                             momentum=0.8, epsilon=1e-2)
-    _check(tmp_path, node, [_info("x", [2, 3, 4, 5])], [_info("y", [2, 3, 4, 5]), _info("rm", [3]), _info("rv", [3])],
+    _check(tmp_path, node, [info("x", [2, 3, 4, 5])], [info("y", [2, 3, 4, 5]), info("rm", [3]), info("rv", [3])],
            feeds, opset=15, constants=constants, oracle="reference", atol=1e-4)
 
 
 def test_pad_with_a_run_time_constant_value(tmp_path):
     x = _image(2, 3, 4)
     node = helper.make_node("Pad", ["x", "pads", "value", "axes"], ["y"])
-    _check(tmp_path, node, [_info("x", [2, 3, 4]), _info("value", [])], [_info("y", [2, 4, 7])],
+    _check(tmp_path, node, [info("x", [2, 3, 4]), info("value", [])], [info("y", [2, 4, 7])],
            {"x": x, "value": np.array(-2.5, np.float32)}, opset=18,
            constants=[("pads", np.array([1, 2, 0, 1], np.int64)), ("axes", np.array([-2, 2], np.int64))])
 
@@ -173,7 +168,7 @@ def test_pad_with_a_run_time_constant_value(tmp_path):
 def test_center_crop_pad_crops_one_axis_and_pads_another(tmp_path):
     x = _image(5, 4, 3)
     node = helper.make_node("CenterCropPad", ["x", "shape"], ["y"], axes=[0, -2])
-    _check(tmp_path, node, [_info("x", [5, 4, 3]), _info("shape", [2], I64)], [_info("y", [2, 7, 3])],
+    _check(tmp_path, node, [info("x", [5, 4, 3]), info("shape", [2], I64)], [info("y", [2, 7, 3])],
            {"x": x, "shape": np.array([2, 7], np.int64)}, opset=18, fixed=["shape"], prepare=False)
 
 
@@ -187,7 +182,7 @@ def test_col2im(tmp_path, attrs):
     shape = [2, 2 * 6, blocks[0] * blocks[1]]
     x = _image(*shape, seed=8)
     node = helper.make_node("Col2Im", ["x", "image", "block"], ["y"], **attrs)
-    _check(tmp_path, node, [_info("x", shape)], [_info("y", [2, 2, *image])], {"x": x}, opset=18,
+    _check(tmp_path, node, [info("x", shape)], [info("y", [2, 2, *image])], {"x": x}, opset=18,
            constants=[("image", np.array(image, np.int64)), ("block", np.array(block, np.int64))])
 
 
@@ -196,6 +191,6 @@ def test_affine_grid_with_a_pinned_size_input(tmp_path, size, align):
     dims = len(size) - 2
     theta = _image(size[0], dims, dims + 1, seed=9)
     node = helper.make_node("AffineGrid", ["theta", "size"], ["grid"], align_corners=align)
-    _check(tmp_path, node, [_info("theta", list(theta.shape)), _info("size", [len(size)], I64)],
-           [_info("grid", [size[0], *size[2:], dims])], {"theta": theta, "size": np.array(size, np.int64)}, opset=20,
+    _check(tmp_path, node, [info("theta", list(theta.shape)), info("size", [len(size)], I64)],
+           [info("grid", [size[0], *size[2:], dims])], {"theta": theta, "size": np.array(size, np.int64)}, opset=20,
            fixed=["size"])
