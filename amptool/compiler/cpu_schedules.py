@@ -31,6 +31,7 @@ loops stay in their original order around the register tile).
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -154,9 +155,9 @@ def _epilogue_at(sch: Any, block: Any, loop: Any) -> Any | None:
     current = block
     while True:
         consumers = sch.get_consumers(current)
-        if len(consumers) != 1 or not _same_output_shape(sch, consumers[0], block):
-            # A consumer with another shape (a pad, a concat) has positions the block's tiles never
-            # visit: computed under them, its extra rows/columns were never written (garbage, NaN).
+        if len(consumers) != 1 or _writes_more(sch, consumers[0], block):
+            # A consumer writing more elements than the block (a pad, a concat) has positions no tile
+            # of the block visits: computed under them, those rows/columns were never written (NaN).
             break
         chain.append(consumers[0])
         current = consumers[0]
@@ -168,13 +169,21 @@ def _epilogue_at(sch: Any, block: Any, loop: Any) -> Any | None:
     return chain[-1]
 
 
-def _same_output_shape(sch: Any, a: Any, b: Any) -> bool:
-    """Whether blocks ``a`` and ``b`` write buffers of one shape."""
-    writes_a, writes_b = sch.get(a).writes, sch.get(b).writes
-    if len(writes_a) != 1 or len(writes_b) != 1:
-        return False
-    shape_a, shape_b = writes_a[0].buffer.shape, writes_b[0].buffer.shape
-    return len(shape_a) == len(shape_b) and all(str(x) == str(y) for x, y in zip(shape_a, shape_b, strict=True))
+def _writes_more(sch: Any, consumer: Any, block: Any) -> bool:
+    """Whether ``consumer`` writes more elements than ``block`` (unknown sizes count as more).
+    A layout change or a crop writes no more, and every position it writes derives from the block's."""
+
+    def size(b: Any) -> int | None:
+        writes = sch.get(b).writes
+        if len(writes) != 1:
+            return None
+        try:
+            return math.prod(int(d) for d in writes[0].source.shape)
+        except TypeError:  # a symbolic dim
+            return None
+
+    produced, consumed = size(block), size(consumer)
+    return produced is None or consumed is None or consumed > produced
 
 
 def _schedule_prologue(sch: Any, block: Any, skip: Any, tiling: Tiling, vectorize: bool = True) -> None:
