@@ -43,11 +43,12 @@ def cases(tmp_path):
                    [helper.make_tensor_value_info("x", f, [2, 3]),
                     helper.make_tensor_value_info("axes", TensorProto.INT64, [1])],
                    [helper.make_tensor_value_info("y", f, [2])], [x, np.array([1], np.int64)], [x.sum(1)])
-    # No converter: amptool refuses.
-    celu = _case(tmp_path, "test_celu", "Celu", helper.make_node("Celu", ["x"], ["y"]),
-                 [helper.make_tensor_value_info("x", f, [2, 3])], [helper.make_tensor_value_info("y", f, [2, 3])],
-                 [x], [np.where(x > 0, x, np.expm1(x))])
-    return [add, bad, reduce, celu]
+    # String tensors: onnxruntime runs it, amptool refuses.
+    words = np.array(["a", "bc"], dtype=object)
+    strings = _case(tmp_path, "test_identity_strings", "Identity", helper.make_node("Identity", ["x"], ["y"]),
+                    [helper.make_tensor_value_info("x", TensorProto.STRING, [2])],
+                    [helper.make_tensor_value_info("y", TensorProto.STRING, [2])], [words], [words])
+    return [add, bad, reduce, strings]
 
 
 def test_compare_checks_shapes_and_values():
@@ -66,13 +67,13 @@ def test_run_classifies_and_renders_the_table(cases, tmp_path):
     assert verdicts["test_add_bad_reference"][0] == "wrong"  # onnxruntime disagrees: out of the denominator
     assert verdicts["test_add_bad_reference"][1] == ""  # and amptool is not run
     assert verdicts["test_reduce_sum_axes_input"][:2] == ("pass", "pass")
-    assert verdicts["test_celu"][:2] == ("pass", "refused")
+    assert verdicts["test_identity_strings"][:2] == ("pass", "refused")
     text, summary = render(outcomes, minutes=0.1, jobs=2, full=False)
     assert "onnxruntime passes 3 · amptool float32 passes 2 (66.7%)" in summary
     assert "| Add | 2 | 1 | 1 |  |  |  |  | 1 / 1 |" in text
     assert "| ReduceSum | 1 | 1 | 1 |  |  |  |  | 1 / 1 |" in text
-    assert "| Celu | 1 | 1 |  |  | 1 |  |  | 0 / 1 |" in text
-    assert "## Refusals" in text and "Celu" in text
+    assert "| Identity | 1 | 1 |  |  | 1 |  |  | 0 / 1 |" in text
+    assert "## Refusals" in text and "STRING" in text
 
 
 def test_a_hung_case_is_a_timeout_and_the_worker_is_replaced(cases, tmp_path):

@@ -247,7 +247,8 @@ def test_a_key_no_server_serves_times_out(artifact, tracker, run_cli, tmp_path):
     result = run_cli("run", str(outdir), "--inputs", str(inputs), "-o", str(tmp_path / "y.npz"),
                      "--rpc", f"127.0.0.1:{tracker}", "--rpc-key", "no-such-device", "--rpc-timeout", "2")
     assert result.exit_code == 3 and single_error(result.output), result.output
-    assert "no free device with key 'no-such-device'" in result.output
+    # "no free device with key …" on an idle machine; on a loaded one the connect itself may time out first
+    assert "key 'no-such-device'" in result.output
 
 
 def test_a_gpu_artifact_on_a_server_without_that_gpu_exits_3(artifact, server, run_cli, tmp_path):
