@@ -4,7 +4,8 @@ erf/tanh that vectorize, and cosh/sinh that compile at all.
 What: ``LegalizeOps`` runs with :func:`legalize_map`, which turns
 
 * ``relax.nn.conv2d`` (NCHW data, OIHW constant weight, one group) into the TE compute
-  ``amp_conv2d`` whose weight is packed at compile time as ``[OC/B, IC, KH, KW, B]``;
+  ``amp_conv2d`` whose weight is packed at compile time as ``[OC/B, IC, KH, KW, B]``; with more
+  groups (depthwise, grouped) into ``amp_depthwise`` (:mod:`amptool.compiler.cpu_depthwise`);
 * ``relax.matmul`` with a constant 2-D right operand into ``amp_matmul`` whose weight is
   packed as ``[N/B, K, B]``;
 * ``relax.erf`` / ``relax.tanh`` into TVM's polynomial ``fast_erf`` / ``fast_tanh``, with
@@ -21,9 +22,9 @@ the classic direct-convolution micro-kernel. Packing happens once, in numpy, on 
 (amptool's fp32 folding makes every weight a constant before this runs). ``libm`` erf is
 scalar and ~40× slower than the polynomial; it dominated BERT's GELU.
 
-When not: weights that are not constants, grouped/depthwise convolutions, other layouts,
-symbolic shapes, integer dtypes and channel counts that are not a multiple of 8 keep TVM's
-own legalization (and are scheduled by the generic rules).
+When not: weights that are not constants, other layouts, symbolic shapes, integer dtypes and
+(one-group convs) channel counts that are not a multiple of 8 keep TVM's own legalization (and
+are scheduled by the generic rules).
 
 Preserves: the products and the summation order (input channel, then kernel row, then
 kernel column; ``k`` for matmul) of TOPI's computes; low-precision inputs are cast to the
@@ -40,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from amptool.compiler.cpu_depthwise import DEPTHWISE_BLOCK, depthwise_conv2d, pack_weight
 from amptool.dtypes import DTYPES
 
 #: Block names the schedule rules look for.
@@ -188,15 +190,19 @@ def _legalize_conv2d(bb: Any, call: Any) -> Any:
     out_dtype = str(call.ty.dtype)
     if (
         str(attrs.data_layout) != "NCHW" or str(attrs.kernel_layout) != "OIHW"
-        or str(attrs.out_layout) != "NCHW" or int(attrs.groups) != 1
+        or str(attrs.out_layout) != "NCHW"
         or not isinstance(weight, tvm.ir.GenericConst) or data_shape is None
         or str(data.ty.dtype) not in _FLOATS or out_dtype not in _FLOATS
     ):
         return _default(bb, call)
     w = np.asarray(weight.value.numpy())
+    geometry = {"strides": [int(s) for s in attrs.strides], "padding": [int(p) for p in attrs.padding],
+                "dilation": [int(d) for d in attrs.dilation]}
+    if int(attrs.groups) != 1:
+        return bb.call_te(depthwise_conv2d, data, _constant(pack_weight(w)), **geometry, groups=int(attrs.groups),
+                          out_dtype=out_dtype, primfunc_name_hint=DEPTHWISE_BLOCK)
     out_channels, in_channels, kh, kw = w.shape
-    conv_args = {"strides": [int(s) for s in attrs.strides], "padding": [int(p) for p in attrs.padding],
-                 "dilation": [int(d) for d in attrs.dilation], "out_channels": out_channels}
+    conv_args = {**geometry, "out_channels": out_channels}
     if _uses_bf16_dot(data, weight, out_dtype, out_channels):
         pairs = -(-in_channels // 2)
         bits = np.zeros((out_channels, 2 * pairs, kh, kw), dtype=np.uint16)
