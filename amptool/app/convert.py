@@ -266,17 +266,20 @@ def rewrite_model(
 def rewrite_with_policy(
     rewritten: Rewritten, config: ConvertConfig, policy: ColorPolicy, on_stage: StageCallback | None = None
 ) -> Rewritten:
-    """``rewritten`` re-run from its import under other colours (no load, prepare or import)."""
+    """``rewritten`` (made with ``config``) re-run under other colours: no load, prepare or import,
+    and its prefolded module is reused (no colour list changes the passes before mixed_precision)."""
     if rewritten.imported is None:
         raise ValueError("rewritten model carries no import to re-run")
-    passes = _run_passes(config, rewritten.imported, policy, rewritten.calibration, on_stage or (lambda _n: None))
+    passes = _run_passes(config, rewritten.imported, policy, rewritten.calibration, on_stage or (lambda _n: None),
+                         prefolded=rewritten.passes)
     upstream = {k: v for k, v in rewritten.timings_s.items() if k not in passes.timings_s and k != "compile"}
     return dataclasses.replace(rewritten, policy=policy, passes=passes,
                                timings_s={**upstream, **passes.timings_s})
 
 
 def _run_passes(config: ConvertConfig, imported: ImportedModel, policy: ColorPolicy,
-                calibration: Calibration | None, notify: StageCallback) -> PassResult:
+                calibration: Calibration | None, notify: StageCallback,
+                prefolded: PassResult | None = None) -> PassResult:
     return run_passes(
         imported.mod,
         policy,
@@ -289,6 +292,7 @@ def _run_passes(config: ConvertConfig, imported: ImportedModel, policy: ColorPol
         low_precision_io=config.low_precision_io,
         concretize=config.concretize,
         on_stage=notify,
+        prefolded=prefolded,
     )
 
 

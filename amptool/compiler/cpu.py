@@ -7,6 +7,7 @@
     fuse ops, fuse tir   conv/matmul + bias + residual add + activation + cast → one kernel
     schedule             amptool.compiler.cpu_schedules: tiled, vectorized, parallel
     lower dataflow, finalize   TVM's own passes (memory planning, VM lowering)
+    codegen              TIR lowering and LLVM, the kernels split over one thread per CPU
 
 Why not ``tvm.compile(mod, target)``: its default pipeline for LLVM legalizes and stops — no
 folding, no fusion, no schedules — so every kernel ran single-threaded and scalar, 30–80×
@@ -20,6 +21,8 @@ builds a ResNet-50 in seconds, within ~1.2× of onnxruntime on one thread.
 
 from __future__ import annotations
 
+import concurrent.futures
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,10 +31,11 @@ import tvm
 from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 
 from amptool.compiler import stages
-from amptool.compiler.cpu_kernels import legalize_map
+from amptool.compiler.cpu_kernels import CONV2D_BF16_BLOCK, MATMUL_BF16_BLOCK, legalize_map
 from amptool.compiler.cpu_schedules import (
     Guarded,
     Tiling,
+    _find_block,
     injective,
     packed_conv2d,
     packed_matmul,
@@ -39,9 +43,29 @@ from amptool.compiler.cpu_schedules import (
     row_reduction,
     tiled_reduction,
 )
-from amptool.compiler.cpu_schedules_bf16 import packed_conv2d_bf16, packed_matmul_bf16
 
 STAGES = stages.STAGES
+
+
+def _bf16_rule(name: str, block: str) -> Callable[[Any, Tiling], Any | None]:
+    """``amptool.compiler.cpu_schedules_bf16``'s rule ``name``, imported when a kernel has its
+    ``block``: that module registers the ``vdpbf16ps`` tensor intrinsic, whose TVMScript costs
+    0.3–0.6 s to parse (``T.prim_func`` walks the whole call stack), and only bfloat16 builds for
+    a CPU with AVX512-BF16 make such blocks (``cpu_kernels`` checks the target first)."""
+
+    def rule(sch: Any, tiling: Tiling) -> Any | None:
+        if _find_block(sch, block) is None:
+            return None
+        from amptool.compiler import cpu_schedules_bf16  # noqa: PLC0415 - see above
+
+        return getattr(cpu_schedules_bf16, name)(sch, tiling)
+
+    rule.__name__ = name
+    return rule
+
+
+packed_conv2d_bf16 = _bf16_rule("packed_conv2d_bf16", CONV2D_BF16_BLOCK)
+packed_matmul_bf16 = _bf16_rule("packed_matmul_bf16", MATMUL_BF16_BLOCK)
 
 
 def default_rules(tiling: Tiling | None = None) -> list[Any]:
@@ -69,6 +93,78 @@ def build(mod: Any, target: Any, on_stage: Callable[[str], None] | None = None) 
     if on_stage:
         on_stage("codegen")
     start = time.perf_counter()
-    executable = tvm.compile(mod, target=target, relax_pipeline=None)
+    executable = codegen(mod, target)
     timings["codegen"] = time.perf_counter() - start
     return executable, timings
+
+
+#: At most this many LLVM modules (threads) per build.
+MAX_CODEGEN_WORKERS = 4
+
+
+def codegen_workers() -> int:
+    """The CPUs this process may run on, up to ``MAX_CODEGEN_WORKERS``."""
+    try:
+        count = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        count = os.cpu_count() or 1
+    return max(1, min(count, MAX_CODEGEN_WORKERS))
+
+
+def codegen(mod: Any, target: Any, workers: int | None = None) -> Any:
+    """``tvm.compile(mod, target, relax_pipeline=None)`` — the lowered module to a VM executable —
+    with its kernels split over ``workers`` LLVM modules built in threads (default:
+    ``codegen_workers()``).
+
+    Why: TVM lowers and compiles one module on one core: ~1.4 s of ResNet-50's build (measured
+    on a loaded 2-core machine: 1.35 s → 0.91 s wall with two parts). TVM's builds release the
+    GIL. The kernels are separate public functions, so each compiles to the same code in
+    whichever module holds it (tests/test_convert_speed.py compares outputs bit for bit); the VM
+    finds them by name in the executable's imports, and TVM's export links every module into one
+    ``.so``.
+
+    When not: one worker or one kernel; a kernel that calls another (the call would cross
+    modules), a private one, external modules or a system library: then it is TVM's build.
+    """
+    from tvm import relax  # noqa: PLC0415
+    from tvm.relax import vm_build  # noqa: PLC0415
+
+    workers = codegen_workers() if workers is None else workers
+    attrs = dict(mod.attrs) if mod.attrs else {}
+    if (workers < 2 or attrs.get("external_mods") or "wasm" in str(target.attrs.get("mtriple", ""))
+            or not _splittable(mod)):
+        return tvm.compile(mod, target=target, relax_pipeline=None)
+    # What relax.build does after its (here: no) Relax pipeline, the kernels' build split.
+    params = dict(attrs.get("const_name_to_constant", {}))
+    builder = relax.ExecBuilder()
+    leftover = vm_build._vmcodegen(builder, mod, "bytecode")
+    if not _splittable(leftover):
+        return vm_build._vmlink(builder, target, vm_build._filter_tir(leftover), "default", [], params)
+    kernels = [(gv, f) for gv, f in leftover.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    parts = [tvm.IRModule(dict(kernels[i::workers]), attrs=leftover.attrs) for i in range(min(workers, len(kernels)))]
+    context = tvm.transform.PassContext.current()
+
+    def build_part(part: Any) -> Any:
+        """``tvm.tirx.build(part, target)``, through ``tvm.compile`` like the one-module build."""
+        with context:
+            return tvm.compile(part, target=target).mod
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(parts)) as pool:
+        libs = list(pool.map(build_part, parts))
+    return vm_build.VMExecutable(relax._ffi_api.VMLink(builder, target, libs[0], libs[1:], params))
+
+
+def _splittable(mod: Any) -> bool:
+    """At least two kernels, each of them standalone."""
+    kernels = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    return len(kernels) >= 2 and all(_standalone(f) for f in kernels)
+
+
+def _standalone(kernel: Any) -> bool:
+    """A public kernel that calls no other function of the module (found by its GlobalVar)."""
+    import tvm_ffi  # noqa: PLC0415
+
+    if kernel.attrs is None or "global_symbol" not in kernel.attrs:
+        return False
+    found = tvm_ffi.structural_walk(kernel, (tvm.ir.GlobalVar, tvm_ffi.VisitInterrupt), order="pre")
+    return found is None

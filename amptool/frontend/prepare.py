@@ -17,14 +17,16 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnx
 
 from amptool.errors import error_summary
-from amptool.frontend.fold import fold_model
+from amptool.frontend.fold import fold_model, infer_shapes
 from amptool.frontend.gradient import fold_protected, has_gradients
 from amptool.frontend.graph import default_opset
 from amptool.frontend.load import name_nodes
@@ -129,15 +131,22 @@ def prepare_model(
         # onnxruntime's own If inlining gets wrong on nested branches (seen: silero-vad with
         # a fixed sample rate — an invalid graph, at times a segfault).
         _try(prepared, "fold-subgraphs", lambda m: _fold_everywhere(m, prepared.notes))
+        # The onnxruntime session that folds computes the original model when nothing before it
+        # changed the graph (only shapes pinned): check-numerics then reads its reference from it.
+        as_original = (not fixed_inputs and prepared.steps == ["pin-shapes", "fold-subgraphs"]
+                       and not prepared.notes)
+        _FOLDING.session = None
         _try(prepared, "onnxruntime-fold", _onnxruntime_basic_optimize)
+        reference, _FOLDING.session = _FOLDING.session, None
         if prepared.steps[-1] == "onnxruntime-fold":
             # onnxruntime expands function ops (GroupNormalization, Attention, LinearAttention …)
             # into their bodies, whose Shape arithmetic and Scans it leaves unfolded: our folder,
             # again, folds those and unrolls the Scans the TVM frontend cannot take.
             _try(prepared, "fold-expanded", lambda m: _fold_everywhere(m, prepared.notes, "fold-expanded"))
         if prepared.model is not unfolded:
-            _check_numerics(prepared, model, unfolded, inputs, fixed_inputs or {})
-    _try(prepared, "shape-inference", lambda m: onnx.shape_inference.infer_shapes(m, data_prop=True))
+            _check_numerics(prepared, model, unfolded, inputs, fixed_inputs or {},
+                            reference=reference if as_original else None)
+    _try(prepared, "shape-inference", lambda m: infer_shapes(m, data_prop=True))
     name_nodes(prepared.model.graph)
     return prepared
 
@@ -187,17 +196,21 @@ def _check_numerics(
     unfolded: onnx.ModelProto,
     inputs: Sequence[TensorSpec],
     fixed: Mapping[str, np.ndarray],
+    reference: Any = None,
 ) -> None:
     """Run onnxruntime before and after folding on seeded inputs; undo folding on a mismatch.
+    ``reference``: a session that computes ``original`` already (one session less to open).
 
     Why: prepare must never change what the model computes — a folding bug would otherwise
     surface as an "fp16 error" that no colour list can fix.
     """
     from amptool.runtime.inputs import generate_inputs  # noqa: PLC0415
+    from amptool.runtime.onnxruntime_runner import run_session  # noqa: PLC0415
 
     try:
         feeds = generate_inputs(inputs, unfolded, seed=0)
-        before = _run(reference_model(original), {**feeds, **fixed})
+        before = (run_session(reference, {**feeds, **fixed}) if reference is not None
+                  else _run(reference_model(original), {**feeds, **fixed}))
         after = _run(prepared.model, feeds)
     except Exception as err:  # noqa: BLE001 - a reference that cannot run skips the check, saying why
         prepared.steps.append("check-numerics-skipped")
@@ -263,14 +276,21 @@ def _fold_everywhere(model: onnx.ModelProto, notes: list[str], step: str = "fold
     return folded
 
 
+#: The session ``_onnxruntime_basic_optimize`` folded in (it computes the model it was given, so
+#: check-numerics may take its reference from it); per thread, taken by ``prepare_model``.
+_FOLDING = threading.local()
+
+
 def _onnxruntime_basic_optimize(model: onnx.ModelProto) -> onnx.ModelProto:
+    """onnxruntime's basic-level graph optimisation of ``model`` (its session: ``_FOLDING``)."""
     from amptool.runtime.onnxruntime_runner import session  # noqa: PLC0415
 
     with tempfile.TemporaryDirectory(prefix="amptool-prepare-") as tmp:
         out_path = os.path.join(tmp, "prepared.onnx")
         external = {"session.optimized_model_external_initializers_file_name": "prepared.data"}
-        session(model, optimize="basic", save_optimized=out_path,
-                session_config=external if model.ByteSize() > 1_500_000_000 else None)
+        data = model.SerializeToString()  # once: its size decides, where ByteSize() costs as much again
+        _FOLDING.session = session(data, optimize="basic", save_optimized=out_path,
+                                   session_config=external if len(data) > 1_500_000_000 else None)
         # IR < 4 requires initializers to be listed as inputs, so onnxruntime lists them.
         optimized = drop_weight_inputs(onnx.load(out_path, load_external_data=True))
     if default_opset(optimized) != default_opset(model):

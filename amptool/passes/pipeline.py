@@ -12,6 +12,8 @@
       → fold casts + FoldConstant   weight casts become low-precision constants (cast in
                               numpy: FoldConstant compiles a kernel per cast, seconds per model;
                               see fold_casts.py), then anything else constant folds
+      (both FoldConstants: reshapes and transposes of constants fold in numpy, and TVM's pass
+      runs only when something is left that it could fold; see fold_constants.py)
       → well-formedness check after each step that changed the module (a failure is a bug,
         not a user error; an ill-formed import is left for TVM's own passes to refuse)
 
@@ -32,6 +34,7 @@ from amptool.frontend.importer import NodeOrigin
 from amptool.passes import stats
 from amptool.passes.concretize_like import ConcretizeReport, concretize_like
 from amptool.passes.fold_casts import fold_constant_casts
+from amptool.passes.fold_constants import fold_constants
 from amptool.passes.low_precision_io import lower_io
 from amptool.passes.mixed_precision import MixedPrecisionReport, to_mixed_precision
 
@@ -49,6 +52,8 @@ class PassResult:
     timings_s: dict[str, float] = field(default_factory=dict)
     weight_bytes: dict[str, int] = field(default_factory=dict)
     concretize: ConcretizeReport | None = None  # None: ConcretizeLike was turned off
+    #: the module after prefold, before the colours apply: another colouring starts from it
+    prefolded: Any = None
 
 
 def run_passes(
@@ -63,8 +68,11 @@ def run_passes(
     low_precision_io: bool = False,
     concretize: bool = True,
     on_stage: Callable[[str], None] | None = None,
+    prefolded: PassResult | None = None,
 ) -> PassResult:
-    """Run PASS_ORDER on ``mod``; time each pass on its own."""
+    """Run PASS_ORDER on ``mod``; time each pass on its own. ``prefolded``: an earlier result
+    for the same module, dtype and options, whose passes up to prefold (which no colour list
+    changes) are reused: only mixed_precision and fold run (auto-fallback's candidates)."""
     timings: dict[str, float] = {}
 
     def stage(name: str, fn: Callable[[Any], Any], current: Any) -> Any:
@@ -103,14 +111,20 @@ def run_passes(
         report_box["report"] = report
         return new
 
-    if low_precision_io and dtype != "float32":
-        mod = stage("lower_io", lambda m: lower_io(m, dtype), mod)
-    if concretize:
-        mod = stage("concretize", concretized, mod)
-    mod = stage("prefold", _tvm.fold_constant, mod)
-    before = stats.constant_bytes(mod)
+    if prefolded is not None and prefolded.prefolded is not None:
+        mod, before = prefolded.prefolded, prefolded.weight_bytes["before"]
+        if prefolded.concretize is not None:
+            like_box["report"] = prefolded.concretize
+    else:
+        if low_precision_io and dtype != "float32":
+            mod = stage("lower_io", lambda m: lower_io(m, dtype), mod)
+        if concretize:
+            mod = stage("concretize", concretized, mod)
+        mod = stage("prefold", fold_constants, mod)
+        before = stats.constant_bytes(mod)
+    prefolded_mod = mod
     mod = stage("mixed_precision", mixed, mod)
-    mod = stage("fold", lambda m: _tvm.fold_constant(fold_constant_casts(m)), mod)
+    mod = stage("fold", lambda m: fold_constants(fold_constant_casts(m)), mod)
     after = stats.constant_bytes(mod)
     return PassResult(
         mod=mod,
@@ -118,5 +132,6 @@ def run_passes(
         timings_s=timings,
         weight_bytes={"before": before, "after": after},
         concretize=like_box.get("report"),
+        prefolded=prefolded_mod,
     )
 

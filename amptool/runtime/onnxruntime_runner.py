@@ -43,10 +43,10 @@ _SUFFIX = "__amptool_read"
 _LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "all": "ORT_ENABLE_ALL"}
 
 
-def session(model: onnx.ModelProto | str, *, optimize: str = "all", threads: int | None = None,
+def session(model: onnx.ModelProto | str | bytes, *, optimize: str = "all", threads: int | None = None,
             providers: Sequence[str] = ("CPUExecutionProvider",), save_optimized: str | None = None,
             session_config: Mapping[str, str] | None = None) -> Any:
-    """An ``onnxruntime.InferenceSession`` on ``model`` (a ModelProto or a path). Raises what
+    """An ``onnxruntime.InferenceSession`` on ``model`` (a ModelProto, a path or serialised bytes). Raises what
     onnxruntime raises: callers decide whether that is a user error, a skipped step or a refusal."""
     import onnxruntime as ort  # noqa: PLC0415
 
@@ -60,7 +60,7 @@ def session(model: onnx.ModelProto | str, *, optimize: str = "all", threads: int
         options.optimized_model_filepath = save_optimized
     for key, value in (session_config or {}).items():
         options.add_session_config_entry(key, value)
-    source = model if isinstance(model, str) else model.SerializeToString()
+    source = model if isinstance(model, (str, bytes)) else model.SerializeToString()
     return ort.InferenceSession(source, options, providers=list(dict.fromkeys([*providers, "CPUExecutionProvider"])))
 
 

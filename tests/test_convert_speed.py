@@ -1,0 +1,175 @@
+"""Convert's shortcuts give what the long way gave: numpy constant folding (FoldConstant's module),
+shape inference without the weights (onnx's result), one onnxruntime session less in prepare, the
+prefolded module shared by auto-fallback's candidates, and artifacts that load and match.
+
+Functional only; the timings are benchmarks/convert_speed.py's."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import onnx
+import pytest
+import tvm
+from onnx import TensorProto, helper, numpy_helper
+from tvm import relax
+
+from amptool import _tvm
+from amptool.app.convert import ConvertConfig, build_model, rewrite_model, rewrite_with_policy
+from amptool.colors import load_policy
+from amptool.frontend import prepare
+from amptool.frontend.fold import infer_shapes
+from amptool.frontend.importer import import_model
+from amptool.frontend.load import load_model
+from amptool.frontend.signature import graph_inputs, pin_input_specs
+from amptool.passes import fold_constants as fold_module
+from amptool.passes.concretize_like import concretize_like
+from amptool.passes.fold_casts import fold_constant_casts
+from amptool.passes.fold_constants import fold_constants
+from amptool.passes.mixed_precision import to_mixed_precision
+
+
+def _imported(path: str):
+    loaded = load_model(path)
+    inputs = pin_input_specs(graph_inputs(loaded.model), {}, None)
+    return import_model(prepare.prepare_model(loaded.model, inputs).model, inputs)
+
+
+@pytest.mark.parametrize("name", ["tiny_cnn", "resnet_like", "transformer_encoder"])
+def test_fold_constants_gives_fold_constants_module(zoo_model, name):
+    imported = _imported(zoo_model(name))
+    mod, _ = concretize_like(imported.mod, "float16")
+    prefolded = _tvm.fold_constant(mod)
+    tvm.ir.assert_structural_equal(fold_constants(mod), prefolded, map_free_vars=True)
+    for dtype in ("float16", "bfloat16"):
+        mixed, _ = to_mixed_precision(prefolded, load_policy(None), dtype, imported.provenance)
+        cast = fold_constant_casts(mixed)  # the fold stage: casts first, as before
+        tvm.ir.assert_structural_equal(fold_constants(cast), _tvm.fold_constant(cast), map_free_vars=True)
+
+
+def _module(dataflow: bool, like: bool = False):
+    """(x + reshape(permute(C))) * squeeze(C2) [+ zeros_like(x)], in or outside a dataflow block."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 3), "float32"))
+    weight = relax.const(np.arange(6, dtype="float32").reshape(3, 2))
+    scale = relax.const(np.full((1, 3), 0.5, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow() if dataflow else contextlib.nullcontext():
+            t = bb.emit(relax.op.permute_dims(weight))
+            r = bb.emit(relax.op.reshape(t, (2, 3)))
+            s = bb.emit(relax.op.squeeze(scale, [0]))
+            y = bb.emit(relax.op.multiply(relax.op.add(x, r), s))
+            if like:
+                y = bb.emit(relax.op.add(y, relax.op.zeros_like(x)))
+            if dataflow:
+                y = bb.emit_output(y)
+        bb.emit_func_output(y)
+    return bb.get()
+
+
+@pytest.mark.parametrize("dataflow", [True, False])
+@pytest.mark.parametrize("like", [False, True])
+def test_fold_constants_in_and_outside_dataflow(dataflow, like):
+    mod = relax.transform.Normalize()(_module(dataflow, like))
+    ours = fold_constants(mod)
+    tvm.ir.assert_structural_equal(ours, _tvm.fold_constant(mod), map_free_vars=True)
+    x = np.random.default_rng(0).standard_normal((2, 3)).astype("float32")
+    want = (x + np.arange(6, dtype="float32").reshape(3, 2).T.reshape(2, 3)) * np.float32(0.5)
+    got = _tvm.run_vm(_tvm.vm_from_executable(tvm.compile(ours, target="llvm"), "cpu"), [x], "cpu")[0]
+    np.testing.assert_array_equal(got, want)
+
+
+def test_fold_constants_runs_tvm_only_when_something_is_left(monkeypatch):
+    calls = []
+    monkeypatch.setattr(fold_module._tvm, "fold_constant", lambda m: calls.append(m) or m)
+    fold_constants(relax.transform.Normalize()(_module(dataflow=True)))
+    assert calls == []  # everything folded in numpy
+    fold_constants(relax.transform.Normalize()(_module(dataflow=True, like=True)))
+    assert len(calls) == 1  # zeros_like(x) folds in TVM even with x unknown
+
+
+def _model_with_weights() -> onnx.ModelProto:
+    weight = numpy_helper.from_array(np.ones((64, 128), np.float32), "w")
+    shape = numpy_helper.from_array(np.array([2, -1], np.int64), "shape")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Reshape", ["y", "shape"], ["z"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)], [weight, shape])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("data_prop", [False, True])
+def test_infer_shapes_matches_onnx(data_prop):
+    model = _model_with_weights()
+    want = onnx.shape_inference.infer_shapes(model, data_prop=data_prop)
+    got = infer_shapes(model, data_prop=data_prop)
+    assert got.SerializeToString(deterministic=True) == want.SerializeToString(deterministic=True)
+    assert [d.dim_value for d in got.graph.output[0].type.tensor_type.shape.dim] == [2, 256]
+    np.testing.assert_array_equal(numpy_helper.to_array(got.graph.initializer[0]), np.ones((64, 128), np.float32))
+
+
+@pytest.mark.parametrize("fixed", [False, True])
+def test_prepare_reads_the_reference_from_the_folding_session(monkeypatch, fixed):
+    model = _model_with_weights()
+    model.graph.input.append(helper.make_tensor_value_info("unused", TensorProto.FLOAT, [1]))
+    runs = []
+    real_run = prepare._run
+    monkeypatch.setattr(prepare, "_run", lambda m, feeds: runs.append(m) or real_run(m, feeds))
+    inputs = pin_input_specs(graph_inputs(model), {}, None)
+    fixed_inputs = {"unused": np.zeros(1, np.float32)} if fixed else {}
+    inputs = [s for s in inputs if s.name not in fixed_inputs]
+    prepared = prepare.prepare_model(model, inputs, fixed_inputs=fixed_inputs)
+    assert "check-numerics" in prepared.steps
+    assert len(runs) == (2 if fixed else 1)  # a graph changed before folding needs its own reference
+
+
+def test_artifact_loads_and_matches_the_build(zoo_model, tmp_path):
+    from amptool.app.artifact import load_artifact
+    from amptool.app.convert import export_build
+
+    build = build_model(ConvertConfig(model=zoo_model("resnet_like"), dtype="float16"))
+    export_build(build, str(tmp_path / "out"))
+    manifest, loaded = load_artifact(str(tmp_path / "out"))
+    feeds = {s["name"]: np.random.default_rng(1).standard_normal(s["shape"]).astype("float32")
+             for s in manifest["inputs"]}
+    want = build.compiled().run(feeds)
+    got = loaded.run(feeds)
+    assert want.keys() == got.keys()
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])
+
+
+def test_recolouring_reuses_the_prefolded_module(zoo_model):
+    from amptool.app.fallback import with_fp32_nodes
+
+    path = zoo_model("resnet_like")
+    base = rewrite_model(ConvertConfig(model=path, dtype="float16"))
+    node = next(n.name for n in base.prepared.graph.node if n.op_type == "Conv")
+    again = rewrite_with_policy(base, ConvertConfig(model=path, dtype="float16"),
+                                with_fp32_nodes(base.policy, [node]))
+    assert again.passes.prefolded.same_as(base.passes.prefolded)
+    assert "prefold" not in again.passes.timings_s and "prefold" in again.timings_s
+    fresh = rewrite_model(ConvertConfig(model=path, dtype="float16", exclude_nodes=(node,)))
+    tvm.ir.assert_structural_equal(again.passes.mod, fresh.passes.mod, map_free_vars=True)
+    assert again.passes.weight_bytes == fresh.passes.weight_bytes
+
+
+def test_kernels_built_in_parallel_match_one_build(zoo_model, tmp_path):
+    from amptool.compiler import cpu
+
+    config = ConvertConfig(model=zoo_model("transformer_encoder"), dtype="float16")
+    target = _tvm.make_target({"kind": "llvm"})
+    lowered = cpu.lower(rewrite_model(config).passes.mod, target)
+    feeds = [np.arange(16, dtype="int64").reshape(1, 16) % 7, np.ones((1, 16), "int64")]
+
+    def outputs(vm):
+        return [np.asarray(o) for o in _tvm.run_vm(vm, feeds, "cpu")]
+
+    serial = cpu.codegen(lowered, target, workers=1)
+    split = cpu.codegen(lowered, target, workers=3)
+    assert len(split.mod._collect_dso_modules()) == 3 and len(serial.mod._collect_dso_modules()) == 1
+    want = outputs(_tvm.vm_from_executable(serial, "cpu"))
+    _tvm.export_library(split, str(tmp_path / "split.so"))
+    for got in (outputs(_tvm.vm_from_executable(split, "cpu")), outputs(_tvm.load_vm(str(tmp_path / "split.so")))):
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_array_equal(a, b)
