@@ -36,6 +36,7 @@ from amptool.compiler.cpu_schedules import (
     Guarded,
     Tiling,
     _find_block,
+    depthwise_conv2d,
     injective,
     packed_conv2d,
     packed_matmul,
@@ -70,8 +71,9 @@ packed_matmul_bf16 = _bf16_rule("packed_matmul_bf16", MATMUL_BF16_BLOCK)
 
 def default_rules(tiling: Tiling | None = None) -> list[Any]:
     """The schedule rules in the order they are tried (``tiling=None``: derived from the target)."""
-    return [Guarded(fn, tiling) for fn in (packed_conv2d, packed_matmul, packed_conv2d_bf16, packed_matmul_bf16,
-                                           tiled_reduction, injective, row_reduction, parallel_outer)]
+    return [Guarded(fn, tiling) for fn in (packed_conv2d, depthwise_conv2d, packed_matmul, packed_conv2d_bf16,
+                                           packed_matmul_bf16, tiled_reduction, injective, row_reduction,
+                                           parallel_outer)]
 
 
 def stage_passes(target: Any) -> stages.Stages:

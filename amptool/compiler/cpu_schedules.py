@@ -263,11 +263,10 @@ def _column_tile(width: int, cap: int) -> int:
 
 
 def packed_conv2d(sch: Any, tiling: Tiling) -> Any | None:
-    """``amp_conv2d``: tile = ``T`` output columns × one packed vector of output channels;
-    ``amp_depthwise``: see :func:`depthwise_conv2d`."""
+    """``amp_conv2d``: tile = ``T`` output columns × one packed vector of output channels."""
     conv = _find_block(sch, CONV2D_BLOCK)
     if conv is None:
-        return depthwise_conv2d(sch, tiling)
+        return None
     block = int(sch.get(conv).reads[1].source.shape[-1])
     cap = max(1, tiling.accumulators // max(1, block // tiling.lanes) // 2)
     tiled = _conv_tile(sch, conv, block, cap)
