@@ -33,6 +33,16 @@ def zoo_model(tmp_path: Path) -> Callable[[str], str]:
 
 
 @pytest.fixture
+def amplifier(tmp_path: Path) -> str:
+    """tests.onnx_checks.amplifier_model saved: activations beyond float16 from constants that fit it."""
+    from tests.onnx_checks import amplifier_model
+
+    path = tmp_path / "amplifier.onnx"
+    onnx.save(amplifier_model(), path)
+    return str(path)
+
+
+@pytest.fixture
 def run_cli() -> Callable[..., Result]:
     """Run amptool in-process; returns click's Result (exit_code, output)."""
     from amptool.cli.main import cli

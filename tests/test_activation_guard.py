@@ -3,41 +3,16 @@
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 from amptool.app.calibrate import activation_peaks
 from tests.conftest import read_json, single_error
-
-
-def _amplifier() -> onnx.ModelProto:
-    """x@(200·I) → @(200·I) (|x| ≈ 1e5: beyond fp16) → ·1e-4 → Relu: every constant fits fp16."""
-    inits = [numpy_helper.from_array(np.eye(64, dtype=np.float32) * 200, "gain"),
-             numpy_helper.from_array(np.array(1e-4, dtype=np.float32), "shrink")]
-    nodes = [
-        helper.make_node("MatMul", ["x", "gain"], ["a"], name="/amp1/MatMul"),
-        helper.make_node("MatMul", ["a", "gain"], ["b"], name="/amp2/MatMul"),
-        helper.make_node("Mul", ["b", "shrink"], ["c"], name="/shrink/Mul"),
-        helper.make_node("Relu", ["c"], ["y"], name="/out/Relu"),
-    ]
-    graph = helper.make_graph(nodes, "amplifier", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
-
-
-@pytest.fixture
-def amplifier(tmp_path):
-    path = tmp_path / "amplifier.onnx"
-    onnx.save(_amplifier(), path)
-    return str(path)
+from tests.onnx_checks import amplifier_model
 
 
 def test_peaks_cover_node_inputs_and_outputs():
     x = np.full((2, 64), 2.0, dtype=np.float32)
-    calibration = activation_peaks(_amplifier(), {"x": x}, source="test")
+    calibration = activation_peaks(amplifier_model(), {"x": x}, source="test")
     assert calibration.skipped is None
     assert calibration.peaks["/amp1/MatMul"] == pytest.approx(400.0)
     assert calibration.peaks["/amp2/MatMul"] == pytest.approx(80000.0)

@@ -6,13 +6,14 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 from amptool.app.calibrate import activation_peaks, cancellation_ratio
 from amptool.app.convert import ConvertConfig
 from amptool.app.inspect import inspect_model
 from amptool.colors.policy import DEFAULT_CANCELLATION_LIMIT
 from tests.conftest import read_json, single_error
+from tests.onnx_checks import x_to_y_model
 
 
 def raft_class(h: int = 16, w: int = 16) -> onnx.ModelProto:
@@ -42,12 +43,7 @@ def raft_class(h: int = 16, w: int = 16) -> onnx.ModelProto:
         helper.make_node("Tanh", ["scaled"], ["motion"], name="/motion/Tanh"),
         helper.make_node("Add", ["motion", "corr"], ["y"], name="/out/Add"),
     ]
-    graph = helper.make_graph(nodes, "raft_class",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, h, w])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, h, w])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
+    return x_to_y_model(nodes, "raft_class", [1, 2, h, w], inits)
 
 
 @pytest.fixture

@@ -8,13 +8,13 @@ import os
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 from amptool.app.calibrate import Calibration, Floor
 from amptool.app.headroom import colors_yaml, measure_headroom
 from amptool.colors import load_policy
 from tests.conftest import read_json, single_error
-from tests.test_activation_guard import _amplifier
+from tests.onnx_checks import x_to_y_model
 
 
 def _tiny_values() -> onnx.ModelProto:
@@ -24,18 +24,7 @@ def _tiny_values() -> onnx.ModelProto:
     nodes = [helper.make_node("Mul", ["x", "down"], ["t"], name="/down/Mul"),
              helper.make_node("Mul", ["t", "up"], ["u"], name="/up/Mul"),
              helper.make_node("Relu", ["u"], ["y"], name="/out/Relu")]
-    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
-
-
-@pytest.fixture
-def amplifier(tmp_path):
-    path = tmp_path / "amplifier.onnx"
-    onnx.save(_amplifier(), path)
-    return str(path)
+    return x_to_y_model(nodes, "tiny", [2, 64], inits)
 
 
 def test_headroom_json_gives_margins_per_node(amplifier, run_cli, tmp_path):
