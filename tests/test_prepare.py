@@ -184,7 +184,7 @@ def test_folding_that_changes_numerics_is_reverted(monkeypatch):
     from amptool.frontend import prepare
     from amptool.testing import model_zoo
 
-    def corrupting_fold(model: onnx.ModelProto) -> onnx.ModelProto:
+    def corrupting_fold(model: onnx.ModelProto, _workdir: str) -> onnx.ModelProto:
         broken = onnx.ModelProto()
         broken.CopyFrom(model)
         first = broken.graph.initializer[0]

@@ -135,17 +135,22 @@ def prepare_model(
         # changed the graph (only shapes pinned): check-numerics then reads its reference from it.
         as_original = (not fixed_inputs and prepared.steps == ["pin-shapes", "fold-subgraphs"]
                        and not prepared.notes)
-        _FOLDING.session = None
-        _try(prepared, "onnxruntime-fold", _onnxruntime_basic_optimize)
-        reference, _FOLDING.session = _FOLDING.session, None
-        if prepared.steps[-1] == "onnxruntime-fold":
-            # onnxruntime expands function ops (GroupNormalization, Attention, LinearAttention …)
-            # into their bodies, whose Shape arithmetic and Scans it leaves unfolded: our folder,
-            # again, folds those and unrolls the Scans the TVM frontend cannot take.
-            _try(prepared, "fold-expanded", lambda m: _fold_everywhere(m, prepared.notes, "fold-expanded"))
-        if prepared.model is not unfolded:
-            _check_numerics(prepared, model, unfolded, inputs, fixed_inputs or {},
-                            reference=reference if as_original else None)
+        with tempfile.TemporaryDirectory(prefix="amptool-prepare-") as workdir:
+            _FOLDING.session = _FOLDING.path = None
+            _try(prepared, "onnxruntime-fold", lambda m: _onnxruntime_basic_optimize(m, workdir))
+            reference, _FOLDING.session = _FOLDING.session, None
+            saved = prepared.model, _FOLDING.path
+            if prepared.steps[-1] == "onnxruntime-fold":
+                # onnxruntime expands function ops (GroupNormalization, Attention, LinearAttention …)
+                # into their bodies, whose Shape arithmetic and Scans it leaves unfolded: our folder,
+                # again, folds those and unrolls the Scans the TVM frontend cannot take.
+                _try(prepared, "fold-expanded", lambda m: _fold_everywhere(m, prepared.notes, "fold-expanded"))
+            if prepared.model is not unfolded:
+                # The file onnxruntime wrote, when it is still the model: a session opens a path
+                # ~0.1 s faster than the 100 MB of a ResNet-50 serialised again (measured).
+                _check_numerics(prepared, model, unfolded, inputs, fixed_inputs or {},
+                                reference=reference if as_original else None,
+                                prepared_path=saved[1] if prepared.model is saved[0] else None)
     _try(prepared, "shape-inference", lambda m: infer_shapes(m, data_prop=True))
     name_nodes(prepared.model.graph)
     return prepared
@@ -197,9 +202,11 @@ def _check_numerics(
     inputs: Sequence[TensorSpec],
     fixed: Mapping[str, np.ndarray],
     reference: Any = None,
+    prepared_path: str | None = None,
 ) -> None:
     """Run onnxruntime before and after folding on seeded inputs; undo folding on a mismatch.
-    ``reference``: a session that computes ``original`` already (one session less to open).
+    ``reference``: a session that computes ``original`` already (one session less to open);
+    ``prepared_path``: a file holding ``prepared.model``.
 
     Why: prepare must never change what the model computes — a folding bug would otherwise
     surface as an "fp16 error" that no colour list can fix.
@@ -211,7 +218,7 @@ def _check_numerics(
         feeds = generate_inputs(inputs, unfolded, seed=0)
         before = (run_session(reference, {**feeds, **fixed}) if reference is not None
                   else _run(reference_model(original), {**feeds, **fixed}))
-        after = _run(prepared.model, feeds)
+        after = _run(prepared_path or prepared.model, feeds)
     except Exception as err:  # noqa: BLE001 - a reference that cannot run skips the check, saying why
         prepared.steps.append("check-numerics-skipped")
         reason = error_summary(err, limit=160)
@@ -227,10 +234,12 @@ def _check_numerics(
     prepared.notes.append(f"check-numerics: folding changed output {mismatch}; import uses the unfolded model")
 
 
-def _run(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _run(model: onnx.ModelProto | str, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One run of ``model`` (a ModelProto or a path). Basic optimisation, as the folding session:
+    opening a ResNet-50 at "all" costs ~0.2 s more (weight layouts) for a single run."""
     from amptool.runtime.onnxruntime_runner import run_session, session  # noqa: PLC0415
 
-    return run_session(session(model), feeds)
+    return run_session(session(model, optimize="basic"), feeds)
 
 
 def _first_mismatch(before: Mapping[str, np.ndarray], after: Mapping[str, np.ndarray]) -> str | None:
@@ -266,33 +275,39 @@ def _first_mismatch(before: Mapping[str, np.ndarray], after: Mapping[str, np.nda
 
 
 def _fold_everywhere(model: onnx.ModelProto, notes: list[str], step: str = "fold-subgraphs") -> onnx.ModelProto:
+    """``model`` folded; ``model`` itself (not a copy) when nothing folded."""
     folded, stats = fold_model(model)
-    if stats.changed:
-        notes.append(
-            f"{step}: {stats.folded} node(s) and {stats.shapes} Shape(s) folded, "
-            f"{stats.ifs_inlined} If(s) with a constant condition inlined, "
-            f"{stats.loops_unrolled} Loop/Scan(s) with a known trip count unrolled"
-        )
+    if not stats.changed:
+        return model
+    notes.append(
+        f"{step}: {stats.folded} node(s) and {stats.shapes} Shape(s) folded, "
+        f"{stats.ifs_inlined} If(s) with a constant condition inlined, "
+        f"{stats.loops_unrolled} Loop/Scan(s) with a known trip count unrolled"
+    )
     return folded
 
 
 #: The session ``_onnxruntime_basic_optimize`` folded in (it computes the model it was given, so
-#: check-numerics may take its reference from it); per thread, taken by ``prepare_model``.
+#: check-numerics may take its reference from it) and the file it wrote; per thread, taken by
+#: ``prepare_model``.
 _FOLDING = threading.local()
 
 
-def _onnxruntime_basic_optimize(model: onnx.ModelProto) -> onnx.ModelProto:
-    """onnxruntime's basic-level graph optimisation of ``model`` (its session: ``_FOLDING``)."""
+def _onnxruntime_basic_optimize(model: onnx.ModelProto, workdir: str) -> onnx.ModelProto:
+    """onnxruntime's basic-level graph optimisation of ``model``, written into ``workdir``. Its session
+    is ``_FOLDING.session``; ``_FOLDING.path`` the file, when it holds exactly the model returned."""
     from amptool.runtime.onnxruntime_runner import session  # noqa: PLC0415
 
-    with tempfile.TemporaryDirectory(prefix="amptool-prepare-") as tmp:
-        out_path = os.path.join(tmp, "prepared.onnx")
-        external = {"session.optimized_model_external_initializers_file_name": "prepared.data"}
-        data = model.SerializeToString()  # once: its size decides, where ByteSize() costs as much again
-        _FOLDING.session = session(data, optimize="basic", save_optimized=out_path,
-                                   session_config=external if len(data) > 1_500_000_000 else None)
-        # IR < 4 requires initializers to be listed as inputs, so onnxruntime lists them.
-        optimized = drop_weight_inputs(onnx.load(out_path, load_external_data=True))
+    out_path = os.path.join(workdir, "prepared.onnx")
+    external = {"session.optimized_model_external_initializers_file_name": "prepared.data"}
+    data = model.SerializeToString()  # once: its size decides, where ByteSize() costs as much again
+    _FOLDING.session = session(data, optimize="basic", save_optimized=out_path,
+                               session_config=external if len(data) > 1_500_000_000 else None)
+    # IR < 4 requires initializers to be listed as inputs, so onnxruntime lists them.
+    loaded = onnx.load(out_path, load_external_data=True)
+    as_saved = (len(loaded.graph.input), loaded.ir_version)
+    optimized = drop_weight_inputs(loaded)
+    _FOLDING.path = out_path if (len(optimized.graph.input), optimized.ir_version) == as_saved else None
     if default_opset(optimized) != default_opset(model):
         log.debug("onnxruntime changed the opset import; keeping its output")
     return optimized
