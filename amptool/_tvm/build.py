@@ -35,7 +35,52 @@ def export_library(executable: Any, path: str, cross_cc: str | None = None) -> N
 
         fcompile = cc.cross_compiler(cross_cc)
     with quiet_native_stderr():
+        if fcompile is None and _export_llvm_in_parallel(executable.mod, path):
+            return
         executable.export_library(path, fcompile=fcompile)
+
+
+def _export_llvm_in_parallel(module: Any, path: str) -> bool:
+    """TVM's ``export_library`` for a host build of several LLVM modules (``compiler.cpu.codegen``
+    splits the kernels so), with each module's object file — LLVM's instruction selection, the
+    costly part — written in a thread of its own; False, having written nothing, for any other
+    module tree (then TVM's export runs).
+
+    Why: TVM writes the objects one after the other: 0.9 + 0.8 s of a ResNet-50's export on one
+    core of two (measured), and LLVM releases the GIL. The link and the packed imports (the VM
+    bytecode and weights, ``devc.o``) are TVM's own calls, in TVM's order.
+    """
+    import concurrent.futures  # noqa: PLC0415
+    import functools  # noqa: PLC0415
+    import shutil  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    import tvm  # noqa: PLC0415
+    from tvm.support import cc  # noqa: PLC0415
+
+    objects = module._collect_dso_modules()
+    if len(objects) < 2 or any(m.kind != "llvm" for m in objects) or not module.imports:
+        return False
+    first = objects[0]
+    if first.get_function("__tvm_is_system_module")():
+        return False
+    llvm_target = first.get_function("_get_target_string")()
+    prefix = first.get_function("__tvm_get_system_lib_prefix")() or ""
+    with tempfile.TemporaryDirectory(prefix="amptool-export-") as workspace:
+        files = [os.path.join(workspace, f"lib{i}.o") for i in range(len(objects))]
+        packed = os.path.join(workspace, f"{prefix}devc.o")
+
+        def pack_imports() -> None:
+            """The VM bytecode and constants as one LLVM global (~0.5 s for 100 MB of weights)."""
+            tvm.runtime._ffi_api.ModulePackImportsToLLVM(module, False, llvm_target, prefix).write_to_file(packed)
+
+        jobs = [pack_imports, *(functools.partial(m.write_to_file, f) for m, f in zip(objects, files, strict=True))]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+            for done in [pool.submit(job) for job in jobs]:
+                done.result()
+        # gold links the ~100 MB of a ResNet-50's weights in 0.25 s, GNU ld in 0.43 s (measured).
+        cc.create_shared(path, [*files, packed], options=["-fuse-ld=gold"] if shutil.which("ld.gold") else None)
+    return True
 
 
 def system_triple() -> str:
