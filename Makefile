@@ -15,6 +15,9 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
+	@# An editable install compiles no bytecode, and with PYTHONDONTWRITEBYTECODE set every run
+	@# compiled amptool's ~100 modules again (~0.2 s of each command, measured).
+	$(PY) -m compileall -q amptool
 	touch $(STAMP)
 
 venv: $(STAMP)
