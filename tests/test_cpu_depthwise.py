@@ -133,8 +133,9 @@ def test_float16_output_is_rounded_once():
     np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2e-3, atol=2e-3)
 
 
-def _scheduled(mod, rule):
-    """Legalize and fuse ``mod`` as the CPU pipeline does, then apply ``rule`` to its one kernel."""
+def _scheduled(mod, rule, layout="NCHW"):
+    """Legalize and fuse ``mod`` as the CPU pipeline does (NCHW: without its layout stage), then
+    apply ``rule`` to its one kernel."""
     import tvm
     from tvm import s_tir
 
@@ -145,8 +146,11 @@ def _scheduled(mod, rule):
         for name, passes in cpu.stage_passes(target):
             if name == "schedule":
                 break
-            mod = tvm.transform.Sequential(passes)(mod)
+            if name != "layout" or layout == "NHWC":
+                mod = tvm.transform.Sequential(passes)(mod)
         kernels = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+        if layout == "NHWC":  # the input and output are transposed by kernels of their own
+            kernels = [f for f in kernels if "_nhwc" in f.script()]
         assert len(kernels) == 1
         return rule(s_tir.Schedule(kernels[0]), cpu_schedules.Tiling.for_target(target))
 
@@ -161,6 +165,18 @@ def test_depthwise_rule_schedules_the_fused_kernel(stride):
     assert sch is not None
     script = sch.mod.script()
     assert "T.parallel" in script and "T.vectorized" in script and "amp_depthwise_src" in script
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_nhwc_depthwise_rule_schedules_the_fused_kernel(stride):
+    from amptool.compiler import cpu_schedules_nhwc
+
+    w = np.ones((32, 1, 3, 3), np.float32)
+    mod = _build((1, 32, 28, 28), "float32", w, np.zeros(32, np.float32), 32, stride, (1, 1, 1, 1), 1)
+    sch = _scheduled(mod, cpu_schedules_nhwc.nhwc_depthwise, layout="NHWC")
+    assert sch is not None
+    script = sch.mod.script()
+    assert "T.parallel" in script and "T.vectorized" in script and "amp_depthwise_nhwc" in script
 
 
 def test_packed_conv_rule_schedules_conv_with_bias():

@@ -65,9 +65,10 @@ def test_stage_order_is_pinned() -> None:
     from amptool.compiler import cpu
 
     assert cpu.STAGES == (
-        "library dispatch", "legalize", "annotate patterns", "fold constants", "fuse ops",
+        "layout", "epilogues", "library dispatch", "legalize", "annotate patterns", "fold constants", "fuse ops",
         "fuse tir", "schedule", "lower dataflow", "finalize",
     )
+    assert tuple(name for name, _ in cpu.stage_passes(_tvm.make_target({"kind": "llvm"}))) == cpu.STAGES
 
 
 @pytest.mark.parametrize(
@@ -135,25 +136,32 @@ def test_erf_keeps_nan_and_saturates_inf(tmp_path: Path) -> None:
     np.testing.assert_allclose(y[1:], [1.0, -1.0, 0.0, 0.5204999, -0.9999779], rtol=1e-6, atol=1e-6)
 
 
-def test_conv_weights_are_packed_and_kernels_scheduled(tmp_path: Path) -> None:
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+def test_conv_weights_are_packed_and_kernels_scheduled(tmp_path: Path, layout: str) -> None:
+    """NHWC: the layout stage's kernel, weight ``[OC/B, KH, KW, IC, B]``; NCHW (the layout stage
+    skipped, as when TVM's ConvertLayout fails): weight ``[OC/B, IC, KH, KW, B]``."""
     from amptool.compiler import cpu
     from amptool.compiler.cpu_kernels import CONV2D_BLOCK, vector_lanes
+    from amptool.compiler.cpu_nhwc import CONV2D_NHWC_BLOCK
 
     path = _save(tmp_path, _conv_model(32))
     mod = build_model(ConvertConfig(model=path, dtype="float32")).passes.mod
     target = _tvm.make_target({"kind": "llvm", "mcpu": _tvm.host_cpu()})
     with target:
         for name, passes in cpu.stage_passes(target):
+            if name == "layout" and layout == "NCHW":
+                continue
             mod = tvm.transform.Sequential(passes)(mod)
             if name == "schedule":
                 break
+    block = CONV2D_NHWC_BLOCK if layout == "NHWC" else CONV2D_BLOCK
     kernels = [f for _, f in mod.functions_items()
-               if isinstance(f, tvm.tirx.PrimFunc) and CONV2D_BLOCK in f.script()]
+               if isinstance(f, tvm.tirx.PrimFunc) and f'"{block}_init"' in f.script()]
     assert len(kernels) == 1
     text = kernels[0].script()
     lanes = vector_lanes(target)
-    packed = ", ".join(f"T.int64({d})" for d in (32 // lanes, 8, 3, 3, lanes))  # [OC/B, IC, KH, KW, B]
-    assert f"({packed})" in text
+    dims = (32 // lanes, 3, 3, 8, lanes) if layout == "NHWC" else (32 // lanes, 8, 3, 3, lanes)
+    assert f"({', '.join(f'T.int64({d})' for d in dims)})" in text
     assert kernels[0].attrs["tirx.is_scheduled"]
     assert "T.parallel" in text and "T.vectorized" in text
 

@@ -1,5 +1,7 @@
 """The CPU (LLVM) build pipeline: fusion, packed-weight kernels, schedules — no tuning.
 
+    layout               convolutions and the layers between them to NHWC (cpu_layout)
+    epilogues            low-precision elementwise chains after a cast computed in float32 (widen_epilogues)
     library dispatch     sampling/sort ops → TVM's CPU implementations
     legalize             Relax ops → TIR; conv2d/matmul/erf/tanh via amptool.compiler.cpu_kernels
     annotate patterns    each PrimFunc's fusion class (elementwise, injective, reduction…)
@@ -32,6 +34,7 @@ from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 
 from amptool.compiler import stages
 from amptool.compiler.cpu_kernels import CONV2D_BF16_BLOCK, MATMUL_BF16_BLOCK, legalize_map
+from amptool.compiler.cpu_layout import layout_passes
 from amptool.compiler.cpu_schedules import (
     Guarded,
     Tiling,
@@ -44,8 +47,10 @@ from amptool.compiler.cpu_schedules import (
     row_reduction,
     tiled_reduction,
 )
+from amptool.compiler.cpu_schedules_nhwc import nhwc_conv2d, nhwc_conv2d_bf16, nhwc_depthwise
+from amptool.compiler.widen_epilogues import widen_epilogues
 
-STAGES = stages.STAGES
+STAGES = ("layout", "epilogues", *stages.STAGES)
 
 
 def _bf16_rule(name: str, block: str) -> Callable[[Any, Tiling], Any | None]:
@@ -71,14 +76,21 @@ packed_matmul_bf16 = _bf16_rule("packed_matmul_bf16", MATMUL_BF16_BLOCK)
 
 def default_rules(tiling: Tiling | None = None) -> list[Any]:
     """The schedule rules in the order they are tried (``tiling=None``: derived from the target)."""
-    return [Guarded(fn, tiling) for fn in (packed_conv2d, depthwise_conv2d, packed_matmul, packed_conv2d_bf16,
-                                           packed_matmul_bf16, tiled_reduction, injective, row_reduction,
-                                           parallel_outer)]
+    return [Guarded(fn, tiling) for fn in (nhwc_conv2d, nhwc_depthwise, nhwc_conv2d_bf16, packed_conv2d,
+                                           depthwise_conv2d, packed_matmul, packed_conv2d_bf16, packed_matmul_bf16,
+                                           tiled_reduction, injective, row_reduction, parallel_outer)]
 
 
 def stage_passes(target: Any) -> stages.Stages:
-    """(stage, passes) in build order, for ``target`` (an LLVM Target)."""
-    return stages.relax_stages(target, cpu_generic, legalize_map(), default_rules())
+    """(stage, passes) in build order, for ``target`` (an LLVM Target): the ``layout`` stage
+    (``cpu_layout``), then the stages every backend has."""
+    return [("layout", layout_passes()), ("epilogues", [_WIDEN_EPILOGUES]),
+            *stages.relax_stages(target, cpu_generic, legalize_map(), default_rules())]
+
+
+@tvm.transform.module_pass(opt_level=0, name="amptool.WidenEpilogues")
+def _WIDEN_EPILOGUES(mod: Any, _ctx: Any) -> Any:
+    return widen_epilogues(mod)
 
 
 def lower(mod: Any, target: Any, on_stage: Callable[[str], None] | None = None,

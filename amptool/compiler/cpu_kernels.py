@@ -3,9 +3,11 @@ erf/tanh that vectorize, and cosh/sinh that compile at all.
 
 What: ``LegalizeOps`` runs with :func:`legalize_map`, which turns
 
-* ``relax.nn.conv2d`` (NCHW data, OIHW constant weight, one group) into the TE compute
-  ``amp_conv2d`` whose weight is packed at compile time as ``[OC/B, IC, KH, KW, B]``; with more
-  groups (depthwise, grouped) into ``amp_depthwise`` (:mod:`amptool.compiler.cpu_depthwise`);
+* ``relax.nn.conv2d`` in NHWC (the layout stage, :mod:`amptool.compiler.cpu_layout`, converts
+  the convs it can) into :mod:`amptool.compiler.cpu_nhwc`'s kernels; one that stayed NCHW (OIHW
+  constant weight, one group) into the TE compute ``amp_conv2d`` whose weight is packed at
+  compile time as ``[OC/B, IC, KH, KW, B]``; with more groups (depthwise, grouped) into
+  ``amp_depthwise`` (:mod:`amptool.compiler.cpu_depthwise`);
 * ``relax.matmul`` with a constant 2-D right operand into ``amp_matmul`` whose weight is
   packed as ``[N/B, K, B]``;
 * ``relax.erf`` / ``relax.tanh`` into TVM's polynomial ``fast_erf`` / ``fast_tanh``, with
@@ -121,6 +123,14 @@ def column_tile(width: int, cap: int) -> int | None:
     return next((d for d in range(cap + 1, 2 * cap - 1) if width % d == 0), None)
 
 
+def nhwc_columns(width: int, lanes: int) -> int:
+    """Output columns per NHWC register tile for ``width`` columns: a divisor of it near half the
+    accumulator budget (``column_tile``), else that half — the compute then covers a multiple of
+    it and crops. The legalization and the schedule rules both ask here."""
+    cap = accumulator_budget(lanes) // 2
+    return column_tile(width, cap) or cap
+
+
 def _conv_columns(out_w: int) -> int:
     """The width the conv kernel computes: ``out_w``, or the next multiple of the tile cap."""
     cap = accumulator_budget(_current_lanes()) // 2
@@ -188,6 +198,8 @@ def _legalize_conv2d(bb: Any, call: Any) -> Any:
     data, weight = call.args
     data_shape = _static_shape(data)
     out_dtype = str(call.ty.dtype)
+    if (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout)) == ("NHWC", "OIHW", "NHWC"):
+        return _legalize_conv2d_nhwc(bb, call)
     if (
         str(attrs.data_layout) != "NCHW" or str(attrs.kernel_layout) != "OIHW"
         or str(attrs.out_layout) != "NCHW"
@@ -216,6 +228,41 @@ def _legalize_conv2d(bb: Any, call: Any) -> Any:
     packed = w.reshape(out_channels // block, block, in_channels, kh, kw).transpose(0, 2, 3, 4, 1)
     return bb.call_te(_conv2d_packed, data, _constant(packed), **conv_args, out_dtype=out_dtype,
                       primfunc_name_hint=CONV2D_BLOCK)
+
+
+def _legalize_conv2d_nhwc(bb: Any, call: Any) -> Any:
+    """An NHWC conv (``cpu_layout`` made it so) → :mod:`amptool.compiler.cpu_nhwc`'s kernels."""
+    import tvm  # noqa: PLC0415
+
+    from amptool.compiler import cpu_nhwc  # noqa: PLC0415
+
+    attrs = call.attrs
+    data, weight = call.args
+    data_shape = _static_shape(data)
+    out_dtype = str(call.ty.dtype)
+    if (not isinstance(weight, tvm.ir.GenericConst) or data_shape is None
+            or str(data.ty.dtype) not in _FLOATS or out_dtype not in _FLOATS):
+        return _default(bb, call)
+    w = np.asarray(weight.value.numpy())
+    geometry = {"strides": [int(s) for s in attrs.strides], "padding": [int(p) for p in attrs.padding],
+                "dilation": [int(d) for d in attrs.dilation]}
+    (left, right), (_, sw), (_, dw) = geometry["padding"][1::2], geometry["strides"], geometry["dilation"]
+    out_w = (data_shape[2] + left + right - (w.shape[3] - 1) * dw - 1) // sw + 1
+    lanes = _current_lanes()
+    columns = nhwc_columns(out_w, lanes)
+    if int(attrs.groups) != 1:  # depthwise: cpu_layout.wants_nhwc takes no other grouped conv
+        return bb.call_te(cpu_nhwc.depthwise_nhwc, data, _constant(cpu_nhwc.pack_depthwise_weight(w)), **geometry,
+                          columns=columns, out_dtype=out_dtype, primfunc_name_hint=cpu_nhwc.DEPTHWISE_NHWC_BLOCK)
+    out_channels = w.shape[0]
+    if _uses_bf16_dot(data, weight, out_dtype, out_channels):
+        packed = cpu_nhwc.pack_conv_weight_bf16(_bf16_bits(w))
+        return bb.call_te(cpu_nhwc.conv2d_nhwc_bf16, data, _constant(packed), **geometry, columns=columns,
+                          primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BF16_BLOCK)
+    block = _block(out_channels, lanes)
+    if block is None:
+        return _default(bb, call)
+    return bb.call_te(cpu_nhwc.conv2d_nhwc, data, _constant(cpu_nhwc.pack_conv_weight(w, block)), **geometry,
+                      columns=columns, out_dtype=out_dtype, primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BLOCK)
 
 
 def _conv_geometry(

@@ -176,10 +176,24 @@ def _epilogue_at(sch: Any, block: Any, loop: Any) -> Any | None:
         current = consumers[0]
     if not chain:
         chain = [sch.cache_write(block, 0, "global")]
+    _inline_side_inputs(sch, chain, block)
     for step in chain[:-1]:
         sch.compute_inline(step)
     sch.reverse_compute_at(chain[-1], loop, preserve_unit_loops=True)
     return chain[-1]
+
+
+def _inline_side_inputs(sch: Any, chain: list[Any], block: Any) -> None:
+    """Inline the elementwise producers of an epilogue's other inputs (a residual cast to float32
+    by ``widen_epilogues``): left at the root, they keep the epilogue from moving under the tile."""
+    own = {sch.get(b).name_hint for b in (block, *chain)}
+    for step in chain:
+        for producer in sch.get_producers(step):
+            if sch.get(producer).name_hint not in own:
+                try:
+                    sch.compute_inline(producer)
+                except Exception:  # noqa: BLE001 - not inlinable (a reduction): the epilogue stays where it is
+                    log.debug("epilogue input %s not inlined", sch.get(producer).name_hint)
 
 
 def _writes_more(sch: Any, consumer: Any, block: Any) -> bool:

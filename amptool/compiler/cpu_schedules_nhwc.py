@@ -1,0 +1,101 @@
+"""Schedule rules for the NHWC kernels of :mod:`amptool.compiler.cpu_nhwc`.
+
+What: one register tile per step — ``T`` output columns (unrolled) × ``B`` output channels (one
+vector) — with the reductions (kernel row, kernel column, input channel) around it, the outer
+loops (batch, row, channel block) fused and parallel, and the fused epilogue (bias, residual,
+activation, cast) computed per tile, vectorized along channels. The bfloat16 conv makes each
+16-channel × input-pair step one ``vdpbf16ps``; the depthwise conv unrolls its taps.
+
+When not: kernels without these blocks (the rule returns None for the next one).
+Preserves: each output's summation order (the reduction loops keep their order).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from amptool.compiler.cpu_kernels import nhwc_columns
+from amptool.compiler.cpu_nhwc import CONV2D_NHWC_BF16_BLOCK, CONV2D_NHWC_BLOCK, DEPTHWISE_NHWC_BLOCK
+from amptool.compiler.cpu_schedules import Tiling, _epilogue_at, _extent, _find_block, _finish, _parallel
+
+
+def _tile(sch: Any, conv: Any, block: int, tiling: Tiling) -> tuple[list[Any], list[Any], Any, Any, Any] | None:
+    """Split ``n, y, x, c | reductions`` into ``n, y, c/B, x/T | reductions | T, B``; returns (outer
+    loops, reduction loops, column loop, channel loop, epilogue block)."""
+    n, y, x, c, *reductions = sch.get_loops(conv)
+    width = _extent(sch, x)
+    if width is None or _extent(sch, c) is None:
+        return None
+    tile = nhwc_columns(width, tiling.lanes)
+    if width % tile:
+        return None  # the compute was planned for another target's tile: leave it to the generic rules
+    co, ci = sch.split(c, [None, block])
+    xo, xi = sch.split(x, [None, tile])
+    sch.reorder(n, y, co, xo, *reductions, xi, ci)
+    epilogue = _epilogue_at(sch, conv, xo)
+    return [n, y, co], reductions, xi, ci, epilogue
+
+
+def nhwc_conv2d(sch: Any, tiling: Tiling) -> Any | None:
+    """``amp_conv2d_nhwc``: the packed weight's block is the channel vector."""
+    conv = _find_block(sch, CONV2D_NHWC_BLOCK)
+    if conv is None:
+        return None
+    block = int(sch.get(conv).reads[1].source.shape[-1])
+    tiled = _tile(sch, conv, block, tiling)
+    if tiled is None:
+        return None
+    outer, reductions, xi, ci, epilogue = tiled
+    _finish(sch, conv, epilogue, outer, reductions[0], xi, ci, "inner", tiling)
+    return sch
+
+
+def nhwc_conv2d_bf16(sch: Any, tiling: Tiling) -> Any | None:
+    """``amp_conv2d_nhwc_bf16``: 16 channels × one input pair per ``vdpbf16ps``."""
+    conv = _find_block(sch, CONV2D_NHWC_BF16_BLOCK)
+    if conv is None:
+        return None
+    from amptool.compiler.cpu_intrinsics import DOT_BF16, LLVM_IR  # noqa: PLC0415 - registers the intrinsic
+    from amptool.compiler.cpu_schedules import _schedule_prologue  # noqa: PLC0415
+
+    tiled = _tile(sch, conv, 16, tiling)
+    if tiled is None:
+        return None
+    outer, reductions, xi, ci, epilogue = tiled
+    sch.vectorize(sch.get_loops(epilogue)[-1])
+    sch.unroll(xi)
+    parallel = _parallel(sch, outer, tiling)
+    sch.annotate(parallel, "pragma_import_llvm", LLVM_IR)
+    init = sch.decompose_reduction(conv, reductions[0])
+    sch.vectorize(sch.get_loops(init)[-1])
+    _schedule_prologue(sch, conv, parallel, tiling)
+    sch.tensorize(ci, DOT_BF16)  # last: the block is replaced
+    return sch
+
+
+def nhwc_depthwise(sch: Any, tiling: Tiling) -> Any | None:
+    """``amp_depthwise_nhwc``: taps unrolled; rows in parallel, channel blocks inside."""
+    conv = _find_block(sch, DEPTHWISE_NHWC_BLOCK)
+    if conv is None:
+        return None
+    n, y, x, c, ry, rx = sch.get_loops(conv)
+    channels, width = _extent(sch, c), _extent(sch, x)
+    if channels is None or width is None:
+        return None
+    block = tiling.lanes if channels % tiling.lanes == 0 else 8
+    tile = nhwc_columns(width, tiling.lanes)
+    if channels % block or width % tile:
+        return None
+    co, ci = sch.split(c, [None, block])
+    xo, xi = sch.split(x, [None, tile])
+    sch.reorder(n, y, co, xo, ry, rx, xi, ci)
+    epilogue = _epilogue_at(sch, conv, xo)
+    sch.vectorize(sch.get_loops(epilogue)[-1])
+    for loop in (ry, rx, xi):
+        sch.unroll(loop)
+    sch.vectorize(ci)
+    _parallel(sch, [n, y], tiling)
+    init = sch.decompose_reduction(conv, ry)
+    sch.vectorize(sch.get_loops(init)[-1])
+    return sch
+

@@ -1,0 +1,131 @@
+"""Epilogues in float32, one rounding: ``cast(x, lo) → add bias → relu → …`` becomes
+``add bias → relu → … → cast(·, lo)``.
+
+What: inside dataflow blocks, a float32 value cast to bfloat16 (a conv's or matmul's
+float32 accumulator, after mixed precision) and then put through elementwise ops in that low
+dtype — ``add``/``subtract``/``multiply`` with a constant or another low-dtype tensor (bias,
+BatchNorm scale, residual), ``maximum``/``minimum`` with a constant (clip after ``cpu_layout``
+splits it), ``relu`` — has those ops computed in float32 on the accumulator and is cast once,
+where a value of the chain is used by anything else.
+
+Why: CPUs compute every bfloat16 op as convert → float32 op → round (integer arithmetic in
+TVM's lowering), so a conv's epilogue paid a rounding per op; on MobileNetV2's bfloat16 convs
+the kernels' sum went 3.98 → 3.31 ms (measured, kernels alone). Inference engines add the
+bias into the accumulator for the same reason.
+
+Preserves: relu/maximum/minimum commute exactly with rounding (it is monotonic and the
+constants are bfloat16 values); add/subtract/multiply chains are the float32 result rounded
+once, where each op rounded before.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from amptool import _tvm
+
+#: Low dtypes whose chains are widened: bfloat16 only. bfloat16 has float32's range, so computing
+#: a chain in float32 changes roundings, never which values overflow; a float16 chain computed in
+#: float32 would hide the overflows (inf) a float16 device produces, which ``diff`` must show.
+LOW = frozenset({"bfloat16"})
+#: Binary ops computed in float32 (either operand a widened value).
+_BINARY = frozenset({"relax.add", "relax.subtract", "relax.multiply", "relax.maximum", "relax.minimum"})
+#: Ops whose float32 result, rounded, equals the op on rounded inputs (no constant needed).
+_UNARY = frozenset({"relax.nn.relu"})
+
+
+class _Wide(NamedTuple):
+    """A low-dtype variable not yet bound: its float32 value and its dtype."""
+
+    value: Any
+    dtype: str
+
+
+def widen_epilogues(mod: Any) -> Any:
+    """``mod`` with its low-precision epilogue chains computed in float32 (module docstring)."""
+    widener = _widener_class()(mod)
+    for gv, func in _tvm.relax_functions(mod):
+        widener.builder_.update_func(gv, widener.visit_expr(func))
+    return widener.builder_.get()
+
+
+def _operand_kind(name: str, arg: Any, wide: _Wide | None, dtype: str) -> str | None:
+    """How a binary op's operand enters float32: "wide" (a waiting value), "constant" (converted
+    in numpy), "cast" (a low-dtype tensor, for add/subtract/multiply); None: the op stays as is."""
+    if wide is not None:
+        return "wide" if wide.dtype == dtype else None
+    if _tvm.is_constant(arg):
+        return "constant" if _tvm.tensor_dtype(arg) == dtype else None
+    if name in ("relax.add", "relax.subtract", "relax.multiply") and _tvm.tensor_dtype(arg) == dtype:
+        return "cast"
+    return None
+
+
+def _widener_class() -> Any:
+    from tvm import relax  # noqa: PLC0415
+    from tvm.relax.expr_functor import PyExprMutator, mutator  # noqa: PLC0415
+
+    @mutator
+    class _Widener(PyExprMutator):
+        def __init__(self, mod: Any) -> None:
+            super().__init__(mod)
+            self.pending: dict[Any, _Wide] = {}  # low-dtype var (handle) → its float32 value
+            self.in_dataflow = False
+
+        def visit_dataflow_block_(self, block: Any) -> Any:
+            outer, self.in_dataflow = self.in_dataflow, True
+            try:
+                return super().visit_dataflow_block_(block)
+            finally:
+                self.in_dataflow = outer
+
+        def visit_dataflow_var_(self, op: Any) -> Any:
+            wide = self.pending.pop(op.__chandle__(), None)
+            if wide is not None:  # first use by something that needs the low-dtype value: bind it now
+                cast = self.builder_.normalize(_tvm.astype(wide.value, wide.dtype))
+                self.builder_.emit_normalized(_tvm.var_binding(op, cast))
+            return super().visit_dataflow_var_(op)
+
+        def visit_var_binding_(self, binding: Any) -> None:
+            # Only dataflow variables wait: a block's output variable is used outside the block.
+            waits = isinstance(binding.var, relax.DataflowVar) and isinstance(binding.value, relax.Call)
+            if self.in_dataflow and waits:
+                wide = self.widened(binding.value)
+                if wide is not None:
+                    self.pending[binding.var.__chandle__()] = wide
+                    return
+            super().visit_var_binding_(binding)
+
+        def widened(self, call: Any) -> _Wide | None:
+            """``call``'s float32 form when it starts or continues a chain (emitted), else None."""
+            name = _tvm.op_name(call)
+            dtype = _tvm.tensor_dtype(call)
+            if dtype not in LOW:
+                return None
+            args = _tvm.array_items(call.args)
+            if name == "relax.astype":
+                source = args[0]
+                if _tvm.tensor_dtype(source) != "float32" or not isinstance(source, relax.Var):
+                    return None
+                return _Wide(self.visit_expr(source), dtype)
+            waiting = [self.pending.get(a.__chandle__()) if isinstance(a, relax.DataflowVar) else None for a in args]
+            if name in _UNARY and waiting[0] is not None:
+                return _Wide(self.builder_.emit(_tvm.call_with_args(call, [waiting[0].value])), dtype)
+            if name not in _BINARY or len(args) != 2 or not any(waiting):
+                return None
+            kinds = [_operand_kind(name, arg, wide, dtype) for arg, wide in zip(args, waiting, strict=True)]
+            if None in kinds:
+                return None
+            operands = []
+            for arg, wide, kind in zip(args, waiting, kinds, strict=True):
+                if wide is not None:
+                    operands.append(wide.value)
+                elif kind == "constant":
+                    operands.append(relax.const(_tvm.constant_numpy(arg).astype(np.float32)))
+                else:
+                    operands.append(self.builder_.emit(_tvm.astype(self.visit_expr(arg), "float32")))
+            return _Wide(self.builder_.emit(_tvm.call_with_args(call, operands)), dtype)
+
+    return _Widener

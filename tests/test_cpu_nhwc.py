@@ -1,0 +1,165 @@
+"""The NHWC CPU path: the layout stage, the NHWC conv/depthwise kernels and widened bfloat16
+epilogues, against onnxruntime on small CNN blocks with awkward shapes."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import helper, numpy_helper
+
+import amptool
+from amptool import _tvm
+from tests.onnx_checks import info
+
+TARGET = {"kind": "llvm", "mcpu": _tvm.host_cpu()}
+
+
+def _cnn_block(seed: int = 0) -> onnx.ModelProto:
+    """3 input channels (an odd pair count), odd spatial sizes (tiles with remainders), 24 channels
+    (blocks of 8, float32 compute in bfloat16 builds) and 32 (bfloat16 dot products), a depthwise
+    conv, Clip, a residual add, pooling and a classifier."""
+    rng = np.random.default_rng(seed)
+
+    def weight(name: str, *shape: int, scale: float = 0.3) -> onnx.TensorProto:
+        return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
+
+    inits = [weight("w1", 24, 3, 3, 3), weight("b1", 24), weight("wd", 24, 1, 3, 3), weight("bd", 24),
+             weight("w2", 24, 24, 1, 1), weight("b2", 24), weight("w3", 32, 24, 3, 3), weight("b3", 32),
+             weight("fc", 32, 10), numpy_helper.from_array(np.array(0.0, np.float32), "lo"),
+             numpy_helper.from_array(np.array(6.0, np.float32), "hi")]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "wd", "bd"], ["d"], group=24, pads=[1, 1, 1, 1]),
+        helper.make_node("Clip", ["d", "lo", "hi"], ["dc"]),
+        helper.make_node("Conv", ["dc", "w2", "b2"], ["c2"]),
+        helper.make_node("Add", ["c2", "r1"], ["res"]),
+        helper.make_node("MaxPool", ["res"], ["p"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["p", "w3", "b3"], ["c3"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c3"], ["r3"]),
+        helper.make_node("GlobalAveragePool", ["r3"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["f"]),
+        helper.make_node("MatMul", ["f", "fc"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "nhwc_block", [info("x", [1, 3, 29, 31])], [info("y", [1, 10])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def _lowered_kernels(path: str, dtype: str) -> str:
+    """The scripts of the scheduled kernels the CPU pipeline makes of ``path``."""
+    import tvm
+
+    from amptool.app.convert import ConvertConfig, rewrite_model
+    from amptool.compiler import cpu
+
+    mod = rewrite_model(ConvertConfig(model=path, dtype=dtype)).passes.mod
+    target = _tvm.make_target(TARGET)
+    with target:
+        for name, passes in cpu.stage_passes(target):
+            mod = tvm.transform.Sequential(passes)(mod)
+            if name == "schedule":
+                break
+    return "\n".join(f.script() for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc))
+
+
+@pytest.mark.parametrize(("dtype", "tolerance"), [("float32", 1e-4), ("float16", 2e-2), ("bfloat16", 6e-2)])
+def test_cnn_block_matches_onnxruntime(tmp_path, dtype, tolerance):
+    model = _cnn_block()
+    path = tmp_path / "block.onnx"
+    onnx.save(model, str(path))
+    x = np.random.default_rng(1).standard_normal((1, 3, 29, 31)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    amptool.convert(path, dtype=dtype, output=tmp_path / "out")
+    got = np.asarray(amptool.load(tmp_path / "out").run({"x": x})["y"], dtype=np.float32)
+    scale = float(np.abs(want).max())
+    np.testing.assert_allclose(got, want, rtol=0, atol=tolerance * scale)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cnn_block_runs_the_nhwc_kernels(tmp_path, dtype):
+    from amptool.compiler.cpu_intrinsics import has_bf16_dot
+
+    path = tmp_path / "block.onnx"
+    onnx.save(_cnn_block(), str(path))
+    text = _lowered_kernels(str(path), dtype)
+    assert '"amp_depthwise_nhwc' in text
+    if dtype == "bfloat16" and has_bf16_dot(_tvm.make_target(TARGET)):
+        assert '"amp_conv2d_nhwc_bf16' in text and "amptool_dpbf16" in text
+    else:
+        assert '"amp_conv2d_nhwc_init"' in text
+    assert '"amp_conv2d_init"' not in text  # no conv left in NCHW
+
+
+def test_a_layout_conversion_tvm_refuses_keeps_nchw(tmp_path):
+    """TVM's ConvertLayout raises on a 3-D ReduceMax ("Invalid SLayout"): the build keeps NCHW."""
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(rng.standard_normal((16, 4, 3, 3)).astype(np.float32), "w")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Reshape", ["c", "shape"], ["r"]),
+             helper.make_node("ReduceMax", ["r"], ["y"], axes=[2], keepdims=0)]
+    inits.append(numpy_helper.from_array(np.array([1, 16, 64], np.int64), "shape"))
+    graph = helper.make_graph(nodes, "g", [info("x", [1, 4, 8, 8])], [info("y", [1, 16])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    x = rng.standard_normal((1, 4, 8, 8)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    amptool.convert(path, dtype="float32", output=tmp_path / "out")
+    got = amptool.load(tmp_path / "out").run({"x": x})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- widen_epilogues
+
+
+def _chain(dtype: str, *, reuse: bool = False):
+    """x (float32) → cast to ``dtype`` → + bias → relu → [also returned before relu if ``reuse``]."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 8), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            low = bb.emit(relax.op.astype(x, dtype))
+            biased = bb.emit(relax.op.add(low, relax.const(np.arange(8, dtype=np.float32).astype(dtype))))
+            out = bb.emit(relax.op.nn.relu(biased))
+            result = bb.emit_output(relax.Tuple([out, biased]) if reuse else out)
+        bb.emit_func_output(result)
+    return bb.get()
+
+
+def _ops(mod) -> list[tuple[str, str]]:
+    """(op, result dtype) of every call in ``main``, in order."""
+    from tvm import relax
+
+    found = []
+    relax.analysis.post_order_visit(mod["main"], lambda e: found.append(
+        (_tvm.op_name(e), _tvm.tensor_dtype(e))) if isinstance(e, relax.Call) else None)
+    return found
+
+
+def test_bfloat16_chain_is_computed_in_float32_and_cast_once():
+    from amptool.compiler.widen_epilogues import widen_epilogues
+
+    widened = widen_epilogues(_chain("bfloat16"))
+    assert _ops(widened) == [("relax.add", "float32"), ("relax.nn.relu", "float32"), ("relax.astype", "bfloat16")]
+
+
+def test_a_value_used_elsewhere_is_still_bound_in_bfloat16():
+    from amptool.compiler.widen_epilogues import widen_epilogues
+
+    ops = _ops(widen_epilogues(_chain("bfloat16", reuse=True)))
+    assert ops.count(("relax.astype", "bfloat16")) == 2  # the biased value for the tuple, the relu's
+    assert ("relax.add", "bfloat16") not in ops
+
+
+def test_float16_chains_are_left_alone():
+    """float16 computed in float32 would hide the overflows a float16 device produces."""
+    from amptool.compiler.widen_epilogues import widen_epilogues
+
+    assert _ops(widen_epilogues(_chain("float16"))) == _ops(_chain("float16"))
