@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from amptool._tvm.common import quiet_native_stderr
@@ -74,7 +74,8 @@ def _export_llvm_in_parallel(module: Any, path: str) -> bool:
             """The VM bytecode and constants as one LLVM global (~0.5 s for 100 MB of weights)."""
             tvm.runtime._ffi_api.ModulePackImportsToLLVM(module, False, llvm_target, prefix).write_to_file(packed)
 
-        jobs = [pack_imports, *(functools.partial(m.write_to_file, f) for m, f in zip(objects, files, strict=True))]
+        jobs: list[Callable[[], object]] = [
+            pack_imports, *(functools.partial(m.write_to_file, f) for m, f in zip(objects, files, strict=True))]
         with concurrent.futures.ThreadPoolExecutor(max_workers=len(jobs)) as pool:
             for done in [pool.submit(job) for job in jobs]:
                 done.result()
