@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 import amptool
 from amptool import _tvm
@@ -163,3 +163,58 @@ def test_float16_chains_are_left_alone():
     from amptool.compiler.widen_epilogues import widen_epilogues
 
     assert _ops(widen_epilogues(_chain("float16"))) == _ops(_chain("float16"))
+
+
+# --------------------------------------------------------------------------- layout propagation
+
+#: Ops after an NHWC conv, each with the attributes that name an axis or a channel: ConvertLayout
+#: must carry them into NHWC (or transpose back) without changing what the model computes.
+_FOLLOWERS = {
+    "resize": [helper.make_node("Resize", ["c", "", "scales"], ["y"], mode="linear")],
+    "pad": [helper.make_node("Pad", ["c", "pads"], ["y"])],
+    "split": [helper.make_node("Split", ["c", "halves"], ["y", "z"], axis=1)],
+    "slice": [helper.make_node("Slice", ["c", "starts", "ends", "axes"], ["y"])],
+    "transpose": [helper.make_node("Transpose", ["c"], ["y"], perm=[0, 2, 3, 1])],
+    "reduce_mean_channels": [helper.make_node("ReduceMean", ["c"], ["y"], axes=[1], keepdims=1)],
+    "softmax_channels": [helper.make_node("Softmax", ["c"], ["y"], axis=1)],
+    "instance_norm": [helper.make_node("InstanceNormalization", ["c", "gamma", "beta"], ["y"])],
+    "concat_channels": [helper.make_node("Concat", ["c", "c"], ["y"], axis=1)],
+    "scale_per_channel": [helper.make_node("Mul", ["c", "per_channel"], ["y"])],
+    "prelu": [helper.make_node("PRelu", ["c", "per_channel"], ["y"])],
+    "depth_to_space": [helper.make_node("DepthToSpace", ["c"], ["y"], blocksize=2)],
+    "flatten": [helper.make_node("Flatten", ["c"], ["y"])],
+    "avgpool": [helper.make_node("AveragePool", ["c"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])],
+    "global_max": [helper.make_node("GlobalMaxPool", ["c"], ["y"])],
+}
+
+
+@pytest.mark.parametrize("follower", sorted(_FOLLOWERS))
+def test_ops_after_an_nhwc_conv_match_onnxruntime(tmp_path, follower):
+    rng = np.random.default_rng(4)
+    channels = 16
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((channels, 8, 3, 3)).astype(np.float32), "w"),
+        numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"),
+        numpy_helper.from_array(np.array([0, 1, 2, 0, 0, 3, 1, 0], np.int64), "pads"),
+        numpy_helper.from_array(np.array([8, 8], np.int64), "halves"),
+        numpy_helper.from_array(np.array([2, 1], np.int64), "starts"),
+        numpy_helper.from_array(np.array([14, 9], np.int64), "ends"),
+        numpy_helper.from_array(np.array([1, 3], np.int64), "axes"),
+        numpy_helper.from_array(rng.standard_normal(channels).astype(np.float32), "gamma"),
+        numpy_helper.from_array(rng.standard_normal(channels).astype(np.float32), "beta"),
+        numpy_helper.from_array(rng.standard_normal((channels, 1, 1)).astype(np.float32), "per_channel"),
+    ]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), *_FOLLOWERS[follower]]
+    outputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in nodes[-1].output]
+    graph = helper.make_graph(nodes, follower, [info("x", [1, 8, 10, 12])], outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    x = rng.standard_normal((1, 8, 10, 12)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})
+    amptool.convert(path, dtype="float32", output=tmp_path / "out")
+    got = amptool.load(tmp_path / "out").run({"x": x})
+    for name, expected in zip(nodes[-1].output, want, strict=True):
+        assert got[name].shape == expected.shape, name
+        np.testing.assert_allclose(got[name], expected, rtol=1e-4, atol=1e-4, err_msg=name)
