@@ -33,8 +33,10 @@ import tvm
 from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 
 from amptool.compiler import stages
-from amptool.compiler.cpu_kernels import CONV2D_BF16_BLOCK, MATMUL_BF16_BLOCK, legalize_map
+from amptool.compiler.cpu_depthwise import DEPTHWISE_BLOCK
+from amptool.compiler.cpu_kernels import CONV2D_BF16_BLOCK, CONV2D_BLOCK, MATMUL_BF16_BLOCK, MATMUL_BLOCK, legalize_map
 from amptool.compiler.cpu_layout import layout_passes
+from amptool.compiler.cpu_nhwc import CONV2D_NHWC_BF16_BLOCK, CONV2D_NHWC_BLOCK, DEPTHWISE_NHWC_BLOCK
 from amptool.compiler.cpu_schedules import (
     Guarded,
     Tiling,
@@ -76,9 +78,14 @@ packed_matmul_bf16 = _bf16_rule("packed_matmul_bf16", MATMUL_BF16_BLOCK)
 
 def default_rules(tiling: Tiling | None = None) -> list[Any]:
     """The schedule rules in the order they are tried (``tiling=None``: derived from the target)."""
-    return [Guarded(fn, tiling) for fn in (nhwc_conv2d, nhwc_depthwise, nhwc_conv2d_bf16, packed_conv2d,
-                                           depthwise_conv2d, packed_matmul, packed_conv2d_bf16, packed_matmul_bf16,
-                                           tiled_reduction, injective, row_reduction, parallel_outer)]
+    requires = {
+        nhwc_conv2d: CONV2D_NHWC_BLOCK, nhwc_depthwise: DEPTHWISE_NHWC_BLOCK, nhwc_conv2d_bf16: CONV2D_NHWC_BF16_BLOCK,
+        packed_conv2d: CONV2D_BLOCK, depthwise_conv2d: DEPTHWISE_BLOCK, packed_matmul: MATMUL_BLOCK,
+        packed_conv2d_bf16: CONV2D_BF16_BLOCK, packed_matmul_bf16: MATMUL_BF16_BLOCK,
+    }
+    return [Guarded(fn, tiling, requires.get(fn)) for fn in (
+        nhwc_conv2d, nhwc_depthwise, nhwc_conv2d_bf16, packed_conv2d, depthwise_conv2d, packed_matmul,
+        packed_conv2d_bf16, packed_matmul_bf16, tiled_reduction, injective, row_reduction, parallel_outer)]
 
 
 def stage_passes(target: Any) -> stages.Stages:
