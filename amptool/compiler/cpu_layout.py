@@ -25,6 +25,7 @@ import logging
 from typing import Any
 
 from amptool import _tvm
+from amptool.compiler.cpu_kernels import _static_shape
 from amptool.dtypes import DTYPES
 
 log = logging.getLogger(__name__)
@@ -54,16 +55,6 @@ def wants_nhwc(call: Any) -> bool:
     if groups == 1:
         return out_channels % CHANNEL_MULTIPLE == 0
     return groups == in_channels == out_channels and wshape[1] == 1 and out_channels % CHANNEL_MULTIPLE == 0
-
-
-def _static_shape(expr: Any) -> list[int] | None:
-    shape = getattr(expr.ty, "shape", None)
-    if shape is None:
-        return None
-    try:
-        return [int(d) for d in shape]
-    except TypeError:
-        return None
 
 
 def layout_passes() -> list[Any]:
