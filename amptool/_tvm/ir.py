@@ -131,6 +131,40 @@ def relax_functions(mod: Any) -> list[tuple[Any, Any]]:
     return [(gv, f) for gv, f in mod.functions_items() if isinstance(f, relax.Function)]
 
 
+def rewrite_functions(mod: Any, mutator: Any) -> Any:
+    """``mod`` with each of its Relax functions rewritten by ``mutator`` (a PyExprMutator built on ``mod``)."""
+    for gv, func in relax_functions(mod):
+        mutator.builder_.update_func(gv, mutator.visit_expr(func))
+    return mutator.builder_.get()
+
+
+@functools.cache
+def dataflow_scoped_mutator() -> type:
+    """A ``PyExprMutator`` whose ``in_dataflow`` says whether the binding at hand is inside a
+    dataflow block: the base of the rewrites that only act there. Subclass it and decorate the
+    subclass with ``relax.expr_functor.mutator``."""
+    from tvm.relax.expr_functor import PyExprMutator  # noqa: PLC0415
+
+    class DataflowScoped(PyExprMutator):
+        in_dataflow = False
+
+        def visit_dataflow_block_(self, block: Any) -> Any:
+            outer, self.in_dataflow = self.in_dataflow, True
+            try:
+                return super().visit_dataflow_block_(block)
+            finally:
+                self.in_dataflow = outer
+
+        def visit_binding_block_(self, block: Any) -> Any:
+            outer, self.in_dataflow = self.in_dataflow, False
+            try:
+                return super().visit_binding_block_(block)
+            finally:
+                self.in_dataflow = outer
+
+    return DataflowScoped
+
+
 def fold_constant(mod: Any) -> Any:
     """Fold constant subexpressions (weight casts become low-precision constants)."""
     from tvm import relax  # noqa: PLC0415

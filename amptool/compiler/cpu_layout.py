@@ -126,7 +126,4 @@ def _split_clip(mod: Any) -> Any:
             upper = relax.op.minimum(x, relax.const(float(high.value), dtype))
             return relax.op.maximum(self.builder_.emit(upper), relax.const(float(low.value), dtype))
 
-    splitter = _Splitter(mod)
-    for gv, func in _tvm.relax_functions(mod):
-        splitter.builder_.update_func(gv, splitter.visit_expr(func))
-    return splitter.builder_.get()
+    return _tvm.rewrite_functions(mod, _Splitter(mod))

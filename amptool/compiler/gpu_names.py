@@ -19,6 +19,8 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from amptool import _tvm
+
 _ILLEGAL = re.compile(r"[^A-Za-z0-9_]")
 
 
@@ -48,8 +50,4 @@ class _Sanitize(PyExprMutator):
 @tvm.transform.module_pass(opt_level=0, name="amptool.SanitizeNames")
 def sanitize_names(mod: Any, _ctx: Any) -> Any:
     """Every Relax variable of ``mod`` named with C-identifier characters only."""
-    sanitizer = _Sanitize(mod)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            sanitizer.builder_.update_func(gv, sanitizer.visit_expr(func))
-    return sanitizer.builder_.get()
+    return _tvm.rewrite_functions(mod, _Sanitize(mod))

@@ -45,10 +45,7 @@ class _Wide(NamedTuple):
 
 def widen_epilogues(mod: Any) -> Any:
     """``mod`` with its low-precision epilogue chains computed in float32 (module docstring)."""
-    widener = _widener_class()(mod)
-    for gv, func in _tvm.relax_functions(mod):
-        widener.builder_.update_func(gv, widener.visit_expr(func))
-    return widener.builder_.get()
+    return _tvm.rewrite_functions(mod, _widener_class()(mod))
 
 
 def _operand_kind(name: str, arg: Any, wide: _Wide | None, dtype: str) -> str | None:
@@ -65,21 +62,13 @@ def _operand_kind(name: str, arg: Any, wide: _Wide | None, dtype: str) -> str | 
 
 def _widener_class() -> Any:
     from tvm import relax  # noqa: PLC0415
-    from tvm.relax.expr_functor import PyExprMutator, mutator  # noqa: PLC0415
+    from tvm.relax.expr_functor import mutator  # noqa: PLC0415
 
     @mutator
-    class _Widener(PyExprMutator):
+    class _Widener(_tvm.dataflow_scoped_mutator()):  # type: ignore[misc]
         def __init__(self, mod: Any) -> None:
             super().__init__(mod)
             self.pending: dict[Any, _Wide] = {}  # low-dtype var (handle) → its float32 value
-            self.in_dataflow = False
-
-        def visit_dataflow_block_(self, block: Any) -> Any:
-            outer, self.in_dataflow = self.in_dataflow, True
-            try:
-                return super().visit_dataflow_block_(block)
-            finally:
-                self.in_dataflow = outer
 
         def visit_dataflow_var_(self, op: Any) -> Any:
             wide = self.pending.pop(op.__chandle__(), None)

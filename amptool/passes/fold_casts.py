@@ -42,10 +42,7 @@ def fold_constant_casts(mod: Any) -> Any:
                     return
             super().visit_var_binding_(binding)
 
-    folder = _FoldCasts(mod)
-    for gv, func in _tvm.relax_functions(mod):
-        folder.builder_.update_func(gv, folder.visit_expr(func))
-    return folder.builder_.get()
+    return _tvm.rewrite_functions(mod, _FoldCasts(mod))
 
 
 def _is_float(dtype: str | None) -> bool:

@@ -49,9 +49,7 @@ def fold_constants(mod: Any) -> Any:
     from tvm import relax  # noqa: PLC0415
 
     folder = _folder_class()(mod)
-    for gv, func in _tvm.relax_functions(mod):
-        folder.builder_.update_func(gv, folder.visit_expr(func))
-    folded = folder.builder_.get()
+    folded = _tvm.rewrite_functions(mod, folder)
     if folder.needs_tvm:
         return _tvm.fold_constant(folded)
     # What FoldConstant also does to every function: drop dataflow bindings nothing uses.
@@ -62,29 +60,14 @@ def fold_constants(mod: Any) -> Any:
 
 def _folder_class() -> Any:
     from tvm import relax  # noqa: PLC0415
-    from tvm.relax.expr_functor import PyExprMutator, mutator  # noqa: PLC0415
+    from tvm.relax.expr_functor import mutator  # noqa: PLC0415
 
     @mutator
-    class _Folder(PyExprMutator):
+    class _Folder(_tvm.dataflow_scoped_mutator()):  # type: ignore[misc]
         def __init__(self, mod: Any) -> None:
             super().__init__(mod)
             self.constants: dict[Any, Any] = {}  # folded variable → its constant
-            self.in_dataflow = False
             self.needs_tvm = False
-
-        def visit_dataflow_block_(self, block: Any) -> Any:
-            outer, self.in_dataflow = self.in_dataflow, True
-            try:
-                return super().visit_dataflow_block_(block)
-            finally:
-                self.in_dataflow = outer
-
-        def visit_binding_block_(self, block: Any) -> Any:
-            outer, self.in_dataflow = self.in_dataflow, False
-            try:
-                return super().visit_binding_block_(block)
-            finally:
-                self.in_dataflow = outer
 
         def visit_var_(self, op: Any) -> Any:
             folded = self.constants.get(op.__chandle__())
