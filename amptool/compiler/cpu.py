@@ -49,7 +49,7 @@ from amptool.compiler.cpu_schedules import (
     row_reduction,
     tiled_reduction,
 )
-from amptool.compiler.cpu_schedules_nhwc import nhwc_conv2d, nhwc_conv2d_bf16, nhwc_depthwise
+from amptool.compiler.cpu_schedules_nhwc import nhwc_conv2d, nhwc_depthwise
 from amptool.compiler.widen_epilogues import widen_epilogues
 
 STAGES = ("layout", "epilogues", *stages.STAGES)
@@ -74,6 +74,7 @@ def _bf16_rule(name: str, block: str) -> Callable[[Any, Tiling], Any | None]:
 
 packed_conv2d_bf16 = _bf16_rule("packed_conv2d_bf16", CONV2D_BF16_BLOCK)
 packed_matmul_bf16 = _bf16_rule("packed_matmul_bf16", MATMUL_BF16_BLOCK)
+nhwc_conv2d_bf16 = _bf16_rule("nhwc_conv2d_bf16", CONV2D_NHWC_BF16_BLOCK)
 
 
 def default_rules(tiling: Tiling | None = None) -> list[Any]:

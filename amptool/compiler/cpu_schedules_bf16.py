@@ -1,5 +1,6 @@
-"""Schedule rules for the bfloat16 kernels: ``packed_conv2d``/``packed_matmul``'s register tiles
-with each 16-channel × input-pair step one ``vdpbf16ps`` (:mod:`amptool.compiler.cpu_intrinsics`).
+"""Schedule rules for the bfloat16 kernels: ``packed_conv2d``/``packed_matmul``/``nhwc_conv2d``'s
+register tiles with each 16-channel × input-pair step one ``vdpbf16ps``
+(:mod:`amptool.compiler.cpu_intrinsics`).
 
 When not: targets without AVX512-BF16 never produce these blocks (``cpu_kernels`` checks the
 target first). Preserves: values up to the instruction's rounding (see ``cpu_intrinsics``).
@@ -11,6 +12,7 @@ from typing import Any
 
 from amptool.compiler.cpu_intrinsics import DOT_BF16, LLVM_IR
 from amptool.compiler.cpu_kernels import CONV2D_BF16_BLOCK, MATMUL_BF16_BLOCK
+from amptool.compiler.cpu_nhwc import CONV2D_NHWC_BF16_BLOCK
 from amptool.compiler.cpu_schedules import (
     Tiling,
     _conv_tile,
@@ -21,6 +23,7 @@ from amptool.compiler.cpu_schedules import (
     _parallel,
     _schedule_prologue,
 )
+from amptool.compiler.cpu_schedules_nhwc import nhwc_tile
 
 
 def packed_conv2d_bf16(sch: Any, tiling: Tiling) -> Any | None:
@@ -33,6 +36,27 @@ def packed_conv2d_bf16(sch: Any, tiling: Tiling) -> Any | None:
     if tiled is None:
         return None
     outer, first_reduction, xi, ci, _epilogue = tiled
+    return _dot_tile(sch, conv, outer, first_reduction, xi, ci, tiling)
+
+
+def nhwc_conv2d_bf16(sch: Any, tiling: Tiling) -> Any | None:
+    """``amp_conv2d_nhwc_bf16``: ``cpu_schedules_nhwc``'s tile, 16 channels × one input pair per
+    ``vdpbf16ps``."""
+    conv = _find_block(sch, CONV2D_NHWC_BF16_BLOCK)
+    if conv is None:
+        return None
+    tiled = nhwc_tile(sch, conv, 16, tiling)
+    if tiled is None:
+        return None
+    outer, reductions, xi, ci, epilogue = tiled
+    sch.vectorize(sch.get_loops(epilogue)[-1])
+    return _dot_tile(sch, conv, outer, reductions[0], xi, ci, tiling)
+
+
+def _dot_tile(sch: Any, conv: Any, outer: list[Any], first_reduction: Any, xi: Any, ci: Any, tiling: Tiling) -> Any:
+    """The tail both conv rules share: columns unrolled, outer loops parallel (importing the
+    intrinsic's LLVM function), the reduction's init split off, the producers scheduled, and the
+    16-channel step tensorized."""
     sch.unroll(xi)
     parallel = _parallel(sch, outer, tiling)
     sch.annotate(parallel, "pragma_import_llvm", LLVM_IR)

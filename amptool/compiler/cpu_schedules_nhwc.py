@@ -3,8 +3,9 @@
 What: one register tile per step — ``T`` output columns (unrolled) × ``B`` output channels (one
 vector) — with the reductions (kernel row, kernel column, input channel) around it, the outer
 loops (batch, row, channel block) fused and parallel, and the fused epilogue (bias, residual,
-activation, cast) computed per tile, vectorized along channels. The bfloat16 conv makes each
-16-channel × input-pair step one ``vdpbf16ps``; the depthwise conv unrolls its taps.
+activation, cast) computed per tile, vectorized along channels; the depthwise conv unrolls its
+taps. The bfloat16 conv's rule (the same tile, each 16-channel × input-pair step one
+``vdpbf16ps``) is ``cpu_schedules_bf16.nhwc_conv2d_bf16``, imported only when a kernel needs it.
 
 When not: kernels without these blocks (the rule returns None for the next one).
 Preserves: each output's summation order (the reduction loops keep their order).
@@ -15,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from amptool.compiler.cpu_kernels import nhwc_columns
-from amptool.compiler.cpu_nhwc import CONV2D_NHWC_BF16_BLOCK, CONV2D_NHWC_BLOCK, DEPTHWISE_NHWC_BLOCK
+from amptool.compiler.cpu_nhwc import CONV2D_NHWC_BLOCK, DEPTHWISE_NHWC_BLOCK
 from amptool.compiler.cpu_schedules import (
     Tiling,
     _epilogue_at,
@@ -23,11 +24,10 @@ from amptool.compiler.cpu_schedules import (
     _find_block,
     _finish,
     _parallel,
-    _schedule_prologue,
 )
 
 
-def _tile(sch: Any, conv: Any, block: int, tiling: Tiling) -> tuple[list[Any], list[Any], Any, Any, Any] | None:
+def nhwc_tile(sch: Any, conv: Any, block: int, tiling: Tiling) -> tuple[list[Any], list[Any], Any, Any, Any] | None:
     """Split ``n, y, x, c | reductions`` into ``n, y, c/B, x/T | reductions | T, B``; returns (outer
     loops, reduction loops, column loop, channel loop, epilogue block)."""
     n, y, x, c, *reductions = sch.get_loops(conv)
@@ -50,33 +50,11 @@ def nhwc_conv2d(sch: Any, tiling: Tiling) -> Any | None:
     if conv is None:
         return None
     block = int(sch.get(conv).reads[1].source.shape[-1])
-    tiled = _tile(sch, conv, block, tiling)
+    tiled = nhwc_tile(sch, conv, block, tiling)
     if tiled is None:
         return None
     outer, reductions, xi, ci, epilogue = tiled
     _finish(sch, conv, epilogue, outer, reductions[0], xi, ci, "inner", tiling)
-    return sch
-
-
-def nhwc_conv2d_bf16(sch: Any, tiling: Tiling) -> Any | None:
-    """``amp_conv2d_nhwc_bf16``: 16 channels × one input pair per ``vdpbf16ps``."""
-    conv = _find_block(sch, CONV2D_NHWC_BF16_BLOCK)
-    if conv is None:
-        return None
-    from amptool.compiler.cpu_intrinsics import DOT_BF16, LLVM_IR  # noqa: PLC0415 - registers the intrinsic (0.3-0.6 s)
-
-    tiled = _tile(sch, conv, 16, tiling)
-    if tiled is None:
-        return None
-    outer, reductions, xi, ci, epilogue = tiled
-    sch.vectorize(sch.get_loops(epilogue)[-1])
-    sch.unroll(xi)
-    parallel = _parallel(sch, outer, tiling)
-    sch.annotate(parallel, "pragma_import_llvm", LLVM_IR)
-    init = sch.decompose_reduction(conv, reductions[0])
-    sch.vectorize(sch.get_loops(init)[-1])
-    _schedule_prologue(sch, conv, parallel, tiling)
-    sch.tensorize(ci, DOT_BF16)  # last: the block is replaced
     return sch
 
 
