@@ -198,36 +198,37 @@ def _cast_input(x: Any, dtype: str) -> Any:
 # --------------------------------------------------------------------------- conv2d
 
 
+#: (data, kernel, output) layouts of the convs legalized here; any other keeps TVM's legalization.
+_NCHW_CONV = ("NCHW", "OIHW", "NCHW")
+_NHWC_CONV = ("NHWC", "OIHW", "NHWC")
+
+
 def _legalize_conv2d(bb: Any, call: Any) -> Any:
     import tvm  # noqa: PLC0415
 
     attrs = call.attrs
     data, weight = call.args
-    data_shape = _static_shape(data)
     out_dtype = str(call.ty.dtype)
-    if (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout)) == ("NHWC", "OIHW", "NHWC"):
-        return _legalize_conv2d_nhwc(bb, call)
+    layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout))
     if (
-        str(attrs.data_layout) != "NCHW" or str(attrs.kernel_layout) != "OIHW"
-        or str(attrs.out_layout) != "NCHW"
-        or not isinstance(weight, tvm.ir.GenericConst) or data_shape is None
+        layouts not in (_NCHW_CONV, _NHWC_CONV)
+        or not isinstance(weight, tvm.ir.GenericConst) or _static_shape(data) is None
         or str(data.ty.dtype) not in _FLOATS or out_dtype not in _FLOATS
     ):
         return _default(bb, call)
     w = np.asarray(weight.value.numpy())
     geometry = {"strides": [int(s) for s in attrs.strides], "padding": [int(p) for p in attrs.padding],
                 "dilation": [int(d) for d in attrs.dilation]}
+    if layouts == _NHWC_CONV:
+        return _legalize_conv2d_nhwc(bb, call, w, geometry)
     if int(attrs.groups) != 1:
         return bb.call_te(depthwise_conv2d, data, _constant(pack_weight(w)), **geometry, groups=int(attrs.groups),
                           out_dtype=out_dtype, primfunc_name_hint=DEPTHWISE_BLOCK)
     out_channels, in_channels, kh, kw = w.shape
     conv_args = {**geometry, "out_channels": out_channels}
     if _uses_bf16_dot(data, weight, out_dtype, out_channels):
-        pairs = -(-in_channels // 2)
-        bits = np.zeros((out_channels, 2 * pairs, kh, kw), dtype=np.uint16)
-        bits[:, :in_channels] = _bf16_bits(w)
         # [OC/16, 16, IC/2, 2, KH, KW] → [OC/16, IC/2, KH, KW, 16, 2]: one 32-value vector per tap.
-        packed = bits.reshape(out_channels // 16, 16, pairs, 2, kh, kw).transpose(0, 2, 4, 5, 1, 3)
+        packed = _paired_bf16(w).transpose(0, 2, 4, 5, 1, 3)
         return bb.call_te(_conv2d_bf16, data, _constant(packed), **conv_args, primfunc_name_hint=CONV2D_BF16_BLOCK)
     block = _block(out_channels, _current_lanes())
     if block is None:
@@ -237,32 +238,33 @@ def _legalize_conv2d(bb: Any, call: Any) -> Any:
                       primfunc_name_hint=CONV2D_BLOCK)
 
 
-def _legalize_conv2d_nhwc(bb: Any, call: Any) -> Any:
-    """An NHWC conv (``cpu_layout`` made it so) → :mod:`amptool.compiler.cpu_nhwc`'s kernels."""
-    import tvm  # noqa: PLC0415
+def _paired_bf16(weight: np.ndarray) -> np.ndarray:
+    """An OIHW bfloat16 weight's bit patterns as ``[OC/16, 16, IC/2, 2, KH, KW]``, an odd input
+    channel count padded with a zero channel: the pairs ``vdpbf16ps`` multiplies."""
+    out_channels, in_channels, kh, kw = weight.shape
+    pairs = -(-in_channels // 2)
+    bits = np.zeros((out_channels, 2 * pairs, kh, kw), dtype=np.uint16)
+    bits[:, :in_channels] = _bf16_bits(weight)
+    return bits.reshape(out_channels // 16, 16, pairs, 2, kh, kw)
 
+
+def _legalize_conv2d_nhwc(bb: Any, call: Any, w: np.ndarray, geometry: dict[str, list[int]]) -> Any:
+    """An NHWC conv (``cpu_layout`` made it so) → :mod:`amptool.compiler.cpu_nhwc`'s kernels."""
     from amptool.compiler import cpu_nhwc  # noqa: PLC0415
 
-    attrs = call.attrs
     data, weight = call.args
-    data_shape = _static_shape(data)
     out_dtype = str(call.ty.dtype)
-    if (not isinstance(weight, tvm.ir.GenericConst) or data_shape is None
-            or str(data.ty.dtype) not in _FLOATS or out_dtype not in _FLOATS):
-        return _default(bb, call)
-    w = np.asarray(weight.value.numpy())
-    geometry = {"strides": [int(s) for s in attrs.strides], "padding": [int(p) for p in attrs.padding],
-                "dilation": [int(d) for d in attrs.dilation]}
     (left, right), (_, sw), (_, dw) = geometry["padding"][1::2], geometry["strides"], geometry["dilation"]
-    out_w = (data_shape[2] + left + right - (w.shape[3] - 1) * dw - 1) // sw + 1
+    out_w = (int(data.ty.shape[2]) + left + right - (w.shape[3] - 1) * dw - 1) // sw + 1
     lanes = _current_lanes()
     columns = nhwc_columns(out_w, lanes)
-    if int(attrs.groups) != 1:  # depthwise: cpu_layout.wants_nhwc takes no other grouped conv
+    if int(call.attrs.groups) != 1:  # depthwise: cpu_layout.wants_nhwc takes no other grouped conv
         return bb.call_te(cpu_nhwc.depthwise_nhwc, data, _constant(cpu_nhwc.pack_depthwise_weight(w)), **geometry,
                           columns=columns, out_dtype=out_dtype, primfunc_name_hint=cpu_nhwc.DEPTHWISE_NHWC_BLOCK)
     out_channels = w.shape[0]
     if _uses_bf16_dot(data, weight, out_dtype, out_channels):
-        packed = cpu_nhwc.pack_conv_weight_bf16(_bf16_bits(w))
+        # [OC/16, 16, IC/2, 2, KH, KW] → [OC/16, KH, KW, IC/2, 16, 2]: one 32-value vector per (tap, pair).
+        packed = _paired_bf16(w).transpose(0, 4, 5, 2, 1, 3)
         return bb.call_te(cpu_nhwc.conv2d_nhwc_bf16, data, _constant(packed), **geometry, columns=columns,
                           primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BF16_BLOCK)
     block = _block(out_channels, lanes)

@@ -54,16 +54,6 @@ def pack_conv_weight(weight: np.ndarray, block: int) -> np.ndarray:
     return np.ascontiguousarray(weight.reshape(oc // block, block, ic, kh, kw).transpose(0, 3, 4, 2, 1))
 
 
-def pack_conv_weight_bf16(bits: np.ndarray) -> np.ndarray:
-    """OIHW bfloat16 bit patterns (uint16) → ``[OC/16, KH, KW, IC/2, 16, 2]``, an odd IC padded
-    with a zero channel: one 32-value vector per (tap, input pair)."""
-    oc, ic, kh, kw = bits.shape
-    pairs = -(-ic // 2)
-    padded = np.zeros((oc, 2 * pairs, kh, kw), dtype=np.uint16)
-    padded[:, :ic] = bits
-    return np.ascontiguousarray(padded.reshape(oc // 16, 16, pairs, 2, kh, kw).transpose(0, 4, 5, 2, 1, 3))
-
-
 def pack_depthwise_weight(weight: np.ndarray) -> np.ndarray:
     """``[C, 1, KH, KW]`` → ``[KH, KW, C]`` in float32 (exact for float16/bfloat16)."""
     return np.ascontiguousarray(np.asarray(weight).astype(ACCUMULATE)[:, 0].transpose(1, 2, 0))
