@@ -30,6 +30,7 @@ from amptool._tvm.build import (  # noqa: F401
 from amptool._tvm.common import (  # noqa: F401
     FLOAT_DTYPES,
     has_global_func,
+    import_in_background,
     quiet_native_stderr,
     tvm_module,
 )

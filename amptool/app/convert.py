@@ -27,7 +27,7 @@ from amptool.app.artifact import LIBRARY_NAME, write_artifact, write_manifest
 from amptool.app.calibrate import Calibration, activation_peaks
 from amptool.app.outdir import check_output_dir
 from amptool.app.versions import engine_versions
-from amptool.colors import ColorPolicy, load_policy
+from amptool.colors import ColorPolicy, check_policy_source, load_policy
 from amptool.colors.loader import unmatched_node_rules, with_exclusions
 from amptool.compiler.cpu_speed import low_precision_speed_note, warn_if_slow
 from amptool.compiler.targets import ResolvedTarget, check_target_flags, cross_compiler, resolve_target
@@ -211,12 +211,15 @@ def rewrite_model(
     on_stage: StageCallback | None = None,
     *,
     calibrate: bool = False,
+    before_import: Callable[[], object] | None = None,
 ) -> Rewritten:
     """Load, prepare, import, calibrate and run the Relax passes. ``arrays`` may pin shapes;
-    ``calibrate`` measures even when no range guard reads it (inspect --headroom)."""
+    ``calibrate`` measures even when no range guard reads it (inspect --headroom);
+    ``before_import`` runs once TVM is needed (``build_model`` resolves the target there)."""
+    _tvm.import_in_background()  # load and prepare need no TVM: its ~1 s import overlaps them
     timings: dict[str, float] = {}
     notify = on_stage or (lambda _name: None)
-    policy = with_exclusions(load_policy(config.colors), config.exclude_ops, config.exclude_nodes)
+    check_policy_source(config.colors)  # the colour list's file and YAML now; its op names need TVM, below
 
     def timed(name: str, fn: Callable[[], Any]) -> Any:
         notify(name)
@@ -228,10 +231,6 @@ def rewrite_model(
     loaded: LoadedModel = timed("load", lambda: load_model(config.model))
     if config.dtype != "float32":
         refuse_quantized(loaded.model, config.model)
-    unmatched = unmatched_node_rules(policy, (node.name for node in iter_nodes(loaded.model.graph)))
-    for pattern in unmatched:
-        log.warning("node rule %r (--exclude-node or the colour list's nodes:) matches no node of %s",
-                    pattern, config.model)
     declared = graph_inputs(loaded.model)
     fixed = fixed_input_arrays(config.fixed_inputs, declared)
     declared = [s for s in declared if s.name not in fixed]
@@ -241,6 +240,13 @@ def rewrite_model(
         "prepare",
         lambda: prepare_model(loaded.model, inputs, optimize=config.prepare, fixed_inputs=fixed),
     )
+    if before_import is not None:
+        before_import()
+    policy = with_exclusions(load_policy(config.colors), config.exclude_ops, config.exclude_nodes)
+    unmatched = unmatched_node_rules(policy, (node.name for node in iter_nodes(loaded.model.graph)))
+    for pattern in unmatched:
+        log.warning("node rule %r (--exclude-node or the colour list's nodes:) matches no node of %s",
+                    pattern, config.model)
     imported = timed("import", lambda: import_model(prepared.model, inputs))
     calibration = None
     if (config.range_guards or calibrate) and config.dtype != "float32":
@@ -305,10 +311,17 @@ def build_model(
 ) -> BuildResult:
     """Load, prepare, import, rewrite and compile — in memory. ``arrays`` may pin shapes;
     ``emit_ir`` names a file for the final Relax module as TVMScript, written before compiling."""
-    resolve(config)  # fail fast: before any expensive work
+    # Fail fast, before any work: the target flags (no TVM needed), and every target but this CPU's
+    # plain llvm, which has nothing of the user's to check and is resolved where TVM is first needed:
+    # TVM's ~1 s import then overlaps load and prepare (rewrite_model).
+    check_target_flags(config.target, config.cuda_arch, config.target_options)
+    host_default = config.target == "llvm" and not config.target_options
+    if not host_default:
+        resolve(config)
     if emit_ir:
         check_ir_path(emit_ir)
-    rewritten = rewrite_model(config, arrays, on_stage)
+    resolve_later = (lambda: resolve(config)) if host_default else None
+    rewritten = rewrite_model(config, arrays, on_stage, before_import=resolve_later)
     if emit_ir:
         write_ir(rewritten.passes.mod, emit_ir)
     return compile_rewritten(config, rewritten, on_stage)

@@ -62,6 +62,12 @@ def load_policy(path_or_preset: str | None = None) -> ColorPolicy:
     return _resolve(raw, label, chain=(_identity(label),))
 
 
+def check_policy_source(path_or_preset: str | None) -> None:
+    """Raise what ``load_policy`` would for a missing file, bad YAML or unknown preset, without TVM:
+    a convert checks these before any work and the op names (TVM's registry) once TVM is imported."""
+    _read(path_or_preset or f"{BUILTIN_PREFIX}default", context="--colors")
+
+
 def with_exclusions(policy: ColorPolicy, ops: Sequence[str] = (), nodes: Sequence[str] = ()) -> ColorPolicy:
     """``policy`` with ``ops`` coloured NEVER and ``nodes`` (globs or /regex/) kept float32 by node
     rules ahead of the list's own: ``--exclude-op``/``--exclude-node`` without writing a YAML.
