@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from amptool.app import convert as convert_module
 from amptool.app.convert import ConvertConfig, build_model
 from amptool.errors import UserError
 from amptool.frontend.fold import fold_model
@@ -201,6 +204,43 @@ def test_folding_that_changes_numerics_is_reverted(monkeypatch):
     weights = {i.name: numpy_helper.to_array(i) for i in prepared.model.graph.initializer}
     for init in model.graph.initializer:
         np.testing.assert_array_equal(weights[init.name], numpy_helper.to_array(init))
+
+
+@pytest.mark.parametrize("corrupt", [False, True])
+def test_deferred_numerics_check_settles_before_anything_is_built(monkeypatch, tmp_path, corrupt):
+    """rewrite_model runs check-numerics beside import and the passes: a folding it rejects is
+    undone and everything after prepare redone from the unfolded model; its files are removed."""
+    from amptool.app.convert import rewrite_model
+    from amptool.frontend import prepare
+    from amptool.testing import model_zoo
+
+    real_fold = prepare._onnxruntime_basic_optimize
+
+    def fold(model: onnx.ModelProto, workdir: str) -> onnx.ModelProto:
+        folded = real_fold(model, workdir)
+        if corrupt:
+            first = folded.graph.initializer[0]
+            first.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(first) * 1.5, first.name))
+            prepare._FOLDING.path = None  # onnxruntime's file no longer holds the model returned
+        workdirs.append(workdir)
+        return folded
+
+    workdirs: list[str] = []
+    imports: list[onnx.ModelProto] = []
+    real_import = convert_module.import_model
+    monkeypatch.setattr(prepare, "_onnxruntime_basic_optimize", fold)
+    monkeypatch.setattr(convert_module, "import_model", lambda m, specs: imports.append(m) or real_import(m, specs))
+    path = tmp_path / "cnn.onnx"
+    onnx.save(model_zoo.resnet_like(), path)
+    rewritten = rewrite_model(ConvertConfig(model=str(path), dtype="float16"))
+    assert ("folding-reverted" in rewritten.prepare_steps) == corrupt
+    assert ("check-numerics" in rewritten.prepare_steps) != corrupt
+    assert not any(step.endswith("-pending") for step in rewritten.prepare_steps)
+    assert len(imports) == (2 if corrupt else 1)  # the rejected folding's import is redone
+    assert rewritten.prepared is imports[-1]
+    ops = {n.op_type for n in rewritten.prepared.graph.node}
+    assert ("BatchNormalization" in ops) == corrupt  # the unfolded model, BatchNorm and all
+    assert workdirs and not any(os.path.exists(w) for w in workdirs)
 
 
 def test_honest_folding_passes_the_numerics_check():

@@ -236,22 +236,42 @@ def rewrite_model(
     declared = [s for s in declared if s.name not in fixed]
     shapes = resolve_input_shapes(config.input_shapes, [s.name for s in declared])
     inputs = pin_input_specs(declared, shapes, arrays, max_bytes=config.max_input_bytes, dims=config.dims)
+    # check-numerics runs beside import and the passes, and is waited for before anything is built.
     prepared = timed(
         "prepare",
-        lambda: prepare_model(loaded.model, inputs, optimize=config.prepare, fixed_inputs=fixed),
+        lambda: prepare_model(loaded.model, inputs, optimize=config.prepare, fixed_inputs=fixed, defer_check=True),
     )
-    if before_import is not None:
-        before_import()
-    policy = with_exclusions(load_policy(config.colors), config.exclude_ops, config.exclude_nodes)
-    unmatched = unmatched_node_rules(policy, (node.name for node in iter_nodes(loaded.model.graph)))
-    for pattern in unmatched:
-        log.warning("node rule %r (--exclude-node or the colour list's nodes:) matches no node of %s",
-                    pattern, config.model)
-    imported = timed("import", lambda: import_model(prepared.model, inputs))
-    calibration = None
-    if (config.range_guards or calibrate) and config.dtype != "float32":
-        calibration = timed("calibrate", lambda: _calibrate(config, prepared.model, inputs))
-    passes = _run_passes(config, imported, policy, calibration, notify)
+    try:
+        if before_import is not None:
+            before_import()
+        policy = with_exclusions(load_policy(config.colors), config.exclude_ops, config.exclude_nodes)
+        unmatched = unmatched_node_rules(policy, (node.name for node in iter_nodes(loaded.model.graph)))
+        for pattern in unmatched:
+            log.warning("node rule %r (--exclude-node or the colour list's nodes:) matches no node of %s",
+                        pattern, config.model)
+
+        def from_prepared() -> tuple[ImportedModel, Calibration | None, PassResult]:
+            imported = timed("import", lambda: import_model(prepared.model, inputs))
+            calibration = None
+            if (config.range_guards or calibrate) and config.dtype != "float32":
+                calibration = timed("calibrate", lambda: _calibrate(config, prepared.model, inputs))
+            return imported, calibration, _run_passes(config, imported, policy, calibration, notify)
+
+        try:
+            built, failure = from_prepared(), None
+        except Exception as err:  # noqa: BLE001 - it stands only if the folding it was built from stands
+            built, failure = None, err
+        waited = time.perf_counter()
+        reverted = prepared.settle()
+        timings["prepare"] += time.perf_counter() - waited
+        if reverted:  # folding changed what the model computes: all again from the unfolded model
+            built = from_prepared()
+        elif failure is not None:
+            raise failure
+        assert built is not None
+        imported, calibration, passes = built
+    finally:
+        prepared.discard()
     timings.update(passes.timings_s)
     return Rewritten(
         loaded=loaded,

@@ -14,8 +14,12 @@ the un-prepared model may still import.
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
+import functools
 import logging
 import os
+import shutil
 import tempfile
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -44,6 +48,42 @@ class PreparedModel:
     model: onnx.ModelProto
     steps: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    pending: _PendingCheck | None = None  # check-numerics still running (``prepare_model(defer_check=True)``)
+
+    def settle(self) -> bool:
+        """Wait for a deferred check-numerics and take its verdict; True when it reverted the folding
+        (``model`` is then the unfolded one, shapes inferred: whatever was built from the folded one
+        must be built again)."""
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return False
+        try:
+            outcome = pending.result.result()
+        finally:
+            shutil.rmtree(pending.workdir, ignore_errors=True)
+        at = self.steps.index(_CHECK_PENDING)
+        reverted = _take_outcome(self, pending.unfolded, outcome, at)
+        if reverted:
+            _infer_and_name(self)
+        return reverted
+
+    def discard(self) -> None:
+        """Drop a deferred check unread (the build failed first): wait for it, remove its files."""
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            concurrent.futures.wait([pending.result])
+            shutil.rmtree(pending.workdir, ignore_errors=True)
+
+
+#: The step check-numerics holds in ``PreparedModel.steps`` while it runs in the background.
+_CHECK_PENDING = "check-numerics-pending"
+
+
+@dataclass
+class _PendingCheck:
+    result: concurrent.futures.Future[tuple[str, str | None, bool]]
+    unfolded: onnx.ModelProto
+    workdir: str  # holds the file the check reads; removed once it is settled
 
 
 def drop_weight_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -104,8 +144,13 @@ def prepare_model(
     *,
     optimize: bool = True,
     fixed_inputs: Mapping[str, np.ndarray] | None = None,
+    defer_check: bool = False,
 ) -> PreparedModel:
-    """Fix inputs, pin shapes, upgrade ancient opsets, then fold in fp32 (onnxruntime + own)."""
+    """Fix inputs, pin shapes, upgrade ancient opsets, then fold in fp32 (onnxruntime + own).
+
+    ``defer_check``: run check-numerics (two onnxruntime runs, ~0.35 s of a ResNet-50's prepare) in a
+    thread, and return at once with ``pending`` set; the caller imports and rewrites meanwhile, then
+    calls ``settle()`` — and starts again from the unfolded model in the rare case it reverts."""
     steps = []
     if fixed_inputs:
         model = freeze_inputs(model, fixed_inputs)
@@ -135,9 +180,10 @@ def prepare_model(
         # changed the graph (only shapes pinned): check-numerics then reads its reference from it.
         as_original = (not fixed_inputs and prepared.steps == ["pin-shapes", "fold-subgraphs"]
                        and not prepared.notes)
-        with tempfile.TemporaryDirectory(prefix="amptool-prepare-") as workdir:
+        workdir: str | None = tempfile.mkdtemp(prefix="amptool-prepare-")
+        try:
             _FOLDING.session = _FOLDING.path = None
-            _try(prepared, "onnxruntime-fold", lambda m: _onnxruntime_basic_optimize(m, workdir))
+            _try(prepared, "onnxruntime-fold", lambda m: _onnxruntime_basic_optimize(m, str(workdir)))
             reference, _FOLDING.session = _FOLDING.session, None
             saved = prepared.model, _FOLDING.path
             if prepared.steps[-1] == "onnxruntime-fold":
@@ -147,13 +193,38 @@ def prepare_model(
                 _try(prepared, "fold-expanded", lambda m: _fold_everywhere(m, prepared.notes, "fold-expanded"))
             if prepared.model is not unfolded:
                 # The file onnxruntime wrote, when it is still the model: a session opens a path
-                # ~0.1 s faster than the 100 MB of a ResNet-50 serialised again (measured).
-                _check_numerics(prepared, model, unfolded, inputs, fixed_inputs or {},
-                                reference=reference if as_original else None,
-                                prepared_path=saved[1] if prepared.model is saved[0] else None)
-    _try(prepared, "shape-inference", lambda m: infer_shapes(m, data_prop=True))
-    name_nodes(prepared.model.graph)
+                # ~0.1 s faster than the 100 MB of a ResNet-50 serialised again (measured). Bytes
+                # otherwise, taken now: the model is changed below while a deferred check runs.
+                try:
+                    folded = (saved[1] if prepared.model is saved[0] and saved[1]
+                              else prepared.model.SerializeToString())
+                except Exception as err:  # noqa: BLE001 - e.g. over protobuf's 2 GB: skipped, saying why
+                    folded = err
+                check = functools.partial(_numerics_outcome, model, unfolded, inputs, fixed_inputs or {},
+                                          reference if as_original else None, folded)
+                if defer_check:
+                    thread_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="amptool-check")
+                    prepared.pending = _PendingCheck(thread_pool.submit(check), unfolded, str(workdir))
+                    thread_pool.shutdown(wait=False)
+                    prepared.steps.append(_CHECK_PENDING)
+                    workdir = None  # the check's now: settle() removes it
+                else:
+                    _take_outcome(prepared, unfolded, check())
+        finally:
+            if workdir is not None:
+                shutil.rmtree(workdir, ignore_errors=True)
+    _infer_and_name(prepared, step="shape-inference")
     return prepared
+
+
+def _infer_and_name(prepared: PreparedModel, step: str | None = None) -> None:
+    """Shape inference (recorded as ``step`` when given) and node names, the importer's input."""
+    if step is not None:
+        _try(prepared, step, lambda m: infer_shapes(m, data_prop=True))
+    else:
+        with contextlib.suppress(Exception):
+            infer_shapes(prepared.model, data_prop=True)
+    name_nodes(prepared.model.graph)
 
 
 def upgrade_opset(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -195,18 +266,18 @@ def _try(prepared: PreparedModel, step: str, fn: Callable[[onnx.ModelProto], onn
 NUMERICS_RTOL = 1e-3
 
 
-def _check_numerics(
-    prepared: PreparedModel,
+def _numerics_outcome(
     original: onnx.ModelProto,
     unfolded: onnx.ModelProto,
     inputs: Sequence[TensorSpec],
     fixed: Mapping[str, np.ndarray],
-    reference: Any = None,
-    prepared_path: str | None = None,
-) -> None:
-    """Run onnxruntime before and after folding on seeded inputs; undo folding on a mismatch.
-    ``reference``: a session that computes ``original`` already (one session less to open);
-    ``prepared_path``: a file holding ``prepared.model``.
+    reference: Any,
+    folded: str | bytes | Exception,
+) -> tuple[str, str | None, bool]:
+    """check-numerics: onnxruntime before and after folding on seeded inputs, as (step, note,
+    revert). ``reference``: a session that computes ``original`` already (one session less to
+    open), or None; ``folded``: the folded model, a file or serialised (or why it could not be). Reads nothing else the
+    caller may change, so it can run in a thread.
 
     Why: prepare must never change what the model computes — a folding bug would otherwise
     surface as an "fp16 error" that no colour list can fix.
@@ -215,26 +286,40 @@ def _check_numerics(
     from amptool.runtime.onnxruntime_runner import run_session  # noqa: PLC0415
 
     try:
+        if isinstance(folded, Exception):
+            raise folded
         feeds = generate_inputs(inputs, unfolded, seed=0)
         before = (run_session(reference, {**feeds, **fixed}) if reference is not None
                   else _run(reference_model(original), {**feeds, **fixed}))
-        after = _run(prepared_path or prepared.model, feeds)
+        after = _run(folded, feeds)
     except Exception as err:  # noqa: BLE001 - a reference that cannot run skips the check, saying why
-        prepared.steps.append("check-numerics-skipped")
         reason = error_summary(err, limit=160)
-        prepared.notes.append(f"check-numerics: onnxruntime could not run both models ({reason})")
-        return
+        return "check-numerics-skipped", f"check-numerics: onnxruntime could not run both models ({reason})", False
     mismatch = _first_mismatch(before, after)
     if mismatch is None:
-        prepared.steps.append("check-numerics")
-        return
-    log.warning("prepare changed the model's numerics (%s); importing it unfolded", mismatch)
-    prepared.model = unfolded
-    prepared.steps.append("folding-reverted")
-    prepared.notes.append(f"check-numerics: folding changed output {mismatch}; import uses the unfolded model")
+        return "check-numerics", None, False
+    return ("folding-reverted",
+            f"check-numerics: folding changed output {mismatch}; import uses the unfolded model", True)
 
 
-def _run(model: onnx.ModelProto | str, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _take_outcome(prepared: PreparedModel, unfolded: onnx.ModelProto, outcome: tuple[str, str | None, bool],
+                  at: int | None = None) -> bool:
+    """Record check-numerics' ``outcome`` in ``prepared`` (its step at ``at``, else appended) and
+    undo the folding when it says so; True when it did."""
+    step, note, revert = outcome
+    if at is None:
+        prepared.steps.append(step)
+    else:
+        prepared.steps[at] = step
+    if note:
+        prepared.notes.append(note)
+    if revert:
+        log.warning("prepare changed the model's numerics (%s); importing it unfolded", note)
+        prepared.model = unfolded
+    return revert
+
+
+def _run(model: onnx.ModelProto | str | bytes, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """One run of ``model`` (a ModelProto or a path). Basic optimisation, as the folding session:
     opening a ResNet-50 at "all" costs ~0.2 s more (weight layouts) for a single run."""
     from amptool.runtime.onnxruntime_runner import run_session, session  # noqa: PLC0415
