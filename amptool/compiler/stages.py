@@ -3,7 +3,7 @@ backend (TVM's per-target pass lists), legalization and schedule rules, and runn
 stages one by one, timed.
 
     library dispatch     sampling/sort ops → the backend's implementations
-    legalize             Relax ops → TIR (with the pipeline's own legalizations)
+    legalize             Relax ops → TIR (with the pipeline's own legalizations; each distinct call once)
     annotate patterns    each PrimFunc's fusion class (elementwise, injective, reduction…)
     fold constants       packed weights and other constant-only kernels evaluated once
     fuse ops, fuse tir   conv/matmul + bias + residual add + activation + cast → one kernel
@@ -20,6 +20,8 @@ from typing import Any
 import tvm
 from tvm import relax
 from tvm.s_tir import dlight
+
+from amptool.compiler.legalize_once import legalize_ops
 
 STAGES = (
     "library dispatch",
@@ -41,7 +43,7 @@ def relax_stages(target: Any, backend: Any, legalize: Mapping[str, Any] | None, 
     module; ``legalize``: op name → legalization overriding TVM's; ``rules``: schedule rules."""
     stages = [
         ("library dispatch", backend.library_dispatch_passes(target)),
-        ("legalize", [relax.transform.LegalizeOps(legalize)]),
+        ("legalize", [legalize_ops(legalize)]),
         ("annotate patterns", [relax.transform.AnnotateTIROpPattern()]),
         ("fold constants", [relax.transform.FoldConstant()]),
         ("fuse ops", [relax.transform.FuseOps()]),

@@ -1,0 +1,88 @@
+"""legalize_ops: TVM's LegalizeOps with each distinct call legalized once — the same module,
+built from fewer legalizations, and never one call's kernel for a call that differs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+from amptool import _tvm
+from amptool.compiler import cpu, legalize_once
+from amptool.compiler.cpu_kernels import legalize_map
+
+
+def _module():
+    """Repeats (two ``add(x, y)``, two ``relu``), and calls alike but for what must tell them apart:
+    ``add(x, x)`` against ``add(x, y)``, clip bounds, reshape targets, a constant operand."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([4, 8], "float32"))
+    y = relax.Var("y", relax.TensorType([4, 8], "float32"))
+    with bb.function("main", [x, y]):
+        with bb.dataflow():
+            doubled = bb.emit(relax.op.add(x, x))
+            summed = bb.emit(relax.op.add(x, y))
+            again = bb.emit(relax.op.add(doubled, summed))
+            shifted = bb.emit(relax.op.add(again, relax.const(np.full((4, 8), 0.5, "float32"))))
+            # scalar constants, which TVM compiles into the kernel: each its own
+            shifted = bb.emit(relax.op.multiply(relax.op.add(shifted, relax.const(1.0, "float32")),
+                                                relax.const(2.0, "float32")))
+            shifted = bb.emit(relax.op.multiply(relax.op.add(shifted, relax.const(-3.0, "float32")),
+                                                relax.const(0.5, "float32")))
+            low = bb.emit(relax.op.clip(shifted, relax.prim_value(0.0), relax.prim_value(6.0)))
+            high = bb.emit(relax.op.clip(summed, relax.prim_value(-1.0), relax.prim_value(1.0)))
+            wide = bb.emit(relax.op.reshape(relax.op.nn.relu(low), (2, 16)))
+            tall = bb.emit(relax.op.reshape(relax.op.nn.relu(high), (16, 2)))
+            out = bb.emit_output(relax.Tuple([wide, tall]))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _expected(x, y):
+    summed = x + y
+    low = np.clip((((2 * x + summed + 0.5) + 1) * 2 - 3) * 0.5, 0, 6)
+    return np.maximum(low, 0).reshape(2, 16), np.maximum(np.clip(summed, -1, 1), 0).reshape(16, 2)
+
+
+def test_same_module_as_legalize_ops_from_fewer_legalizations(monkeypatch):
+    mod = _module()
+    runs = []
+    real = legalize_once._legalization
+
+    def counted(name, custom):
+        legalization = real(name, custom)
+        return lambda bb, call: runs.append(name) or legalization(bb, call)
+
+    monkeypatch.setattr(legalize_once, "_legalization", counted)
+    legalized = legalize_once.legalize_ops(legalize_map())(mod)
+    tvm.ir.assert_structural_equal(legalized, relax.transform.LegalizeOps(legalize_map())(mod))
+    # add(x, x), add(x, y), add(·, constant) and two adds of scalars are legalized, add(doubled, summed)
+    # repeats add(x, y); the second relu repeats the first; the multiplies hold different scalars, the
+    # clips and reshapes differ in their bounds and targets.
+    want = ["relax.add"] * 5 + ["relax.multiply"] * 2 + ["relax.nn.relu"] + ["relax.clip", "relax.reshape"] * 2
+    assert sorted(runs) == sorted(want)
+
+
+def test_built_module_computes_what_each_call_says():
+    target = _tvm.make_target({"kind": "llvm"})
+    executable = cpu.build(_module(), target)[0]
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((4, 8)).astype("float32"), rng.standard_normal((4, 8)).astype("float32")
+    got = _tvm.run_vm(_tvm.vm_from_executable(executable, "cpu"), [x, y], "cpu")
+    for value, want in zip(got, _expected(x, y), strict=True):
+        np.testing.assert_allclose(np.asarray(value), want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [[4, 8], ["n", 8]])
+def test_symbolic_shapes_are_legalized_every_time(shape):
+    n = tvm.tirx.Var("n", "int64")
+    dims = [n if d == "n" else d for d in shape]
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(dims, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.add(relax.op.nn.relu(x), relax.op.nn.relu(x)))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    tvm.ir.assert_structural_equal(legalize_once.legalize_ops()(mod), relax.transform.LegalizeOps()(mod))
