@@ -10,6 +10,12 @@ machine compare CPU seconds rather than wall time.
 
     .venv/bin/python benchmarks/convert_speed.py                       # all three, float32, 3 runs
     .venv/bin/python benchmarks/convert_speed.py --models resnet50 --dtype float16 --repeat 5
+    .venv/bin/python benchmarks/convert_speed.py --models mobilenet_v2 --fallback-atol 0.005
+
+With ``--fallback-atol A`` (issue 18: each auto-fallback step ≤ 1.5× a plain convert) each model
+is also converted to ``--dtype`` (float16 when float32 is asked) with ``--auto-fallback --atol A
+--rtol 0``, after its plain converts, and every search step's seconds (the manifest's
+``auto_fallback.attempts``) are printed beside the fastest plain convert of that dtype, as ratios.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from typing import Any
 
 import onnx
 
@@ -43,16 +50,33 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def convert_once(model: str, dtype: str, out: str) -> dict[str, float]:
-    """One ``amptool convert`` process: wall and CPU seconds, and the manifest's stage times."""
+def convert_once(model: str, dtype: str, out: str, *flags: str) -> tuple[dict[str, float], dict[str, Any]]:
+    """One ``amptool convert`` process: wall and CPU seconds with the manifest's stage times, and
+    the manifest."""
     exe = os.path.join(os.path.dirname(sys.executable), "amptool")
     cpu, start = _children_cpu(), time.perf_counter()
-    subprocess.run([exe, "convert", model, "--dtype", dtype, "-o", out], check=True,
+    subprocess.run([exe, "convert", model, "--dtype", dtype, "-o", out, *flags], check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wall, cpu = time.perf_counter() - start, _children_cpu() - cpu
     with open(os.path.join(out, "manifest.json"), encoding="utf-8") as handle:
-        timings: dict[str, float] = json.load(handle)["timings_s"]
-    return {**timings, "startup + rest": wall - sum(timings.values()), "wall": wall, "cpu": cpu}
+        manifest: dict[str, Any] = json.load(handle)
+    timings: dict[str, float] = manifest["timings_s"]
+    return {**timings, "startup + rest": wall - sum(timings.values()), "wall": wall, "cpu": cpu}, manifest
+
+
+def fallback_steps(model: str, name: str, dtype: str, atol: float, plain_wall: float, out: str) -> None:
+    """One ``convert --auto-fallback`` process; each search step's seconds against ``plain_wall``."""
+    timings, manifest = convert_once(model, dtype, out, "--auto-fallback", "--atol", str(atol), "--rtol", "0")
+    found = manifest["auto_fallback"]
+    print(f"\n{name} --dtype {dtype} --auto-fallback --atol {atol} --rtol 0: {timings['wall']:.1f} s in all, "
+          f"{found['compiles']} compiles, {len(found['nodes_kept_fp32'])} node(s) kept float32, "
+          f"passed {found['passed']}; plain convert {plain_wall:.2f} s\n")
+    print("| step | nodes kept | probed | passed | seconds | × plain convert |")
+    print("|---:|---:|---|---|---:|---:|")
+    for i, step in enumerate(found["attempts"], 1):
+        probed = "yes" if step.get("probed") else "–"
+        print(f"| {i} | {step['kept']} | {probed} | {step['passed']} | {step['seconds']:.2f} | "
+              f"{step['seconds'] / plain_wall:.2f} |")
 
 
 def main() -> None:
@@ -60,20 +84,28 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(BUILDERS), help=f"comma-separated, of {', '.join(BUILDERS)}")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--fallback-atol", type=float, default=None, metavar="A",
+                        help="also time each step of --auto-fallback --atol A --rtol 0 (see above)")
     args = parser.parse_args()
     names = [n for n in args.models.split(",") if n]
     unknown = [n for n in names if n not in BUILDERS]
     if unknown:
         parser.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(BUILDERS)}")
     best: dict[str, dict[str, float]] = {}
+    fallback_dtype = "float16" if args.dtype == "float32" else args.dtype
     with tempfile.TemporaryDirectory(prefix="amptool-convert-speed-") as tmp:
         for name in names:
             path = os.path.join(tmp, f"{name}.onnx")
             onnx.save(BUILDERS[name](), path)
-            runs = [convert_once(path, args.dtype, os.path.join(tmp, f"{name}-{i}")) for i in range(args.repeat)]
+            runs = [convert_once(path, args.dtype, os.path.join(tmp, f"{name}-{i}"))[0] for i in range(args.repeat)]
             best[name] = min(runs, key=lambda r: r["wall"])
             walls = ", ".join(f"{r['wall']:.2f}" for r in runs)
             print(f"{name}: wall {walls} s", file=sys.stderr, flush=True)
+            if args.fallback_atol is not None:
+                plain = best[name]["wall"] if fallback_dtype == args.dtype else min(
+                    convert_once(path, fallback_dtype, os.path.join(tmp, f"{name}-plain-{i}"))[0]["wall"]
+                    for i in range(args.repeat))
+                fallback_steps(path, name, fallback_dtype, args.fallback_atol, plain, os.path.join(tmp, f"{name}-fb"))
     rows = [s for s in STAGES if any(s in r for r in best.values())] + ["startup + rest", "wall", "cpu"]
     load = os.getloadavg()[0]
     print(f"amptool convert --dtype {args.dtype}, fastest of {args.repeat} run(s); {os.cpu_count()} CPUs, "

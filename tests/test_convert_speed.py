@@ -203,3 +203,34 @@ def test_exported_library_carries_the_blob_tvm_would_pack(zoo_model, tmp_path, m
     for got, expected in zip(_tvm.run_vm(_tvm.load_vm(path), feeds, "cpu"),
                              _tvm.run_vm(_tvm.vm_from_executable(executable, "cpu"), feeds, "cpu"), strict=True):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
+
+
+def test_kernel_cache_builds_only_what_changed_and_computes_the_same(zoo_model):
+    """Two probe-style builds sharing a KernelCache: the second compiles only the kernels its
+    colours changed, runs the first build's compiled ones, and computes what a build without the
+    cache computes."""
+    from amptool.app.fallback import with_fp32_nodes
+    from amptool.compiler import cpu
+    from amptool.compiler.kernel_cache import KernelCache
+
+    path = zoo_model("resnet_like")
+    config = ConvertConfig(model=path, dtype="float16")
+    base = rewrite_model(config)
+    node = next(n.name for n in base.prepared.graph.node if n.op_type == "Conv")
+    changed = rewrite_with_policy(base, config, with_fp32_nodes(base.policy, [node]))
+    target = _tvm.make_target({"kind": "llvm"})
+    cache = KernelCache()
+    cpu.build(base.passes.mod, target, kernels=cache)
+    first = cache.compiled
+    assert first > 0 and cache.reused == 0
+    executable = cpu.build(changed.passes.mod, target, kernels=cache)[0]
+    assert cache.reused > 0 and 0 < cache.compiled - first < first  # some kernels changed, most did not
+    fresh = cpu.build(changed.passes.mod, target)[0]
+    feeds = [np.random.default_rng(0).standard_normal(s.shape).astype("float32") for s in changed.inputs]
+    got = _tvm.run_vm(_tvm.vm_from_executable(executable, "cpu"), feeds, "cpu")
+    want = _tvm.run_vm(_tvm.vm_from_executable(fresh, "cpu"), feeds, "cpu")
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    reused = cache.reused
+    cpu.build(changed.passes.mod, _tvm.make_target({"kind": "llvm", "mcpu": "x86-64-v2"}), kernels=cache)
+    assert cache.reused == reused  # another target: nothing of the first one's is taken

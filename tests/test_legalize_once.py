@@ -86,3 +86,22 @@ def test_symbolic_shapes_are_legalized_every_time(shape):
         bb.emit_func_output(out)
     mod = bb.get()
     tvm.ir.assert_structural_equal(legalize_once.legalize_ops()(mod), relax.transform.LegalizeOps()(mod))
+
+
+def test_a_repeated_multi_output_call_reuses_its_kernel():
+    """split returns a tuple: its kernel's result is a list of tensors, taken over as such."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([4, 8], "float32"))
+    y = relax.Var("y", relax.TensorType([4, 8], "float32"))
+    with bb.function("main", [x, y]):
+        with bb.dataflow():
+            left = bb.emit(relax.op.split(x, 2, axis=1))
+            right = bb.emit(relax.op.split(y, 2, axis=1))
+            out = bb.emit_output(relax.op.add(relax.TupleGetItem(left, 1), relax.TupleGetItem(right, 0)))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    tvm.ir.assert_structural_equal(legalize_once.legalize_ops()(mod), relax.transform.LegalizeOps()(mod))
+    executable = cpu.build(mod, _tvm.make_target({"kind": "llvm"}))[0]
+    a, b = np.arange(32, dtype="float32").reshape(4, 8), -np.arange(32, dtype="float32").reshape(4, 8)
+    got = _tvm.run_vm(_tvm.vm_from_executable(executable, "cpu"), [a, b], "cpu")[0]
+    np.testing.assert_array_equal(np.asarray(got), a[:, 4:] + b[:, :4])

@@ -156,7 +156,8 @@ class Measurement:
         worst = self.worst
         return {"kept": len(self.kept), "passed": self.passed, "worst_output": worst["name"],
                 "tolerance_ratio": worst["tolerance_ratio"], "failure": self.failure,
-                "first_jump": self.layers.first_jump if self.layers else None, "seconds": round(self.seconds, 3)}
+                "first_jump": self.layers.first_jump if self.layers else None, "probed": self.layers is not None,
+                "seconds": round(self.seconds, 3)}
 
 
 @dataclass
@@ -310,6 +311,10 @@ class _Search:
         self.compiles = 0
         self.history: list[Measurement] = []
         self.target_spec, self.device = _target(config.convert)
+        # The probe builds differ by a few nodes' colours: each compiles only the kernels that changed.
+        from amptool.compiler.kernel_cache import KernelCache  # noqa: PLC0415 - imports TVM
+
+        self.kernels = KernelCache()
 
     def measure(self, kept: tuple[str, ...], probes: bool = True) -> Measurement:
         start = time.perf_counter()
@@ -330,7 +335,7 @@ class _Search:
         probed = compile_probed(passes.mod, passes.report.decisions, rewritten.prepared,
                                 rewritten.imported.provenance if rewritten.imported else {},
                                 rewritten.inputs, self.output_names, convert.dtype, self.target_spec, self.device,
-                                beside=True)
+                                beside=True, kernels=self.kernels)
         self.compiles += 1
         runs = [(probed.run(s.feeds), s.reference) for s in self.sets]
         per_set = [self._check(outputs, reference) for (outputs, _), reference in runs]

@@ -237,15 +237,17 @@ def compile_probed(
     device: str = "cpu",
     *,
     beside: bool = False,
+    kernels: Any = None,
 ) -> ProbedModel:
     """Plan probes on the rewritten ``mod``, expose them and compile the probe module; with
     ``beside``, the probed function is compiled next to the untouched ``main`` (one compile,
-    both sets of kernels) and outputs come from ``main``."""
+    both sets of kernels) and outputs come from ``main``. ``kernels``: a KernelCache shared with
+    the other probe builds of a search (``compiler.kernel_cache``)."""
     probes, skipped = plan_probes(prepared, mod, provenance, decisions, dtype)
     names = list(dict.fromkeys(p.var for p in probes))
     entry = _PROBE_ENTRY if beside else "main"
     try:
-        executable = compiler.compile_module(expose_bindings(mod, names, entry), target_spec)
+        executable = compiler.compile_module(expose_bindings(mod, names, entry), target_spec, kernels=kernels)
     except Exception as err:
         raise RuntimeError(f"TVM failed to compile the probe module: {error_summary(err, last=True)}") from err
     by_var = {p.var: p for p in probes}

@@ -19,8 +19,10 @@ from amptool._tvm import make_target, quiet_native_stderr
 PIPELINES = ("amptool", "tvm")
 
 
-def compile_module(mod: Any, target_spec: dict[str, Any], *, pipeline: str = "amptool") -> Any:
-    """A Relax VM executable for ``target_spec``; see ``amptool.compiler.cpu`` for the CPU pipeline."""
+def compile_module(mod: Any, target_spec: dict[str, Any], *, pipeline: str = "amptool", kernels: Any = None) -> Any:
+    """A Relax VM executable for ``target_spec``; see ``amptool.compiler.cpu`` for the CPU pipeline.
+    ``kernels``: a ``kernel_cache.KernelCache`` shared by the in-memory builds of one search (CPU only:
+    other targets compile everything)."""
     import tvm  # noqa: PLC0415
 
     if pipeline not in PIPELINES:
@@ -30,7 +32,7 @@ def compile_module(mod: Any, target_spec: dict[str, Any], *, pipeline: str = "am
         if pipeline == "amptool" and str(target.kind.name) == "llvm":
             from amptool.compiler import cpu  # noqa: PLC0415 - each pipeline imports its backend
 
-            executable, _timings = cpu.build(mod, target)
+            executable, _timings = cpu.build(mod, target, kernels=kernels)
             return executable
         if pipeline == "amptool" and str(target.kind.name) in GPU_KINDS:
             from amptool.compiler import gpu  # noqa: PLC0415 - each pipeline imports its backend

@@ -50,6 +50,7 @@ from amptool.compiler.cpu_schedules import (
     tiled_reduction,
 )
 from amptool.compiler.cpu_schedules_nhwc import nhwc_conv2d, nhwc_depthwise
+from amptool.compiler.kernel_cache import KernelCache
 from amptool.compiler.widen_epilogues import widen_epilogues
 
 STAGES = ("layout", "epilogues", *stages.STAGES)
@@ -107,15 +108,16 @@ def lower(mod: Any, target: Any, on_stage: Callable[[str], None] | None = None,
     return stages.run_stages(mod, target, stage_passes(target), on_stage, timings)
 
 
-def build(mod: Any, target: Any, on_stage: Callable[[str], None] | None = None) -> tuple[Any, dict[str, float]]:
+def build(mod: Any, target: Any, on_stage: Callable[[str], None] | None = None,
+          kernels: KernelCache | None = None) -> tuple[Any, dict[str, float]]:
     """Compile a Relax module for an LLVM ``target``; returns the VM executable and the seconds
-    each stage took (``codegen`` is TIR lowering plus LLVM)."""
+    each stage took (``codegen`` is TIR lowering plus LLVM). ``kernels``: see ``codegen``."""
     timings: dict[str, float] = {}
     mod = lower(mod, target, on_stage, timings)
     if on_stage:
         on_stage("codegen")
     start = time.perf_counter()
-    executable = codegen(mod, target)
+    executable = codegen(mod, target, kernels=kernels)
     timings["codegen"] = time.perf_counter() - start
     return executable, timings
 
@@ -133,7 +135,7 @@ def codegen_workers() -> int:
     return max(1, min(count, MAX_CODEGEN_WORKERS))
 
 
-def codegen(mod: Any, target: Any, workers: int | None = None) -> Any:
+def codegen(mod: Any, target: Any, workers: int | None = None, kernels: KernelCache | None = None) -> Any:
     """``tvm.compile(mod, target, relax_pipeline=None)`` — the lowered module to a VM executable —
     with its kernels split over ``workers`` LLVM modules built in threads (default:
     ``codegen_workers()``).
@@ -147,23 +149,30 @@ def codegen(mod: Any, target: Any, workers: int | None = None) -> Any:
 
     When not: one worker or one kernel; a kernel that calls another (the call would cross
     modules), a private one, external modules or a system library: then it is TVM's build.
+
+    ``kernels`` (in-memory builds only, never exported): kernels an earlier build with the same
+    cache compiled are taken from its modules, the others compiled and added (``kernel_cache``).
     """
     from tvm import relax  # noqa: PLC0415
     from tvm.relax import vm_build  # noqa: PLC0415
 
     workers = codegen_workers() if workers is None else workers
     attrs = dict(mod.attrs) if mod.attrs else {}
-    if (workers < 2 or attrs.get("external_mods") or "wasm" in str(target.attrs.get("mtriple", ""))
-            or not _splittable(mod)):
+    if ((workers < 2 and kernels is None) or attrs.get("external_mods")
+            or "wasm" in str(target.attrs.get("mtriple", "")) or not _splittable(mod)):
         return tvm.compile(mod, target=target, relax_pipeline=None)
+    compiled: dict[str, Any] = {}
+    if kernels is not None:
+        mod, compiled = kernels.name_kernels(mod, target)
     # What relax.build does after its (here: no) Relax pipeline, the kernels' build split.
     params = dict(attrs.get("const_name_to_constant", {}))
     builder = relax.ExecBuilder()
     leftover = vm_build._vmcodegen(builder, mod, "bytecode")
     if not _splittable(leftover):
         return vm_build._vmlink(builder, target, vm_build._filter_tir(leftover), "default", [], params)
-    kernels = [(gv, f) for gv, f in leftover.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
-    parts = [tvm.IRModule(dict(kernels[i::workers]), attrs=leftover.attrs) for i in range(min(workers, len(kernels)))]
+    todo = [(gv, f) for gv, f in leftover.functions_items()
+            if isinstance(f, tvm.tirx.PrimFunc) and gv.name_hint not in compiled]
+    parts = [tvm.IRModule(dict(todo[i::workers]), attrs=leftover.attrs) for i in range(min(workers, len(todo)))]
     context = tvm.transform.PassContext.current()
 
     def build_part(part: Any) -> Any:
@@ -171,8 +180,12 @@ def codegen(mod: Any, target: Any, workers: int | None = None) -> Any:
         with context:
             return tvm.compile(part, target=target).mod
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=len(parts)) as pool:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(parts))) as pool:
         libs = list(pool.map(build_part, parts))
+    if kernels is not None:
+        for part, lib in zip(parts, libs, strict=True):
+            kernels.remember(part, lib)
+    libs += list({id(m): m for m in compiled.values()}.values())  # each earlier module once
     return vm_build.VMExecutable(relax._ffi_api.VMLink(builder, target, libs[0], libs[1:], params))
 
 

@@ -150,4 +150,7 @@ def _kernel_of(call: Any, result: Any) -> _Kernel | None:
         takes.append(index)
     if any(isinstance(arg, tvm.ir.GenericConst) and i not in takes for i, arg in enumerate(call.args)):
         return None  # a constant the kernel does not take was compiled into it (add(x, 1) holds the 1)
-    return _Kernel(call, result.args[0], tuple(takes), list(result.ty_args))
+    out = result.ty_args[0] if len(result.ty_args) == 1 else None
+    # call_tir takes a multi-output kernel's result type as the list of its tensors
+    return _Kernel(call, result.args[0], tuple(takes),
+                   list(out.fields) if isinstance(out, relax.TupleType) else list(result.ty_args))
