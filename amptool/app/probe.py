@@ -217,12 +217,20 @@ class ProbedModel:
     skipped: collections.Counter[str]
     plain: CompiledModel | None = None
 
-    def run(self, feeds: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    def run(self, feeds: Mapping[str, np.ndarray], *,
+            with_outputs: bool = True) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """(model outputs, probed tensors); ``with_outputs=False`` skips the run of ``plain`` and
+        returns no outputs (a caller that has them from ``plain`` already)."""
         values = self.compiled.run(feeds)
-        source = self.plain.run(feeds) if self.plain is not None else values
-        outputs = {name: _as_float32(source[name]) for name in self.output_names}
+        outputs: dict[str, np.ndarray] = {}
+        if with_outputs:
+            outputs = self.outputs(self.plain.run(feeds) if self.plain is not None else values)
         probed = {p.tensor: values[f"probe:{p.tensor}"] for p in self.probes}
         return outputs, probed
+
+    def outputs(self, values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The model outputs among a run's ``values``, as float32."""
+        return {name: _as_float32(values[name]) for name in self.output_names}
 
 
 def compile_probed(
