@@ -234,3 +234,26 @@ def test_kernel_cache_builds_only_what_changed_and_computes_the_same(zoo_model):
     reused = cache.reused
     cpu.build(changed.passes.mod, _tvm.make_target({"kind": "llvm", "mcpu": "x86-64-v2"}), kernels=cache)
     assert cache.reused == reused  # another target: nothing of the first one's is taken
+
+
+def test_a_secondary_entry_compiles_its_own_kernels_quick_and_main_as_before(zoo_model):
+    """Beside main, a probe copy's own kernels are compiled at -O1 (they only rank nodes); main's
+    kernels stay -O3 (never taken from a quick compile) and compute what a plain build computes."""
+    from amptool.app.probe import expose_bindings
+    from amptool.compiler import cpu
+    from amptool.compiler.kernel_cache import KernelCache
+
+    rewritten = rewrite_model(ConvertConfig(model=zoo_model("resnet_like"), dtype="float16"))
+    mod = rewritten.passes.mod
+    names = [_tvm.var_name(b.var) for b in mod["main"].body.blocks[0].bindings][:6]
+    probed = expose_bindings(mod, names, "main_probe")
+    target = _tvm.make_target({"kind": "llvm"})
+    cache = KernelCache()
+    executable = cpu.build(probed, target, kernels=cache, secondary="main_probe")[0]
+    quick = [c for entries in cache._kernels.values() for _, c in entries if c.quick]
+    assert quick and len(quick) < cache.compiled
+    feeds = [np.random.default_rng(0).standard_normal(s.shape).astype("float32") for s in rewritten.inputs]
+    got = _tvm.run_vm(_tvm.vm_from_executable(executable, "cpu"), feeds, "cpu")
+    want = _tvm.run_vm(_tvm.vm_from_executable(cpu.build(mod, target)[0], "cpu"), feeds, "cpu")
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

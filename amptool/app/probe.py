@@ -255,7 +255,9 @@ def compile_probed(
     names = list(dict.fromkeys(p.var for p in probes))
     entry = _PROBE_ENTRY if beside else "main"
     try:
-        executable = compiler.compile_module(expose_bindings(mod, names, entry), target_spec, kernels=kernels)
+        # Beside main, the probed copy's own kernels only rank nodes: compiled for less (cpu.codegen).
+        executable = compiler.compile_module(expose_bindings(mod, names, entry), target_spec, kernels=kernels,
+                                             secondary=entry if beside else None)
     except Exception as err:
         raise RuntimeError(f"TVM failed to compile the probe module: {error_summary(err, last=True)}") from err
     by_var = {p.var: p for p in probes}

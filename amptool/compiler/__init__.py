@@ -19,10 +19,12 @@ from amptool._tvm import make_target, quiet_native_stderr
 PIPELINES = ("amptool", "tvm")
 
 
-def compile_module(mod: Any, target_spec: dict[str, Any], *, pipeline: str = "amptool", kernels: Any = None) -> Any:
+def compile_module(mod: Any, target_spec: dict[str, Any], *, pipeline: str = "amptool", kernels: Any = None,
+                   secondary: str | None = None) -> Any:
     """A Relax VM executable for ``target_spec``; see ``amptool.compiler.cpu`` for the CPU pipeline.
-    ``kernels``: a ``kernel_cache.KernelCache`` shared by the in-memory builds of one search (CPU only:
-    other targets compile everything)."""
+    ``kernels``: a ``kernel_cache.KernelCache`` shared by the in-memory builds of one search;
+    ``secondary``: a function beside ``main`` whose own kernels may be compiled for less (CPU
+    only, ``cpu.codegen``: other targets compile everything as usual)."""
     import tvm  # noqa: PLC0415
 
     if pipeline not in PIPELINES:
@@ -32,7 +34,7 @@ def compile_module(mod: Any, target_spec: dict[str, Any], *, pipeline: str = "am
         if pipeline == "amptool" and str(target.kind.name) == "llvm":
             from amptool.compiler import cpu  # noqa: PLC0415 - each pipeline imports its backend
 
-            executable, _timings = cpu.build(mod, target, kernels=kernels)
+            executable, _timings = cpu.build(mod, target, kernels=kernels, secondary=secondary)
             return executable
         if pipeline == "amptool" and str(target.kind.name) in GPU_KINDS:
             from amptool.compiler import gpu  # noqa: PLC0415 - each pipeline imports its backend

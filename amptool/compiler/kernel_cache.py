@@ -25,6 +25,7 @@ from tvm import relax
 class _Compiled:
     kernel: Any  # the PrimFunc, global_symbol removed: what a later kernel must equal
     module: Any  # the LLVM module holding it, as ``symbol``
+    quick: bool  # compiled with LLVM's -O1, for a secondary entry only (see ``codegen``)
 
 
 class KernelCache:
@@ -37,9 +38,10 @@ class KernelCache:
         self.compiled = 0
         self.reused = 0
 
-    def name_kernels(self, mod: Any, target: Any) -> tuple[Any, dict[str, Any]]:
+    def name_kernels(self, mod: Any, target: Any, primary: frozenset[Any] = frozenset()) -> tuple[Any, dict[str, Any]]:
         """``mod`` with every kernel named after its content, and the modules already holding some
-        of them (symbol → module); kernels compiled for another target are forgotten first."""
+        of them (symbol → module); kernels compiled for another target are forgotten first. A kernel
+        in ``primary`` (GlobalVars) is never taken from a quick (-O1) compile."""
         if str(target) != self._target:
             self._target, self._kernels, self._symbols = str(target), {}, set()
         names: dict[Any, str] = {}
@@ -51,7 +53,7 @@ class KernelCache:
             bare = func.without_attr("global_symbol")
             digest = tvm_ffi.structural_hash(bare)
             hit = next((symbol for symbol, c in self._kernels.get(digest, ())
-                        if tvm_ffi.structural_equal(c.kernel, bare)), None)
+                        if not (c.quick and gv in primary) and tvm_ffi.structural_equal(c.kernel, bare)), None)
             if hit is not None:
                 cached[hit] = next(c.module for symbol, c in self._kernels[digest] if symbol == hit)
                 names[gv] = hit
@@ -67,12 +69,13 @@ class KernelCache:
         self.reused += len(cached)
         return relax.transform.NormalizeGlobalVar()(renamed), cached
 
-    def remember(self, part: Any, module: Any) -> None:
-        """The kernels of ``part`` (an IRModule named by ``name_kernels``) compiled into ``module``."""
+    def remember(self, part: Any, module: Any, quick: bool = False) -> None:
+        """The kernels of ``part`` (an IRModule named by ``name_kernels``) compiled into ``module``
+        (``quick``: at -O1)."""
         for gv, func in part.functions_items():
             if isinstance(func, tvm.tirx.PrimFunc):
                 bare = func.without_attr("global_symbol")
                 self._kernels.setdefault(tvm_ffi.structural_hash(bare), []).append(
-                    (gv.name_hint, _Compiled(bare, module)))
+                    (gv.name_hint, _Compiled(bare, module, quick)))
                 self._symbols.add(gv.name_hint)
                 self.compiled += 1
