@@ -15,7 +15,6 @@ the un-prepared model may still import.
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import functools
 import logging
 import os
@@ -64,7 +63,7 @@ class PreparedModel:
         at = self.steps.index(_CHECK_PENDING)
         reverted = _take_outcome(self, pending.unfolded, outcome, at)
         if reverted:
-            _infer_and_name(self)
+            _infer_and_name(self, "shape-inference-unfolded")
         return reverted
 
     def discard(self) -> None:
@@ -213,17 +212,13 @@ def prepare_model(
         finally:
             if workdir is not None:
                 shutil.rmtree(workdir, ignore_errors=True)
-    _infer_and_name(prepared, step="shape-inference")
+    _infer_and_name(prepared, "shape-inference")
     return prepared
 
 
-def _infer_and_name(prepared: PreparedModel, step: str | None = None) -> None:
-    """Shape inference (recorded as ``step`` when given) and node names, the importer's input."""
-    if step is not None:
-        _try(prepared, step, lambda m: infer_shapes(m, data_prop=True))
-    else:
-        with contextlib.suppress(Exception):
-            infer_shapes(prepared.model, data_prop=True)
+def _infer_and_name(prepared: PreparedModel, step: str) -> None:
+    """Shape inference (recorded as ``step``) and node names: the importer's input."""
+    _try(prepared, step, lambda m: infer_shapes(m, data_prop=True))
     name_nodes(prepared.model.graph)
 
 
