@@ -91,3 +91,17 @@ def test_the_wheel_ships_the_package_data_and_no_test_code(tmp_path):
     assert "amptool/py.typed" in names and "amptool/colors/presets/default.yaml" in names
     assert "amptool/api.py" in names and "amptool/compiler/__init__.py" in names
     assert not [n for n in names if n.startswith("amptool/testing/")]
+
+
+def test_a_script_that_fails_before_tvm_is_needed_exits_cleanly(tmp_path):
+    """convert imports TVM in a background thread; a script whose convert fails on its input (before
+    TVM is used) must still exit normally, not tear down under that thread's native initialisation."""
+    script = ("from amptool import api\n"
+              "try:\n"
+              f"    api.convert({str(tmp_path / 'missing.onnx')!r}, output={str(tmp_path / 'out')!r})\n"
+              "except Exception as err:\n"
+              "    print('refused:', err)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "refused: Model file not found" in done.stdout
+    assert "Fatal" not in done.stderr and "Traceback" not in done.stderr

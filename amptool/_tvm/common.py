@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import sys
@@ -42,6 +43,9 @@ def import_in_background() -> None:
     thread = threading.Thread(target=run, name="amptool-import-tvm", daemon=True)
     _BACKGROUND_IMPORT.append(thread)
     thread.start()
+    # An interpreter that exits (an error before TVM was needed) would tear down under a thread still
+    # inside TVM's native initialisation: exit waits for the import first (the CLI's os._exit skips this).
+    atexit.register(thread.join)
 
 
 @contextlib.contextmanager
