@@ -54,7 +54,7 @@ class KernelCache:
             digest = tvm_ffi.structural_hash(bare)
             hit = next((symbol for symbol, c in self._kernels.get(digest, ())
                         if not (c.quick and gv in primary) and tvm_ffi.structural_equal(c.kernel, bare)), None)
-            if hit is not None:
+            if hit is not None and hit not in taken:  # (a twin kernel of this module has it: compile this one)
                 cached[hit] = next(c.module for symbol, c in self._kernels[digest] if symbol == hit)
                 names[gv] = hit
             else:
