@@ -27,11 +27,12 @@ _BACKGROUND_IMPORT: list[threading.Thread] = []
 def import_in_background() -> None:
     """Start TVM's import (``tvm_module``) in a daemon thread, once per process.
 
-    Why: the import takes ~1 s of a ResNet-50's ~6.5 s convert, and the load and prepare stages
-    before the first TVM call are mostly onnx's parser and onnxruntime's C++, which release the GIL
-    or leave the other core free: overlapped, ~0.7 s of it disappears (measured, 2 cores). The
-    thread only imports: a later ``import tvm`` in any thread waits for it (Python's per-module
-    import lock), and an import that fails there fails again, with its message, where TVM is used.
+    Why: the import takes ~1 s of CPU, and the load and prepare stages before the first TVM call
+    are mostly native code (protobuf, onnxruntime). Sharing the GIL with them the import takes ~2 s
+    of wall time instead of ~1, and a ResNet-50 convert still reaches its import stage ~0.45 s
+    sooner (traced, 2 cores). The thread only imports: a later ``import tvm`` in any thread waits
+    for it (Python's per-module import lock), and an import that fails there fails again, with
+    its message, where TVM is used.
     """
     if "tvm.relax" in sys.modules or _BACKGROUND_IMPORT:
         return
