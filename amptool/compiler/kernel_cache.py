@@ -52,11 +52,12 @@ class KernelCache:
                 continue
             bare = func.without_attr("global_symbol")
             digest = tvm_ffi.structural_hash(bare)
-            hit = next((symbol for symbol, c in self._kernels.get(digest, ())
+            hit = next(((symbol, c) for symbol, c in self._kernels.get(digest, ())
                         if not (c.quick and gv in primary) and tvm_ffi.structural_equal(c.kernel, bare)), None)
-            if hit is not None and hit not in taken:  # (a twin kernel of this module has it: compile this one)
-                cached[hit] = next(c.module for symbol, c in self._kernels[digest] if symbol == hit)
-                names[gv] = hit
+            if hit is not None and hit[0] not in taken:  # (a twin kernel of this module has it: compile this one)
+                symbol, compiled = hit
+                cached[symbol] = compiled.module
+                names[gv] = symbol
             else:
                 name = f"{gv.name_hint}_{digest & 0xFFFFFFFFFFFF:012x}"
                 while name in taken or name in self._symbols:
