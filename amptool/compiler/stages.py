@@ -21,6 +21,7 @@ import tvm
 from tvm import relax
 from tvm.s_tir import dlight
 
+from amptool._tvm.script import cheap_frame_stack
 from amptool.compiler.legalize_once import legalize_ops
 
 STAGES = (
@@ -63,8 +64,10 @@ def run_stages(
     on_stage: Callable[[str], None] | None = None,
     timings: dict[str, float] | None = None,
 ) -> Any:
-    """Apply ``stages`` in order under ``target``; each stage's seconds go to ``timings``."""
-    with target:
+    """Apply ``stages`` in order under ``target``; each stage's seconds go to ``timings``. Schedules
+    may parse TVMScript (tensor intrinsics: TVM's for CUDA tensor cores, ``cpu_intrinsics`` for bf16),
+    hence ``cheap_frame_stack``."""
+    with target, cheap_frame_stack():
         for name, passes in stages:
             if on_stage:
                 on_stage(name)

@@ -182,6 +182,14 @@ def _thresholds(bb: Any, iou: Any, score: Any) -> Any:
 
 @functools.cache
 def _nms_kernel() -> Any:
+    """``_parse_nms_kernel``, parsed once per process (without TVMScript's module lookup per frame)."""
+    from amptool._tvm.script import cheap_frame_stack  # noqa: PLC0415
+
+    with cheap_frame_stack():
+        return _parse_nms_kernel()
+
+
+def _parse_nms_kernel() -> Any:
     """The greedy pass (TVMScript, symbolic batch/classes/boxes): ``out[:count]`` are the kept
     ``[batch, class, box]`` rows, by batch, class, then score."""
     from tvm.script import tirx as T  # noqa: PLC0415
