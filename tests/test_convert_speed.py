@@ -155,7 +155,7 @@ def test_recolouring_reuses_the_prefolded_module(zoo_model):
 
 
 def test_kernels_built_in_parallel_match_one_build(zoo_model, tmp_path):
-    from amptool.compiler import cpu
+    from amptool.compiler import cpu, split_codegen
 
     config = ConvertConfig(model=zoo_model("transformer_encoder"), dtype="float16")
     target = _tvm.make_target({"kind": "llvm"})
@@ -165,8 +165,8 @@ def test_kernels_built_in_parallel_match_one_build(zoo_model, tmp_path):
     def outputs(vm):
         return [np.asarray(o) for o in _tvm.run_vm(vm, feeds, "cpu")]
 
-    serial = cpu.codegen(lowered, target, workers=1)
-    split = cpu.codegen(lowered, target, workers=3)
+    serial = split_codegen.codegen(lowered, target, workers=1)
+    split = split_codegen.codegen(lowered, target, workers=3)
     assert len(split.mod._collect_dso_modules()) == 3 and len(serial.mod._collect_dso_modules()) == 1
     want = outputs(_tvm.vm_from_executable(serial, "cpu"))
     _tvm.export_library(split, str(tmp_path / "split.so"))
@@ -257,3 +257,56 @@ def test_a_secondary_entry_compiles_its_own_kernels_quick_and_main_as_before(zoo
     want = _tvm.run_vm(_tvm.vm_from_executable(cpu.build(mod, target)[0], "cpu"), feeds, "cpu")
     for a, b in zip(got, want, strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def _records(stack):
+    return [(r.frame, r.filename, r.lineno, r.function, r.code_context, r.index) for r in stack]
+
+
+def test_cheap_frame_stack_gives_inspects_records_and_restores_it():
+    """Within ``cheap_frame_stack`` the records TVMScript reads are inspect's own, for every frame of
+    this test's stack (pytest's included) and one whose file is no module's (the slow case: an
+    import's frames, TVMScript's ``<ast>``); nested blocks leave inspect patched until the last exits."""
+    import inspect
+    import sys
+
+    from amptool._tvm.script import cheap_frame_stack
+
+    real_stack, real_outer = inspect.stack, inspect.getouterframes
+
+    def both():
+        here = sys._getframe()
+        return ([_records(inspect.stack(3))[1:], _records(inspect.getouterframes(here))[1:]],
+                [_records(real_stack(3))[1:], _records(real_outer(here))[1:]])
+
+    namespace = {"both": both}
+    exec(compile("def from_nowhere():\n    return both()\n", "<no module>", "exec"), namespace)  # noqa: S102
+    with cheap_frame_stack():
+        with cheap_frame_stack():
+            cheap, real = namespace["from_nowhere"]()
+        assert inspect.stack is not real_stack
+    assert inspect.stack is real_stack and inspect.getouterframes is real_outer
+    assert cheap == real
+    assert len(cheap[0]) > 5 and cheap[0][0][1] == "<no module>" and cheap[0][0][4] is None
+    assert cheap[0][1][4] is not None and len(cheap[0][1][4]) == 3  # this test's own line, in context
+
+
+def test_tvmscript_parses_the_same_under_cheap_frame_stack():
+    from tvm.script import tirx as T
+
+    from amptool._tvm.script import cheap_frame_stack
+
+    def parse():
+        @T.prim_func(private=True, s_tir=True)
+        def scale(a: T.Buffer((8,), "float32"), b: T.Buffer((8,), "float32")) -> None:
+            for i in range(8):
+                with T.sblock("b"):
+                    vi = T.axis.spatial(8, i)
+                    b[vi] = a[vi] * T.float32(2)
+
+        return scale
+
+    want = parse()
+    with cheap_frame_stack():
+        got = parse()
+    tvm.ir.assert_structural_equal(got, want)

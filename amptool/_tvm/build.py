@@ -45,10 +45,11 @@ LIBRARY_BLOB_SYMBOL = "__tvm_ffi__library_bin"
 
 
 def _export_llvm_in_parallel(module: Any, path: str) -> bool:
-    """TVM's ``export_library`` for a host build of several LLVM modules (``compiler.cpu.codegen``
-    splits the kernels so), with each module's object file — LLVM's instruction selection, the
-    costly part — written in a thread of its own; False, having written nothing, for any other
-    module tree (then TVM's export runs).
+    """TVM's ``export_library`` for a module tree whose compiled code is LLVM objects: the CPU
+    build's several modules (``compiler.split_codegen`` splits the kernels so) or a GPU build's host
+    modules (their device code is imported, packed with the weights), with each object file —
+    LLVM's instruction selection, the costly part — written in a thread of its own; False, having
+    written nothing, for any other module tree (then TVM's export runs).
 
     Why: TVM writes the objects one after the other: 0.9 + 0.8 s of a ResNet-50's export on one
     core of two (measured), and LLVM releases the GIL. The link and the packed imports (the VM
@@ -66,7 +67,7 @@ def _export_llvm_in_parallel(module: Any, path: str) -> bool:
     from amptool._tvm import elf  # noqa: PLC0415
 
     objects = module._collect_dso_modules()
-    if len(objects) < 2 or any(m.kind != "llvm" for m in objects) or not module.imports:
+    if not objects or any(m.kind != "llvm" for m in objects) or not module.imports:
         return False
     first = objects[0]
     if first.get_function("__tvm_is_system_module")():

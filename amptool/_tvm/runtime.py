@@ -142,7 +142,7 @@ _NO_SUCH_FUNCTION = "__amptool_jit_now__"
 
 
 def _jit_in_parallel(executable: Any) -> None:
-    """JIT-compile the executable's LLVM modules (``compiler.cpu.codegen`` splits the kernels over
+    """JIT-compile the executable's LLVM modules (``compiler.split_codegen`` splits the kernels over
     several) each in a thread of its own, before the VM runs them.
 
     Why: an in-memory build runs through LLVM's JIT, which compiles a module to machine code on

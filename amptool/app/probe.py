@@ -255,7 +255,7 @@ def compile_probed(
     names = list(dict.fromkeys(p.var for p in probes))
     entry = _PROBE_ENTRY if beside else "main"
     try:
-        # Beside main, the probed copy's own kernels only rank nodes: compiled for less (cpu.codegen).
+        # Beside main, the probed copy's own kernels only rank nodes: compiled for less (split_codegen.codegen).
         executable = compiler.compile_module(expose_bindings(mod, names, entry), target_spec, kernels=kernels,
                                              secondary=entry if beside else None)
     except Exception as err:

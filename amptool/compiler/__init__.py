@@ -24,7 +24,7 @@ def compile_module(mod: Any, target_spec: dict[str, Any], *, pipeline: str = "am
     """A Relax VM executable for ``target_spec``; see ``amptool.compiler.cpu`` for the CPU pipeline.
     ``kernels``: a ``kernel_cache.KernelCache`` shared by the in-memory builds of one search;
     ``secondary``: a function beside ``main`` whose own kernels may be compiled for less (CPU
-    only, ``cpu.codegen``: other targets compile everything as usual)."""
+    only, ``split_codegen.codegen``: other targets compile everything as usual)."""
     import tvm  # noqa: PLC0415
 
     if pipeline not in PIPELINES:

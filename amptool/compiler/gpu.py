@@ -8,6 +8,7 @@
                          → TVM's wmma schedule), then DLight's GPU rules: Matmul, GEMV,
                          Reduction, GeneralReduction, Fallback
     lower dataflow, finalize   TVM's own passes for the target (memory planning, VM lowering)
+    codegen              host and device code, the kernels split over one thread per CPU (split_codegen)
 
 Why not ``tvm.compile(mod, target)``: its CUDA pipeline tensorizes a GEMM only when every
 extent exceeds 64 and only in float16, so BERT's attention products, ResNet's 64-channel and
@@ -23,12 +24,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import tvm
 from tvm.relax.backend.cuda import pipeline as cuda_pipeline
 from tvm.relax.backend.gpu_generic import pipeline as generic_pipeline
 from tvm.s_tir import dlight
 
-from amptool.compiler import stages
+from amptool.compiler import split_codegen, stages
 from amptool.compiler.cuda_matmul import TensorCoreMatmul
 from amptool.compiler.gpu_names import sanitize_names
 
@@ -68,6 +68,6 @@ def build(mod: Any, target: Any, on_stage: Callable[[str], None] | None = None) 
         on_stage("codegen")
     start = time.perf_counter()
     with target:
-        executable = tvm.compile(mod, target=target, relax_pipeline=None)
+        executable = split_codegen.codegen(mod, target)
     timings["codegen"] = time.perf_counter() - start
     return executable, timings
