@@ -1,6 +1,7 @@
 """How long ``amptool convert`` takes, stage by stage, for ResNet-50, MobileNetV2 and BERT-base.
 
-Issue 18, point 3: converting ResNet-50 for llvm should take ≤ 5 s on an idle 2-core machine.
+Issue 18, point 3: converting ResNet-50 should take ≤ 5 s for llvm and ≤ 15 s for CUDA sm_90
+on an idle 2-core machine (a CUDA build needs no GPU: ``--target cuda --cuda-arch sm_90``).
 Each run is a fresh ``amptool convert`` process (so Python's imports count, as they do for a
 user), timed from outside: wall time and the CPU time of the process and its children (the
 linker). The per-stage seconds are the manifest's ``timings_s``; "startup + rest" is the wall
@@ -11,6 +12,7 @@ machine compare CPU seconds rather than wall time.
     .venv/bin/python benchmarks/convert_speed.py                       # all three, float32, 3 runs
     .venv/bin/python benchmarks/convert_speed.py --models resnet50 --dtype float16 --repeat 5
     .venv/bin/python benchmarks/convert_speed.py --models mobilenet_v2 --fallback-atol 0.005
+    .venv/bin/python benchmarks/convert_speed.py --models resnet50 --dtype float16 --target cuda --cuda-arch sm_90
 
 With ``--fallback-atol A`` (issue 18: each auto-fallback step ≤ 1.5× a plain convert) each model
 is also converted to ``--dtype`` (float16 when float32 is asked) with ``--auto-fallback --atol A
@@ -64,9 +66,11 @@ def convert_once(model: str, dtype: str, out: str, *flags: str) -> tuple[dict[st
     return {**timings, "startup + rest": wall - sum(timings.values()), "wall": wall, "cpu": cpu}, manifest
 
 
-def fallback_steps(model: str, name: str, dtype: str, atol: float, plain_wall: float, out: str) -> None:
+def fallback_steps(model: str, name: str, dtype: str, atol: float, plain_wall: float, out: str,
+                   target_flags: list[str]) -> None:
     """One ``convert --auto-fallback`` process; each search step's seconds against ``plain_wall``."""
-    timings, manifest = convert_once(model, dtype, out, "--auto-fallback", "--atol", str(atol), "--rtol", "0")
+    timings, manifest = convert_once(model, dtype, out, *target_flags, "--auto-fallback", "--atol", str(atol),
+                                     "--rtol", "0")
     found = manifest["auto_fallback"]
     print(f"\n{name} --dtype {dtype} --auto-fallback --atol {atol} --rtol 0: {timings['wall']:.1f} s in all, "
           f"{found['compiles']} compiles, {len(found['nodes_kept_fp32'])} node(s) kept float32, "
@@ -84,6 +88,8 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(BUILDERS), help=f"comma-separated, of {', '.join(BUILDERS)}")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--target", default="llvm", help="llvm or cuda (builds without a GPU)")
+    parser.add_argument("--cuda-arch", default=None, metavar="sm_XX")
     parser.add_argument("--fallback-atol", type=float, default=None, metavar="A",
                         help="also time each step of --auto-fallback --atol A --rtol 0 (see above)")
     args = parser.parse_args()
@@ -92,24 +98,27 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(BUILDERS)}")
     best: dict[str, dict[str, float]] = {}
+    target_flags = ["--target", args.target] + (["--cuda-arch", args.cuda_arch] if args.cuda_arch else [])
     fallback_dtype = "float16" if args.dtype == "float32" else args.dtype
     with tempfile.TemporaryDirectory(prefix="amptool-convert-speed-") as tmp:
         for name in names:
             path = os.path.join(tmp, f"{name}.onnx")
             onnx.save(BUILDERS[name](), path)
-            runs = [convert_once(path, args.dtype, os.path.join(tmp, f"{name}-{i}"))[0] for i in range(args.repeat)]
+            runs = [convert_once(path, args.dtype, os.path.join(tmp, f"{name}-{i}"), *target_flags)[0]
+                    for i in range(args.repeat)]
             best[name] = min(runs, key=lambda r: r["wall"])
             walls = ", ".join(f"{r['wall']:.2f}" for r in runs)
             print(f"{name}: wall {walls} s", file=sys.stderr, flush=True)
             if args.fallback_atol is not None:
                 plain = best[name]["wall"] if fallback_dtype == args.dtype else min(
-                    convert_once(path, fallback_dtype, os.path.join(tmp, f"{name}-plain-{i}"))[0]["wall"]
+                    convert_once(path, fallback_dtype, os.path.join(tmp, f"{name}-plain-{i}"), *target_flags)[0]["wall"]
                     for i in range(args.repeat))
-                fallback_steps(path, name, fallback_dtype, args.fallback_atol, plain, os.path.join(tmp, f"{name}-fb"))
+                fallback_steps(path, name, fallback_dtype, args.fallback_atol, plain, os.path.join(tmp, f"{name}-fb"),
+                               target_flags)
     rows = [s for s in STAGES if any(s in r for r in best.values())] + ["startup + rest", "wall", "cpu"]
     load = os.getloadavg()[0]
-    print(f"amptool convert --dtype {args.dtype}, fastest of {args.repeat} run(s); {os.cpu_count()} CPUs, "
-          f"load average {load:.2f} at the end\n")
+    print(f"amptool convert --dtype {args.dtype} {' '.join(target_flags)}, fastest of {args.repeat} run(s); "
+          f"{os.cpu_count()} CPUs, load average {load:.2f} at the end\n")
     print("| stage (s) | " + " | ".join(names) + " |")
     print("|---|" + "---:|" * len(names))
     for row in rows:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import sys
@@ -87,8 +88,7 @@ def test_vulkan_without_codegen_exits_3_naming_what_is_missing(zoo_model, run_cl
     assert not out.exists()
 
 
-# The first CUDA lowering in a process imports tvm.s_tir.tensor_intrin (~30 s of CPU): slow.
-@pytest.mark.parametrize("target", ["vulkan", pytest.param("cuda", marks=pytest.mark.slow), "llvm"])
+@pytest.mark.parametrize("target", ["vulkan", "cuda", "llvm"])
 def test_lower_only_lowers_and_schedules_without_codegen(target, zoo_model, run_cli, tmp_path):
     out = tmp_path / "out"
     result = run_cli("convert", zoo_model("tiny_cnn"), "--target", target, "--lower-only", "-o", str(out))
@@ -140,7 +140,7 @@ def test_cli_bad_target_options_is_one_line_exit_2(zoo_model, run_cli, tmp_path)
 
 
 def test_cuda_manifest_records_the_resolved_target(zoo_model, run_cli, tmp_path, monkeypatch):
-    """Wiring only (the CUDA build itself is the slow test below): what resolve_target chose
+    """Wiring only (the CUDA build itself is the test below): what resolve_target chose
     reaches the manifest."""
     import amptool.app.convert as convert
 
@@ -155,7 +155,6 @@ def test_cuda_manifest_records_the_resolved_target(zoo_model, run_cli, tmp_path,
     assert "cuda" in manifest["versions"] and "llvm" in manifest["versions"]
 
 
-@pytest.mark.slow
 def test_cuda_builds_without_a_gpu_and_records_the_arch(zoo_model, run_cli, tmp_path):
     out = tmp_path / "out"
     result = run_cli("convert", zoo_model("tiny_cnn"), "--target", "cuda", "--cuda-arch", "sm_80", "-o", str(out))
@@ -228,3 +227,28 @@ def test_diff_on_cuda_without_a_gpu_exits_3_before_building(zoo_model, run_cli, 
     assert result.exit_code == 3, result.output
     assert result.output.startswith("error: Target 'cuda' builds here but cannot run: ")
     assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize(("name", "arch", "dtype", "want"), [
+    ("cuda", None, "float16", (targets.CUDA_TENSOR_INTRINSICS,)),
+    ("cuda", "sm_80", "bfloat16", (targets.CUDA_TENSOR_INTRINSICS,)),
+    ("cuda", "sm_90a", "float16", (targets.CUDA_TENSOR_INTRINSICS,)),
+    ("cuda", "sm_61", "float16", ()),  # no tensor cores: DLight never asks for the intrinsics
+    ("cuda", "sm_90", "float32", ()),
+    ("cuda", "sm9", "float16", ()),  # a bad arch is check_target_flags' to report
+    ("llvm", None, "bfloat16", ()),
+])
+def test_slow_imports_are_the_tensor_intrinsics_of_low_precision_cuda_builds(name, arch, dtype, want):
+    assert targets.slow_imports(name, arch, dtype) == want
+
+
+def test_cuda_without_codegen_still_exits_3_before_writing(zoo_model, run_cli, tmp_path, monkeypatch):
+    """CUDA is resolved once TVM is needed (its import overlaps load and prepare), not before
+    load: a TVM without CUDA codegen still stops with one line, exit 3, nothing written."""
+    spec = targets.TARGETS["cuda"]
+    monkeypatch.setitem(targets.TARGETS, "cuda", dataclasses.replace(spec, missing=lambda: "no CUDA codegen (test)"))
+    out = tmp_path / "out"
+    result = run_cli("convert", zoo_model("tiny_cnn"), "--target", "cuda", "-o", str(out))
+    assert result.exit_code == 3, result.output
+    assert "no CUDA codegen (test)" in result.output and single_error(result.output)
+    assert not out.exists()

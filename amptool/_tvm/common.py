@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib
 import os
 import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
+
+from amptool._tvm.script import cheap_frame_stack
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
@@ -21,28 +24,34 @@ def tvm_module() -> Any:
     return tvm
 
 
-_BACKGROUND_IMPORT: list[threading.Thread] = []
+_BACKGROUND_IMPORTS: set[str] = set()
 
 
-def import_in_background() -> None:
-    """Start TVM's import (``tvm_module``) in a daemon thread, once per process.
+def import_in_background(*modules: str) -> None:
+    """Start TVM's import (``tvm_module``), then that of ``modules`` (slow TVM parts a build will
+    import), in a daemon thread; modules imported or already started are skipped.
 
     Why: the import takes ~1 s of CPU, and the load and prepare stages before the first TVM call
     are mostly native code (protobuf, onnxruntime). Sharing the GIL with them the import takes ~2 s
     of wall time instead of ~1, and a ResNet-50 convert still reaches its import stage ~0.45 s
-    sooner (traced, 2 cores). The thread only imports: a later ``import tvm`` in any thread waits
-    for it (Python's per-module import lock), and an import that fails there fails again, with
-    its message, where TVM is used.
+    sooner (traced, 2 cores). ``modules`` import under ``script.cheap_frame_stack`` (TVM's tensor
+    intrinsics are TVMScript). The thread only imports: a later ``import`` of the same module in
+    any thread waits for it (Python's per-module import lock), and an import that fails there fails
+    again, with its message, where it is used.
     """
-    if "tvm.relax" in sys.modules or _BACKGROUND_IMPORT:
+    wanted = [name for name in ("tvm.relax", *modules) if name not in sys.modules and name not in _BACKGROUND_IMPORTS]
+    if not wanted:
         return
+    _BACKGROUND_IMPORTS.update(wanted)
 
     def run() -> None:
         with contextlib.suppress(Exception):
             tvm_module()
+            with cheap_frame_stack():
+                for name in modules:
+                    importlib.import_module(name)
 
     thread = threading.Thread(target=run, name="amptool-import-tvm", daemon=True)
-    _BACKGROUND_IMPORT.append(thread)
     thread.start()
     # An interpreter that exits (an error before TVM was needed) would tear down under a thread still
     # inside TVM's native initialisation: exit waits for the import first (the CLI's os._exit skips this).

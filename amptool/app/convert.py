@@ -30,7 +30,7 @@ from amptool.app.versions import engine_versions
 from amptool.colors import ColorPolicy, check_policy_source, load_policy
 from amptool.colors.loader import unmatched_node_rules, with_exclusions
 from amptool.compiler.cpu_speed import low_precision_speed_note, warn_if_slow
-from amptool.compiler.targets import ResolvedTarget, check_target_flags, cross_compiler, resolve_target
+from amptool.compiler.targets import ResolvedTarget, check_target_flags, cross_compiler, resolve_target, slow_imports
 from amptool.dtypes import DTYPES
 from amptool.errors import TargetUnavailableError, UserError
 from amptool.frontend.graph import iter_nodes
@@ -216,7 +216,8 @@ def rewrite_model(
     """Load, prepare, import, calibrate and run the Relax passes. ``arrays`` may pin shapes;
     ``calibrate`` measures even when no range guard reads it (inspect --headroom);
     ``before_import`` runs once TVM is needed (``build_model`` resolves the target there)."""
-    _tvm.import_in_background()  # load and prepare need no TVM: its ~1 s import overlaps them
+    # load and prepare need no TVM: its ~1 s import overlaps them (and the target's slow parts' import)
+    _tvm.import_in_background(*slow_imports(config.target, config.cuda_arch, config.dtype))
     timings: dict[str, float] = {}
     notify = on_stage or (lambda _name: None)
     check_policy_source(config.colors)  # the colour list's file and YAML now; its op names need TVM, below
@@ -332,15 +333,15 @@ def build_model(
     """Load, prepare, import, rewrite and compile — in memory. ``arrays`` may pin shapes;
     ``emit_ir`` names a file for the final Relax module as TVMScript, written before compiling."""
     # Fail fast, before any work: the target flags (no TVM needed), and every target but this CPU's
-    # plain llvm, which has nothing of the user's to check and is resolved where TVM is first needed:
-    # TVM's ~1 s import then overlaps load and prepare (rewrite_model).
+    # plain llvm (nothing of the user's to check) and CUDA (whose codegen the PyPI wheel has), which
+    # are resolved where TVM is first needed: TVM's ~1 s import then overlaps load and prepare.
     check_target_flags(config.target, config.cuda_arch, config.target_options)
-    host_default = config.target == "llvm" and not config.target_options
-    if not host_default:
+    late = (config.target == "llvm" and not config.target_options) or config.target == "cuda"
+    if not late:
         resolve(config)
     if emit_ir:
         check_ir_path(emit_ir)
-    resolve_later = (lambda: resolve(config)) if host_default else None
+    resolve_later = (lambda: resolve(config)) if late else None
     rewritten = rewrite_model(config, arrays, on_stage, before_import=resolve_later)
     if emit_ir:
         write_ir(rewritten.passes.mod, emit_ir)

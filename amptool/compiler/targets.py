@@ -164,6 +164,22 @@ def check_target_flags(name: str, cuda_arch: str | None, options: Sequence[str])
     parse_llvm_options(options)
 
 
+#: TVM's CUDA tensor intrinsics (248 TVMScript functions, ~4 s to import on 2 cores): DLight's
+#: tensor-core rule imports them for the first float16/bfloat16 GEMM of a build for sm_70+.
+CUDA_TENSOR_INTRINSICS = "tvm.s_tir.tensor_intrin.cuda"
+
+
+def slow_imports(name: str, cuda_arch: str | None, dtype: str) -> tuple[str, ...]:
+    """The TVM modules beyond TVM itself that a ``dtype`` build for target ``name`` will import and
+    that take seconds: convert imports them in the background beside load and prepare
+    (``_tvm.import_in_background``). An arch not given is taken as sm_70+ (the default and every
+    GPU of the last years)."""
+    if name != "cuda" or dtype == "float32":
+        return ()
+    match = _ARCH.fullmatch(cuda_arch or DEFAULT_CUDA_ARCH)
+    return (CUDA_TENSOR_INTRINSICS,) if match and int(match.group(1)) >= 70 else ()
+
+
 def check_cuda_arch(text: str) -> str:
     """``sm_XX`` (``sm_90a`` too), or a UserError."""
     match = _ARCH.fullmatch(text)
