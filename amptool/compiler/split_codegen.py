@@ -15,6 +15,12 @@ import tvm
 
 from amptool.compiler.kernel_cache import KernelCache
 
+#: LLVM's optimisation level for a secondary entry's own kernels (``codegen``): -O0, whose fast
+#: instruction selection halves their LLVM time. On MobileNetV2's fp16 search (--atol 0.005) the
+#: first probed build's codegen took 2.4 s at -O1, 1.55 s at -O0, and its step 7.3 → 6.4 s (1.36×
+#: → 1.23× a plain convert), every step keeping the same nodes (benchmarks/convert_speed.py).
+QUICK_OPT_LEVEL = 0
+
 #: At most this many modules (threads) per build.
 MAX_CODEGEN_WORKERS = 4
 
@@ -46,8 +52,8 @@ def codegen(mod: Any, target: Any, workers: int | None = None, kernels: KernelCa
     ``kernels`` (in-memory builds only, never exported): kernels an earlier build with the same
     cache compiled are taken from its modules, the others compiled and added (``kernel_cache``).
     ``secondary`` (LLVM targets): a Relax function whose own kernels (those ``main`` does not call)
-    are compiled at LLVM -O1 — a probe copy, run once per search step, whose values rank nodes and decide
-    nothing: ~35% less LLVM time for them (measured), while ``main`` keeps -O3.
+    are compiled at ``QUICK_OPT_LEVEL`` — a probe copy, run once per search step, whose values rank
+    nodes and decide nothing — while ``main`` keeps -O3.
     """
     from tvm import relax  # noqa: PLC0415
     from tvm.relax import vm_build  # noqa: PLC0415
@@ -74,7 +80,7 @@ def codegen(mod: Any, target: Any, workers: int | None = None, kernels: KernelCa
     names = {gv.name_hint for gv in primary}
     quick = [(gv, f) for gv, f in todo if names and gv.name_hint not in names]
     todo = [(gv, f) for gv, f in todo if not names or gv.name_hint in names]
-    quick_target = tvm.target.Target({**target.export(), "opt-level": 1}) if quick else target
+    quick_target = tvm.target.Target({**target.export(), "opt-level": QUICK_OPT_LEVEL}) if quick else target
     parts = [(tvm.IRModule(dict(group[i::workers]), attrs=leftover.attrs), part_target)
              for group, part_target in ((todo, target), (quick, quick_target))
              for i in range(min(workers, len(group)))]
