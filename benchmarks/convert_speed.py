@@ -52,13 +52,17 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def convert_once(model: str, dtype: str, out: str, *flags: str) -> tuple[dict[str, float], dict[str, Any]]:
+def convert_once(model: str, dtype: str, out: str, *flags: str, verdict: bool = False) -> tuple[dict[str, float],
+                                                                                             dict[str, Any]]:
     """One ``amptool convert`` process: wall and CPU seconds with the manifest's stage times, and
-    the manifest."""
+    the manifest. ``verdict``: exit 1 (an auto-fallback search that did not reach its tolerance,
+    artifact and manifest written) is a result too."""
     exe = os.path.join(os.path.dirname(sys.executable), "amptool")
     cpu, start = _children_cpu(), time.perf_counter()
-    subprocess.run([exe, "convert", model, "--dtype", dtype, "-o", out, *flags], check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    done = subprocess.run([exe, "convert", model, "--dtype", dtype, "-o", out, *flags],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    if done.returncode not in ((0, 1) if verdict else (0,)):
+        raise subprocess.CalledProcessError(done.returncode, done.args)
     wall, cpu = time.perf_counter() - start, _children_cpu() - cpu
     with open(os.path.join(out, "manifest.json"), encoding="utf-8") as handle:
         manifest: dict[str, Any] = json.load(handle)
@@ -70,7 +74,7 @@ def fallback_steps(model: str, name: str, dtype: str, atol: float, plain_wall: f
                    target_flags: list[str]) -> None:
     """One ``convert --auto-fallback`` process; each search step's seconds against ``plain_wall``."""
     timings, manifest = convert_once(model, dtype, out, *target_flags, "--auto-fallback", "--atol", str(atol),
-                                     "--rtol", "0")
+                                     "--rtol", "0", verdict=True)
     found = manifest["auto_fallback"]
     print(f"\n{name} --dtype {dtype} --auto-fallback --atol {atol} --rtol 0: {timings['wall']:.1f} s in all, "
           f"{found['compiles']} compiles, {len(found['nodes_kept_fp32'])} node(s) kept float32, "
