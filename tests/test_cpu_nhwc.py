@@ -218,3 +218,52 @@ def test_ops_after_an_nhwc_conv_match_onnxruntime(tmp_path, follower):
     for name, expected in zip(nodes[-1].output, want, strict=True):
         assert got[name].shape == expected.shape, name
         np.testing.assert_allclose(got[name], expected, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+def _round_bf16(a: np.ndarray) -> np.ndarray:
+    """float32 → the nearest bfloat16 (ties to even), as float32."""
+    bits = a.astype(np.float32).view(np.uint32).astype(np.uint64)
+    return (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
+
+
+def _truncate_bf16(a: np.ndarray) -> np.ndarray:
+    return (a.astype(np.float32).view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
+
+
+@pytest.mark.parametrize("op", ["MatMul", "Conv"])
+def test_bfloat16_dot_products_round_their_inputs_to_nearest_even(tmp_path, op):
+    """The input cast to bfloat16 fused before a ``vdpbf16ps`` kernel rounds to nearest even, as
+    a bfloat16 cast does; TVM's legalization had dropped it, truncating every activation (a
+    systematic bias of half a bfloat16 step). The float64 product of rounded inputs, rounded once
+    to bfloat16 like the output, matches almost everywhere; truncated inputs' would not."""
+    from amptool.compiler.cpu_intrinsics import has_bf16_dot
+
+    if not has_bf16_dot(_tvm.make_target(TARGET)):
+        pytest.skip("this CPU has no AVX512-BF16")
+    rng = np.random.default_rng(0)
+    if op == "MatMul":
+        w = rng.standard_normal((256, 64)).astype(np.float32)
+        x_shape, y_shape = [32, 256], [32, 64]
+        node = helper.make_node("MatMul", ["x", "w"], ["y"])
+    else:
+        w = rng.standard_normal((32, 64, 1, 1)).astype(np.float32)
+        x_shape, y_shape = [1, 64, 8, 8], [1, 32, 8, 8]
+        node = helper.make_node("Conv", ["x", "w"], ["y"])
+    graph = helper.make_graph([node], "dot", [info("x", x_shape)], [info("y", y_shape)],
+                              [numpy_helper.from_array(w, "w")])
+    path = tmp_path / "dot.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    amptool.convert(path, dtype="bfloat16", output=tmp_path / "out", range_guards=False)
+    # Values a quarter step off a bfloat16: rounding and truncation differ on most of them.
+    x = (rng.standard_normal(x_shape) * (1 + 2.0 ** -9)).astype(np.float32)
+    got = np.asarray(amptool.load(tmp_path / "out").run({"x": x})["y"], dtype=np.float32)
+
+    def reference(inputs: np.ndarray) -> np.ndarray:
+        if op == "MatMul":
+            exact = inputs.astype(np.float64) @ _round_bf16(w).astype(np.float64)
+        else:
+            exact = np.einsum("nchw,oc->nohw", inputs.astype(np.float64), _round_bf16(w)[:, :, 0, 0].astype(np.float64))
+        return _round_bf16(exact.astype(np.float32))
+
+    assert np.mean(got == reference(_round_bf16(x))) > 0.99
+    assert np.mean(got == reference(_truncate_bf16(x))) < 0.6

@@ -59,11 +59,26 @@ def high_bf16(pair: Any) -> Any:
 
 
 def bf16_bits(value: Any) -> Any:
-    """The bfloat16 bit pattern of a bfloat16 value, zero-extended to uint32 (exact)."""
+    """The bfloat16 bit pattern of ``value`` zero-extended to uint32, rounded to nearest even
+    (NaN stays a quiet NaN of its sign).
+
+    Why round here, when ``value`` is already bfloat16: TVM's bfloat16 legalization computes a
+    kernel's intermediate buffers in float32 and drops the rounding of a ``Cast`` into them, so a
+    cast fused before the packing (every BERT projection's input, a network's first conv) arrived
+    as the float32 value and its low bits were truncated — measured on a bf16 matmul: 99.95% of
+    outputs equal to truncated inputs', 34% to rounded ones'. For a value that is bfloat16 already
+    the rounding changes nothing."""
     from tvm import tirx  # noqa: PLC0415
 
+    def u32(number: int) -> Any:
+        return tirx.const(number, "uint32")
+
     wide = tirx.reinterpret("uint32", value.astype("float32"))
-    return tirx.shift_right(wide, tirx.const(16, "uint32"))
+    odd = tirx.bitwise_and(tirx.shift_right(wide, u32(16)), u32(1))
+    rounded = tirx.shift_right(wide + u32(0x7FFF) + odd, u32(16))
+    quiet_nan = tirx.bitwise_or(tirx.shift_right(wide, u32(16)), u32(0x0040))
+    is_nan = tirx.bitwise_and(wide, u32(0x7FFFFFFF)) > u32(0x7F800000)
+    return tirx.if_then_else(is_nan, quiet_nan, rounded)
 
 
 def pack_pair(low: Any, high: Any | None) -> Any:
