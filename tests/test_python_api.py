@@ -105,3 +105,25 @@ def test_a_script_that_fails_before_tvm_is_needed_exits_cleanly(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "refused: Model file not found" in done.stdout
     assert "Fatal" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_an_artifact_converted_again_into_the_same_directory_loads_anew(tmp_path):
+    """The dynamic loader returns the library it already mapped for a path it has seen: loading
+    the directory again after a second convert ran the first model. Each file now loads as itself;
+    the first one's VM keeps working."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = np.array([-1.0, 0.5, 2.0, -3.0], np.float32)
+    model, out = tmp_path / "m.onnx", tmp_path / "out"
+    vms = []
+    for op in ("Relu", "Neg", "Relu"):
+        graph = helper.make_graph([helper.make_node(op, ["x"], ["y"])], "g",
+                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(model))
+        amptool.convert(model, output=out)
+        vms.append(amptool.load(out))
+    want = [np.maximum(x, 0), -x, np.maximum(x, 0)]
+    for vm, expected in zip(vms, want, strict=True):
+        np.testing.assert_array_equal(vm.run({"x": x})["y"], expected)

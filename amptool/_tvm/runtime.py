@@ -48,8 +48,47 @@ def load_vm(path: str, device: str = "cpu") -> Any:
 
     dev = open_device(device)
     with quiet_native_stderr():
-        lib = tvm.runtime.load_module(path)
+        lib = tvm.runtime.load_module(_loadable_path(path))
         return VirtualMachine(lib, dev)
+
+
+#: Per library path loaded in this process: the file (device, inode, size, mtime) loaded under it.
+_LOADED_FILES: dict[str, tuple[int, int, int, int]] = {}
+_ALIAS_DIR: list[str] = []
+
+
+def _loadable_path(path: str) -> str:
+    """``path``, or an alias of its current file when another file was loaded from that path
+    earlier in this process.
+
+    Why: the dynamic loader hands back the library it already mapped for a path it has seen,
+    without looking at the file, so ``amptool.load`` of an artifact converted again into the same
+    directory ran the first model (seen: a Neg model returning the Relu model's outputs). The
+    alias is a hard link (a copy across file systems) named after the file's identity, in a
+    directory of this process's, removed at exit; the same file keeps the same name."""
+    import atexit  # noqa: PLC0415
+    import shutil  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    real = os.path.realpath(path)
+    try:
+        info = os.stat(real)
+    except OSError:
+        return path  # TVM's own error names the path
+    identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+    first = _LOADED_FILES.setdefault(real, identity)
+    if first == identity:
+        return path
+    if not _ALIAS_DIR:
+        _ALIAS_DIR.append(tempfile.mkdtemp(prefix="amptool-libs-"))
+        atexit.register(shutil.rmtree, _ALIAS_DIR[0], True)
+    alias = os.path.join(_ALIAS_DIR[0], "{}-{}-{}-{}".format(*identity) + os.path.splitext(real)[1])
+    if not os.path.exists(alias):
+        try:
+            os.link(real, alias)
+        except OSError:
+            shutil.copyfile(real, alias)
+    return alias
 
 
 def runtime_only() -> bool:
