@@ -105,10 +105,10 @@ def activation_peaks(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], so
     """Run ``model`` with all main-graph tensors exposed; max |x| per node (finite or not)."""
     from amptool.frontend.gradient import forward_only, has_gradients  # noqa: PLC0415
 
-    probe = onnx.ModelProto()
     # onnxruntime cannot run Gradient nodes: calibrate the forward graph. Recomputed forward
     # bindings carry their forward node's name, so they are guarded; backward ones are not.
-    probe.CopyFrom(forward_only(model) if has_gradients(model) else model)
+    # Read only: no copy (BERT-base's was 0.28 s of a convert).
+    probe = forward_only(model) if has_gradients(model) else model
     constants = {init.name for init in probe.graph.initializer}
     constants |= {o for n in probe.graph.node if n.op_type == "Constant" for o in n.output}
     try:
