@@ -64,8 +64,8 @@ def cheap_frame_stack() -> Iterator[None]:
     with _LOCK:
         if _DEPTH[0] == 0:
             _ORIGINAL.update(stack=inspect.stack, getouterframes=inspect.getouterframes)
-            inspect.stack = _stack  # type: ignore[assignment]
-            inspect.getouterframes = _outer_frames  # type: ignore[assignment]
+            inspect.stack = _stack
+            inspect.getouterframes = _outer_frames
         _DEPTH[0] += 1
     try:
         yield
