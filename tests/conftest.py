@@ -63,3 +63,30 @@ def single_error(output: str) -> bool:
     """The output carries exactly one error line — amptool's ``error:`` or click's usage ``Error:`` —
     a user error printed once, not a crash (an internal error prints ``internal error:``)."""
     return sum(line.startswith(("error:", "Error:")) for line in output.splitlines()) == 1
+
+
+def export_packs_tvms_blob(executable: Any, path: str, monkeypatch: pytest.MonkeyPatch) -> bytes:
+    """Export ``executable`` to ``path`` and check that its packed imports were written as our own
+    ELF object (not through TVM's LLVM packer) holding exactly TVM's serialisation; returns it.
+    Skips where amptool's ELF writer is not used."""
+    import ctypes
+
+    import numpy as np
+    import tvm
+
+    from amptool import _tvm
+    from amptool._tvm import build as tvm_build
+    from amptool._tvm import elf
+
+    if elf.host_machine() is None:
+        pytest.skip("the ELF writer is used on Linux x86-64/AArch64 only")
+    llvm_packs: list[Any] = []
+    real = tvm.runtime._ffi_api.ModulePackImportsToLLVM
+    monkeypatch.setattr(tvm.runtime._ffi_api, "ModulePackImportsToLLVM",
+                        lambda *args: llvm_packs.append(args) or real(*args))
+    _tvm.export_library(executable, path)
+    assert not llvm_packs
+    want: bytes = np.from_dlpack(tvm.runtime._ffi_api.ModulePackImportsToTensor(executable.mod)).tobytes()
+    start = ctypes.addressof(ctypes.c_char.in_dll(ctypes.CDLL(path), tvm_build.LIBRARY_BLOB_SYMBOL))
+    assert ctypes.string_at(start, len(want)) == want
+    return want

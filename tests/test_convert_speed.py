@@ -28,6 +28,7 @@ from amptool.passes.concretize_like import concretize_like
 from amptool.passes.fold_casts import fold_constant_casts
 from amptool.passes.fold_constants import fold_constants
 from amptool.passes.mixed_precision import to_mixed_precision
+from tests.conftest import export_packs_tvms_blob
 
 
 def _imported(path: str):
@@ -178,27 +179,11 @@ def test_kernels_built_in_parallel_match_one_build(zoo_model, tmp_path):
 def test_exported_library_carries_the_blob_tvm_would_pack(zoo_model, tmp_path, monkeypatch):
     """The packed imports are written as our own ELF object, not through LLVM: the library's
     ``__tvm_ffi__library_bin`` holds exactly TVM's serialisation, and TVM loads and runs it."""
-    import ctypes
-
-    from amptool._tvm import build as tvm_build
-    from amptool._tvm import elf
-
-    if elf.host_machine() is None:
-        pytest.skip("the ELF writer is used on Linux x86-64/AArch64 only")
     build = build_model(ConvertConfig(model=zoo_model("resnet_like"), dtype="float16"))
     executable = build.executable
     assert len(executable.mod._collect_dso_modules()) >= 2  # the parallel export, which packs this way
-    llvm_packs = []
-    real = tvm.runtime._ffi_api.ModulePackImportsToLLVM
-    monkeypatch.setattr(tvm.runtime._ffi_api, "ModulePackImportsToLLVM",
-                        lambda *args: llvm_packs.append(args) or real(*args))
     path = str(tmp_path / "model.so")
-    _tvm.export_library(executable, path)
-    assert not llvm_packs
-    want = np.from_dlpack(tvm.runtime._ffi_api.ModulePackImportsToTensor(executable.mod)).tobytes()
-    library = ctypes.CDLL(path)
-    start = ctypes.addressof(ctypes.c_char.in_dll(library, tvm_build.LIBRARY_BLOB_SYMBOL))
-    assert ctypes.string_at(start, len(want)) == want
+    export_packs_tvms_blob(executable, path, monkeypatch)
     feeds = [np.random.default_rng(0).standard_normal(s.shape).astype("float32") for s in build.inputs]
     for got, expected in zip(_tvm.run_vm(_tvm.load_vm(path), feeds, "cpu"),
                              _tvm.run_vm(_tvm.vm_from_executable(executable, "cpu"), feeds, "cpu"), strict=True):

@@ -16,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 from amptool import _tvm
 from amptool.compiler import cuda_compile, cuda_inspect
 from amptool.compiler.gpu_names import c_identifier
+from tests.conftest import export_packs_tvms_blob
 
 HAS_CUDA_CODEGEN = _tvm.has_global_func("target.build.cuda")
 HAS_NVCC = cuda_compile.find_nvcc() is not None
@@ -214,28 +215,10 @@ def test_convert_for_cuda_reports_tensor_cores_in_the_manifest(tmp_path):
 def test_exported_cuda_library_carries_the_blob_tvm_would_pack(fp16_sm90, tmp_path, monkeypatch):
     """A CUDA build's LLVM host modules are exported like the CPU build's: device code, VM
     bytecode and weights packed as our own ELF object, byte for byte TVM's serialisation."""
-    import ctypes
-
-    import tvm
-
-    from amptool._tvm import build as tvm_build
-    from amptool._tvm import elf
-
-    if elf.host_machine() is None:
-        pytest.skip("the ELF writer is used on Linux x86-64/AArch64 only")
     executable = fp16_sm90[0]
     assert {m.kind for m in executable.mod._collect_dso_modules()} == {"llvm"}
-    llvm_packs = []
-    real = tvm.runtime._ffi_api.ModulePackImportsToLLVM
-    monkeypatch.setattr(tvm.runtime._ffi_api, "ModulePackImportsToLLVM",
-                        lambda *args: llvm_packs.append(args) or real(*args))
-    path = str(tmp_path / "model.so")
-    _tvm.export_library(executable, path)
-    assert not llvm_packs
-    want = np.from_dlpack(tvm.runtime._ffi_api.ModulePackImportsToTensor(executable.mod)).tobytes()
+    want = export_packs_tvms_blob(executable, str(tmp_path / "model.so"), monkeypatch)
     assert b"cuda" in want and b"__global__" in want  # the device module (its CUDA source) is among them
-    start = ctypes.addressof(ctypes.c_char.in_dll(ctypes.CDLL(path), tvm_build.LIBRARY_BLOB_SYMBOL))
-    assert ctypes.string_at(start, len(want)) == want
 
 
 def _kernel_texts(executable) -> dict[str, str]:
