@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -38,6 +37,8 @@ from tvm.s_tir.dlight.gpu.matmul import (
     get_reduction_blocks,
 )
 
+from amptool.compiler.targets import arch_version
+
 #: Input dtype → (minimum sm version, accumulator dtypes TVM's schedule can tensorize).
 TENSOR_CORE_DTYPES = {"float16": (70, ("float16", "float32")), "bfloat16": (80, ("float32",))}
 
@@ -47,8 +48,7 @@ def sm_version(target: Any) -> int:
     that as -1); -1 for anything else."""
     if str(target.kind.name) != "cuda":
         return -1
-    match = re.fullmatch(r"sm_(\d+)[a-z]?", str(target.attrs.get("arch", "")))
-    return int(match.group(1)) if match else -1
+    return arch_version(str(target.attrs.get("arch", "")))
 
 
 class TensorCoreMatmul(GPUScheduleRule):

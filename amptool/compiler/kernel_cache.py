@@ -41,7 +41,7 @@ class KernelCache:
     def name_kernels(self, mod: Any, target: Any, primary: frozenset[Any] = frozenset()) -> tuple[Any, dict[str, Any]]:
         """``mod`` with every kernel named after its content, and the modules already holding some
         of them (symbol → module); kernels compiled for another target are forgotten first. A kernel
-        in ``primary`` (GlobalVars) is never taken from a quick (-O0) compile."""
+        in ``primary`` (GlobalVars) is never taken from a quick compile."""
         if str(target) != self._target:
             self._target, self._kernels, self._symbols = str(target), {}, set()
         names: dict[Any, str] = {}
@@ -72,7 +72,7 @@ class KernelCache:
 
     def remember(self, part: Any, module: Any, quick: bool = False) -> None:
         """The kernels of ``part`` (an IRModule named by ``name_kernels``) compiled into ``module``
-        (``quick``: at -O0)."""
+        (``quick``: at ``split_codegen.QUICK_OPT_LEVEL``)."""
         for gv, func in part.functions_items():
             if isinstance(func, tvm.tirx.PrimFunc):
                 bare = func.without_attr("global_symbol")

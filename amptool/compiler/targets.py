@@ -176,8 +176,13 @@ def slow_imports(name: str, cuda_arch: str | None, dtype: str) -> tuple[str, ...
     GPU of the last years)."""
     if name != "cuda" or dtype == "float32":
         return ()
-    match = _ARCH.fullmatch(cuda_arch or DEFAULT_CUDA_ARCH)
-    return (CUDA_TENSOR_INTRINSICS,) if match and int(match.group(1)) >= 70 else ()
+    return (CUDA_TENSOR_INTRINSICS,) if arch_version(cuda_arch or DEFAULT_CUDA_ARCH) >= 70 else ()
+
+
+def arch_version(arch: str) -> int:
+    """80 for ``sm_80`` (90 for ``sm_90a``); -1 for anything that is no CUDA arch."""
+    match = _ARCH.fullmatch(arch)
+    return int(match.group(1)) if match else -1
 
 
 def check_cuda_arch(text: str) -> str:
