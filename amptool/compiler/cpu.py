@@ -35,6 +35,7 @@ from amptool.compiler.cpu_depthwise import DEPTHWISE_BLOCK
 from amptool.compiler.cpu_kernels import CONV2D_BF16_BLOCK, CONV2D_BLOCK, MATMUL_BF16_BLOCK, MATMUL_BLOCK, legalize_map
 from amptool.compiler.cpu_layout import layout_passes
 from amptool.compiler.cpu_nhwc import CONV2D_NHWC_BF16_BLOCK, CONV2D_NHWC_BLOCK, DEPTHWISE_NHWC_BLOCK
+from amptool.compiler.cpu_row_reduction import vector_row_reduction
 from amptool.compiler.cpu_schedules import (
     Guarded,
     Tiling,
@@ -86,7 +87,8 @@ def default_rules(tiling: Tiling | None = None) -> list[Any]:
     }
     return [Guarded(fn, tiling, requires.get(fn)) for fn in (
         nhwc_conv2d, nhwc_depthwise, nhwc_conv2d_bf16, packed_conv2d, depthwise_conv2d, packed_matmul,
-        packed_conv2d_bf16, packed_matmul_bf16, tiled_reduction, injective, row_reduction, parallel_outer)]
+        packed_conv2d_bf16, packed_matmul_bf16, tiled_reduction, injective, vector_row_reduction, row_reduction,
+        parallel_outer)]
 
 
 def stage_passes(target: Any) -> stages.Stages:

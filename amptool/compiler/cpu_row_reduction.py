@@ -1,0 +1,151 @@
+"""Row reductions (softmax, layer norm, RMS norm, mean/variance) with vectorized partial sums.
+
+What: a kernel of row reductions and elementwise steps that share their leading (row) axes —
+softmax = max → exp → sum → divide — gets each reduction over the contiguous innermost axis
+split into ``lanes`` partial results (``rfactor``): one vector accumulator per row, combined
+across its lanes once at the end. Every block then runs per row under one parallel loop, the
+elementwise steps vectorized, single-use ones inlined into their consumer.
+
+Why: TVM's ``dlight.cpu.Reduction`` (the rule this one goes before) leaves each reduction a
+scalar chain: a BERT-base layer norm summed its 768 values one dependent add after the other,
+twice per row (0.105 ms per call; the rows' arithmetic is ~10× less), and softmax did the same
+over its 128 scores. It notes that ``rfactor`` needs the block first under its loop, so here
+the reductions are factored before anything moves under the row loop.
+
+When not: a reduction over an axis that is not contiguous in its inputs (softmax over channels
+of NCHW), over fewer than two vectors, or of a length no power-of-two vector width ≥ 4 divides:
+the rule passes and dlight's takes the kernel.
+
+Preserves: values up to float rounding — ``lanes`` partial sums added together at the end are
+a different order of additions from one chain (max and min are exact).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tvm.s_tir.dlight.analysis import normalize_prim_func
+
+from amptool.compiler.cpu_schedules import Tiling, _extent, _parallel, _stride
+
+#: ``IterVar.iter_type`` of a spatial (data-parallel) iteration variable.
+_SPATIAL = 0
+
+#: Vector widths tried for a reduction's partial results, widest first (float32 lanes ≤ target's).
+_WIDTHS = (16, 8, 4)
+
+
+def vector_row_reduction(sch: Any, tiling: Tiling) -> Any | None:
+    """Schedule a row-reduction kernel with ``lanes``-wide partial reductions (see module doc)."""
+    infos = normalize_prim_func(sch)
+    if infos is None:
+        return None
+    reductions = [info for info in infos if not info.is_injective()]
+    if not reductions:
+        return None
+    rows = min(_leading_spatial(info.dom_kind()) for info in infos)
+    if rows == 0:
+        return None
+    widths = [_plan(sch, info, tiling) for info in reductions]
+    if None in widths:
+        return None
+    for info, width in zip(reductions, widths, strict=True):
+        _factor(sch, info, int(width or 0))
+    return _schedule_rows(sch, rows, tiling)
+
+
+def _leading_spatial(kinds: str) -> int:
+    return len(kinds) - len(kinds.lstrip("S"))
+
+
+def _plan(sch: Any, info: Any, tiling: Tiling) -> int | None:
+    """The vector width for one reduction block, or None if it cannot be factored:
+    its reduction axes must trail its spatial ones and the innermost be contiguous (or
+    broadcast) in every input, with a length a vector width divides at least twice."""
+    kinds = info.dom_kind()
+    spatial = _leading_spatial(kinds)
+    if spatial == len(kinds) or set(kinds[spatial:]) != {"R"}:
+        return None
+    stmt = sch.get(info.block_rv)
+    extents = [_extent(sch, loop) for loop in sch.get_loops(info.block_rv)]
+    if None in extents or len(stmt.writes) != 1:
+        return None
+    innermost = stmt.iter_vars[-1].var
+    strides = [_stride(read, innermost) for read in stmt.reads]
+    if any(s not in (0, 1) for s in strides) or 1 not in strides:
+        return None
+    length = int(extents[-1] or 0)
+    width = next((w for w in _WIDTHS if w <= tiling.lanes and length % w == 0 and length >= 2 * w), None)
+    return width
+
+
+def _factor(sch: Any, info: Any, width: int) -> None:
+    """Split the innermost reduction loop into ``[length / width, width]`` and factor out the
+    inner part: a block reducing into ``width`` partial results (a new innermost dimension of
+    its buffer), then one combining them."""
+    inner = sch.get_loops(info.block_rv)[-1]
+    _, lanes = sch.split(inner, [None, width])
+    sch.rfactor(lanes, factor_axis=len(sch.get(info.block_rv).writes[0].source.shape))
+
+
+def _schedule_rows(sch: Any, rows: int, tiling: Tiling) -> Any:
+    """Every block per row under the last block's (parallel) row loop; partial reductions with
+    their lanes innermost and vectorized; elementwise blocks vectorized, single-use ones inlined."""
+    _inline_single_use(sch)
+    *earlier, last = sch.get_child_blocks(sch.get_sblock("root"))
+    row_loop = _parallel(sch, sch.get_loops(last)[:rows], tiling)
+    if all(iv.iter_type == _SPATIAL for iv in sch.get(last).iter_vars):
+        _vectorize_innermost(sch, last, tiling)  # (a kernel ending in its reduction ends combining lanes)
+    for block in reversed(earlier):
+        sch.compute_at(block, row_loop, preserve_unit_loops=True)
+    for block in earlier:
+        _schedule_block(sch, block, tiling)
+    return sch
+
+
+def _inline_single_use(sch: Any) -> None:
+    """Compute each elementwise block read by exactly one other block inside that consumer:
+    one pass over the row less (softmax's shift and exp become one step)."""
+    *earlier, _last = sch.get_child_blocks(sch.get_sblock("root"))
+    for block in earlier:
+        if any(iv.iter_type != _SPATIAL for iv in sch.get(block).iter_vars) or len(sch.get_consumers(block)) != 1:
+            continue
+        try:
+            sch.compute_inline(block)
+        except Exception:  # noqa: BLE001 - TVM refuses some (a consumer reading other indices): it stays
+            continue
+
+
+def _schedule_block(sch: Any, block: Any, tiling: Tiling) -> None:
+    stmt = sch.get(block)
+    if all(iv.iter_type == _SPATIAL for iv in stmt.iter_vars):
+        _vectorize_innermost(sch, block, tiling)
+        return
+    if not str(stmt.name_hint).endswith("_rf"):
+        return  # the step combining a row's partial results: ``width`` scalars
+    # An rfactor block: compute_at made its loops in iteration-variable order, the lanes (a
+    # spatial variable, the last index it writes) outside the reduction; put them innermost so
+    # each step of the reduction adds one vector.
+    lane_var = stmt.writes[0].region[-1].min
+    loops = sch.get_loops(block)[-len(stmt.iter_vars):]
+    lanes = next(loop for loop, iv in zip(loops, stmt.iter_vars, strict=True) if iv.var.same_as(lane_var))
+    reductions = [loop for loop, iv in zip(loops, stmt.iter_vars, strict=True) if iv.iter_type != _SPATIAL]
+    sch.reorder(*reductions, lanes)
+    sch.vectorize(lanes)
+    init = sch.decompose_reduction(block, reductions[0])
+    sch.vectorize(sch.get_loops(init)[-1])
+
+
+def _vectorize_innermost(sch: Any, block: Any, tiling: Tiling) -> None:
+    loops = sch.get_loops(block)
+    extent = _extent(sch, loops[-1]) if loops else None
+    if extent is None or extent < 4:
+        return
+    width = next((w for w in (4 * tiling.lanes, 2 * tiling.lanes, tiling.lanes, 8, 4) if extent % w == 0), None)
+    if width is None:
+        return
+    if width < extent:
+        _, loops_inner = sch.split(loops[-1], [None, width])
+        sch.vectorize(loops_inner)
+    else:
+        sch.vectorize(loops[-1])

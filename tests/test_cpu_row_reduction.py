@@ -1,0 +1,108 @@
+"""Row reductions (softmax, layer norm, RMS norm) with vectorized partial results
+(``amptool.compiler.cpu_row_reduction``): the same numbers as onnxruntime, the partial-sum
+blocks really vectorized, and the rows it must leave to dlight's rule left alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx.parser
+import onnxruntime as ort
+import pytest
+
+from amptool import _tvm
+from amptool.app.convert import ConvertConfig, build_model
+
+tvm = pytest.importorskip("tvm")
+
+
+def _model(tmp_path: Path, shape: list[int], body: str, params: str = "", out: list[int] | None = None) -> str:
+    dims = ", ".join(str(d) for d in shape)
+    out_dims = ", ".join(str(d) for d in (shape if out is None else out))
+    model = onnx.parser.parse_model(f"""
+    <ir_version: 8, opset_import: ["" : 18]>
+    g (float[{dims}] x) => (float[{out_dims}] y) {params} {{ {body} }}""")
+    onnx.checker.check_model(model, full_check=True)
+    path = tmp_path / "model.onnx"
+    onnx.save(model, path)
+    return str(path)
+
+
+def _layer_norm(width: int) -> tuple[str, str]:
+    rng = np.random.default_rng(1)
+    scale = ", ".join(f"{v:.5f}" for v in rng.normal(1.0, 0.1, width))
+    bias = ", ".join(f"{v:.5f}" for v in rng.normal(0.0, 0.1, width))
+    return (f"<float[{width}] s = {{{scale}}}, float[{width}] b = {{{bias}}}>",
+            "y = LayerNormalization <axis = -1, epsilon = 0.00001> (x, s, b)")
+
+
+_RMS_NORM = ("",
+             "sq = Mul (x, x)\n m = ReduceMean <keepdims = 1> (sq, axes)\n v = Add (m, eps)\n"
+             " r = Sqrt (v)\n y = Div (x, r)")
+
+CASES = {
+    # name: (shape, params, body, whether every reduction is factored[, output shape])
+    "softmax 128": ([2, 3, 128], "", "y = Softmax <axis = -1> (x)", True),
+    "softmax 1000 (8 lanes)": ([2, 1000], "", "y = Softmax <axis = -1> (x)", True),
+    "softmax 77 (no lane width divides it)": ([3, 77], "", "y = Softmax <axis = -1> (x)", False),
+    "softmax over channels (not contiguous)": ([2, 64, 4, 4], "", "y = Softmax <axis = 1> (x)", False),
+    "layer norm 768": ([1, 16, 768], *_layer_norm(768), True),
+    "rms norm 96": ([2, 5, 96], "<float[1] eps = {0.000001}, int64[1] axes = {-1}>", _RMS_NORM[1], True),
+    "reduce max alone": ([8, 256], "<int64[1] axes = {-1}>", "y = ReduceMax <keepdims = 0> (x, axes)", True, [8]),
+    "reduce sum of two axes": ([4, 6, 64], "<int64[2] axes = {1, 2}>", "y = ReduceSum <keepdims = 0> (x, axes)",
+                               True, [4]),
+}
+
+
+def _scheduled_kernels(path: str) -> list[str]:
+    """The scripts of the scheduled kernels of ``path``'s float32 CPU build."""
+    from amptool.compiler import cpu
+
+    mod = build_model(ConvertConfig(model=path, dtype="float32")).passes.mod
+    target = _tvm.make_target({"kind": "llvm", "mcpu": _tvm.host_cpu()})
+    with target:
+        for name, passes in cpu.stage_passes(target):
+            mod = tvm.transform.Sequential(passes)(mod)
+            if name == "schedule":
+                break
+    return [f.script() for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_matches_onnxruntime(tmp_path: Path, case: str) -> None:
+    shape, params, body, _, *out = CASES[case]
+    path = _model(tmp_path, shape, body, params, *out)
+    x = np.random.default_rng(7).normal(0.0, 3.0, shape).astype(np.float32)
+    x.reshape(-1)[:5] = [40.0, -40.0, 0.0, 1e-3, 88.0]  # far apart: shifts and sums span a wide range
+    want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = build_model(ConvertConfig(model=path, dtype="float32")).compiled().run({"x": x})["y"]
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_partial_results_are_vectorized_where_they_can_be(tmp_path: Path, case: str) -> None:
+    shape, params, body, factored, *out = CASES[case]
+    scripts = _scheduled_kernels(_model(tmp_path, shape, body, params, *out))
+    partials = [s for s in scripts if "_rf_update" in s]
+    if not factored:
+        assert not partials
+        return
+    assert partials
+    for text in partials:  # the loop right above each partial-result update is the vectorized lane loop
+        lines = text.splitlines()
+        updates = [i for i, line in enumerate(lines) if 'T.sblock("' in line and '_rf_update"' in line]
+        assert updates and all("T.vectorized" in lines[i - 1] for i in updates)
+
+
+def test_all_minus_infinity_row_matches_onnxruntime(tmp_path: Path) -> None:
+    """A fully masked attention row: max is -inf; both runtimes give NaN (the shift is -inf - -inf)."""
+    path = _model(tmp_path, [2, 64], "y = Softmax <axis = -1> (x)")
+    x = np.random.default_rng(0).normal(size=(2, 64)).astype(np.float32)
+    x[1] = -np.inf
+    x[0, 3] = -np.inf
+    want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = build_model(ConvertConfig(model=path, dtype="float32")).compiled().run({"x": x})["y"]
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got[0], want[0], rtol=2e-5, atol=2e-6)
