@@ -13,7 +13,9 @@ What: after fusion each kernel is one PrimFunc; the first rule that applies sche
 * ``tiled_reduction`` — any other single reduction whose innermost spatial axis is contiguous
   or broadcast in every operand (pooling, convolutions with non-constant weights, attention
   matmuls): the same tiling, vectorized along that axis.
-* ``row_reduction`` — TVM's ``dlight.cpu.Reduction``: softmax, layer norm, other row reductions.
+* ``vector_row_reduction`` (``cpu_row_reduction``) — softmax, layer norm, RMS norm, reductions
+  over the contiguous last axis: one vector of partial results per row.
+* ``row_reduction`` — TVM's ``dlight.cpu.Reduction``: the row reductions the rule above passes.
 * ``injective`` — elementwise, broadcast, transpose, pad and cast kernels: outer loops
   parallel, innermost loop vectorized.
 * ``parallel_outer`` — anything else: leading spatial loops of every block in parallel.
@@ -27,7 +29,8 @@ raises (an unexpected loop structure) is logged and the next rule is tried, so a
 worst left unscheduled — slower, never wrong. Symbolic extents pass to ``parallel_outer``.
 
 Preserves: values. Schedules reorder loops but keep each reduction's order (the reduction
-loops stay in their original order around the register tile).
+loops stay in their original order around the register tile) — except ``vector_row_reduction``,
+whose lanes of partial sums add in a different order (float rounding; max/min exact).
 """
 
 from __future__ import annotations
