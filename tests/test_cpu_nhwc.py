@@ -267,3 +267,40 @@ def test_bfloat16_dot_products_round_their_inputs_to_nearest_even(tmp_path, op):
 
     assert np.mean(got == reference(_round_bf16(x))) > 0.99
     assert np.mean(got == reference(_truncate_bf16(x))) < 0.6
+
+
+def _two_convs() -> onnx.ModelProto:
+    """A 1x1 conv on a 40x40 map with 32 → 32 channels (4 KB of weights, 200 KB of activations),
+    then a 3x3 conv on a 4x4 map with 256 → 256 channels (2.4 MB of weights, 16 KB around it)."""
+    rng = np.random.default_rng(5)
+    inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.05).astype(np.float32), n)
+             for n, s in (("w1", (32, 32, 1, 1)), ("w2", (256, 32, 10, 10)), ("w3", (256, 256, 3, 3)))]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"]),
+             helper.make_node("Relu", ["a"], ["r"]),
+             helper.make_node("Conv", ["r", "w2"], ["b"], strides=[10, 10]),
+             helper.make_node("Conv", ["b", "w3"], ["y"], pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(nodes, "two_convs", [info("x", [1, 32, 40, 40])], [info("y", [1, 256, 4, 4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def test_convs_stream_their_larger_side_once(tmp_path):
+    """Rows outermost when activations dominate, channel blocks outermost when weights do (each
+    thread then streams the weights once); both orders compute onnxruntime's numbers."""
+    import re
+
+    model = _two_convs()
+    path = tmp_path / "convs.onnx"
+    onnx.save(model, str(path))
+    text = _lowered_kernels(str(path), "float32")
+    orders = {tuple(re.findall(r"\bfor (\w+) in T\.parallel", kernel)) for kernel in text.split("@T.prim_func")
+              if '"amp_conv2d_nhwc_init"' in kernel}
+    loops = sorted(loop for found in orders for loop in found)
+    assert any(re.fullmatch(r"n_y_c_0\w*_fused", loop) for loop in loops), loops
+    assert any(re.fullmatch(r"n_c_0_y\w*_fused", loop) for loop in loops), loops
+    x = np.random.default_rng(2).standard_normal((1, 32, 40, 40)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    amptool.convert(path, dtype="float32", output=tmp_path / "out")
+    got = amptool.load(tmp_path / "out").run({"x": x})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))

@@ -13,6 +13,7 @@ Preserves: each output's summation order (the reduction loops keep their order).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from amptool.compiler.cpu_kernels import nhwc_columns
@@ -28,8 +29,9 @@ from amptool.compiler.cpu_schedules import (
 
 
 def nhwc_tile(sch: Any, conv: Any, block: int, tiling: Tiling) -> tuple[list[Any], list[Any], Any, Any, Any] | None:
-    """Split ``n, y, x, c | reductions`` into ``n, y, c/B, x/T | reductions | T, B``; returns (outer
-    loops, reduction loops, column loop, channel loop, epilogue block)."""
+    """Split ``n, y, x, c | reductions`` into ``n, y, c/B, x/T | reductions | T, B`` — or ``n, c/B,
+    y, x/T | …`` when the weights outweigh the input (``_weights_dominate``); returns (outer loops,
+    reduction loops, column loop, channel loop, epilogue block)."""
     n, y, x, c, *reductions = sch.get_loops(conv)
     width = _extent(sch, x)
     if width is None or _extent(sch, c) is None:
@@ -39,9 +41,41 @@ def nhwc_tile(sch: Any, conv: Any, block: int, tiling: Tiling) -> tuple[list[Any
         return None  # the compute was planned for another target's tile: leave it to the generic rules
     co, ci = sch.split(c, [None, block])
     xo, xi = sch.split(x, [None, tile])
-    sch.reorder(n, y, co, xo, *reductions, xi, ci)
+    if _weights_dominate(sch, conv):
+        sch.reorder(n, co, y, xo, *reductions, xi, ci)
+        outer = [n, co, y]
+    else:
+        sch.reorder(n, y, co, xo, *reductions, xi, ci)
+        outer = [n, y, co]
     epilogue = _epilogue_at(sch, conv, xo)
-    return [n, y, co], reductions, xi, ci, epilogue
+    return outer, reductions, xi, ci, epilogue
+
+
+#: Weight bytes over the kernel's other bytes above which a conv walks channel blocks outermost.
+WEIGHTS_DOMINATE = 2.0
+
+
+def _weights_dominate(sch: Any, conv: Any) -> bool:
+    """Whether the conv's loop over channel blocks should go outside its loop over rows.
+
+    Rows outermost, every row reads all the weights while the row's input, output and residual
+    stay in cache; channel blocks outermost, every block passes over all of those while its
+    weight panel stays in cache. Each thread streams the larger side once that way: channel
+    blocks go outermost when the weights outweigh everything else the kernel reads and writes.
+    ResNet-50 float32, 2 threads, minimum in-run time of each kernel over 12 alternated rounds:
+    the 7x7 stage's convs (2–9 MB of weights) 7–19% faster channels-first (3×3 × 512: 3.23 →
+    2.62 ms); the whole run's difference is within this machine's noise.
+    """
+    weight = sch.get(conv).reads[1].source
+
+    def size(buffer: Any) -> int:
+        return math.prod(int(d) for d in buffer.shape) * buffer.dtype.bits // 8
+
+    try:
+        rest = sum(size(b) for b in sch.mod["main"].params if not b.same_as(weight))  # params are buffers
+        return size(weight) > WEIGHTS_DOMINATE * rest
+    except TypeError:  # a symbolic shape: keep rows outermost
+        return False
 
 
 def nhwc_conv2d(sch: Any, tiling: Tiling) -> Any | None:
