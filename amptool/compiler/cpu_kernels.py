@@ -77,6 +77,7 @@ def legalize_map() -> dict[str, Callable[[Any, Any], Any]]:
         "relax.cosh": _legalize_cosh,
         "relax.sinh": _legalize_sinh,
         "relax.nn.softmax": _legalize_softmax,
+        "relax.power": _legalize_power,
     }
 
 
@@ -458,6 +459,12 @@ def _legalize_unary(bb: Any, call: Any, fast: Callable[[Any], Any], name: str) -
         )
 
     return bb.call_te(compute, call.args[0], primfunc_name_hint=name)
+
+
+def _legalize_power(bb: Any, call: Any) -> Any:
+    from amptool.compiler.cpu_power import legalize_power  # noqa: PLC0415 - numpy-free until a power appears
+
+    return legalize_power(bb, call, _default)
 
 
 # --------------------------------------------------------------------------- softmax
