@@ -78,6 +78,8 @@ def legalize_map() -> dict[str, Callable[[Any, Any], Any]]:
         "relax.sinh": _legalize_sinh,
         "relax.nn.softmax": _legalize_softmax,
         "relax.power": _legalize_power,
+        "relax.exp": _legalize_exp,
+        "relax.sigmoid": _legalize_sigmoid,
     }
 
 
@@ -465,6 +467,18 @@ def _legalize_power(bb: Any, call: Any) -> Any:
     from amptool.compiler.cpu_power import legalize_power  # noqa: PLC0415 - numpy-free until a power appears
 
     return legalize_power(bb, call, _default)
+
+
+def _legalize_exp(bb: Any, call: Any) -> Any:
+    from amptool.compiler.cpu_exp import legalize_exp  # noqa: PLC0415
+
+    return legalize_exp(bb, call, _default)
+
+
+def _legalize_sigmoid(bb: Any, call: Any) -> Any:
+    from amptool.compiler.cpu_exp import legalize_sigmoid  # noqa: PLC0415
+
+    return legalize_sigmoid(bb, call, _default)
 
 
 # --------------------------------------------------------------------------- softmax
