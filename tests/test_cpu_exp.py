@@ -1,6 +1,6 @@
-"""Exp and Sigmoid on the CPU as vectorized polynomials (``amptool.compiler.cpu_exp``): within
+"""Exp, Sigmoid and Log on the CPU as vectorized polynomials (``amptool.compiler.cpu_exp``): within
 an ulp or two of the exact values across float32's whole range, special values as libm's, and
-no ``expf`` call left in the library (the call kept the loops scalar)."""
+no ``expf``/``logf`` call left in the library (the call kept the loops scalar)."""
 
 from __future__ import annotations
 
@@ -32,12 +32,22 @@ def _build(tmp_path: Path, op: str, n: int, dtype: str = "float32") -> amptool.A
 def _exact(op: str, x: np.ndarray) -> np.ndarray:
     x64 = x.astype(np.float64)
     with np.errstate(all="ignore"):
+        if op == "Log":
+            return np.log(x64)
         return np.exp(x64) if op == "Exp" else 1.0 / (1.0 + np.exp(-x64))
 
 
-@pytest.mark.parametrize(("op", "max_ulps"), [("Exp", 1.0), ("Sigmoid", 2.5)])
+def _range(op: str) -> np.ndarray:
+    if op != "Log":
+        return np.concatenate([np.linspace(-110.0, 95.0, 100_001, dtype=np.float32), SPECIAL])
+    rng = np.random.default_rng(0)
+    return np.concatenate([np.geomspace(1e-45, 3e38, 100_001).astype(np.float32),  # subnormals to FLT_MAX
+                           rng.uniform(0.5, 2.0, 20_000).astype(np.float32), SPECIAL, np.float32([-1.0, 1.0])])
+
+
+@pytest.mark.parametrize(("op", "max_ulps"), [("Exp", 1.0), ("Sigmoid", 2.5), ("Log", 1.0)])
 def test_within_ulps_of_the_exact_value_across_the_range(tmp_path: Path, op: str, max_ulps: float) -> None:
-    x = np.concatenate([np.linspace(-110.0, 95.0, 100_001, dtype=np.float32), SPECIAL])
+    x = _range(op)
     got = np.asarray(_build(tmp_path, op, x.size).run({"x": x})["y"])
     exact = _exact(op, x)
     with np.errstate(over="ignore"):
@@ -45,18 +55,19 @@ def test_within_ulps_of_the_exact_value_across_the_range(tmp_path: Path, op: str
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     np.testing.assert_array_equal(got[np.isinf(want)], want[np.isinf(want)])
     normal = np.isfinite(want) & (np.abs(want) >= np.finfo(np.float32).tiny)
+    np.testing.assert_array_equal(got[want == 0], want[want == 0])  # log(1) is 0, exp(-150) 0
     ulps = np.abs(got[normal] - exact[normal]) / np.spacing(want[normal]).astype(np.float64)
     assert ulps.max() <= max_ulps, (ulps.max(), x[normal][ulps.argmax()])
     tiny = np.isfinite(want) & ~normal  # subnormal and zero results: what expf gives, to a few 1e-39
     np.testing.assert_allclose(got[tiny], want[tiny], rtol=0, atol=3e-39)
 
 
-@pytest.mark.parametrize("op", ["Exp", "Sigmoid", "Elu"])
-def test_no_expf_call_left(tmp_path: Path, op: str) -> None:
+@pytest.mark.parametrize("op", ["Exp", "Sigmoid", "Elu", "Log", "Softplus", "Mish"])
+def test_no_libm_call_left(tmp_path: Path, op: str) -> None:
     _build(tmp_path, op, 4096)
     listing = subprocess.run(["objdump", "-d", str(tmp_path / op / "model.so")], capture_output=True, text=True,
                              check=True).stdout
-    assert not re.search(r"\bcall\s.*<expf@plt>", listing)
+    assert not re.search(r"\bcall\s.*<(expf|logf)@plt>", listing)
 
 
 def test_bfloat16_and_float16_builds(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""``exp`` and ``sigmoid`` on the CPU as vectorizable polynomials, accurate over float32's range.
+"""``exp``, ``sigmoid`` and ``log`` on the CPU as vectorizable polynomials, accurate over float32's range.
 
 What: ``exp(x) = 2ⁿ · p(r)`` with ``n = round(x / ln 2)``, ``r = x − n·ln 2`` reduced in two steps
 (Cody–Waite: ``ln 2`` split so that ``n · C1`` is exact) and ``p`` Cephes' degree-7 polynomial;
@@ -11,8 +11,15 @@ loops scalar. SiLU (``x · sigmoid(x)``) is in every layer of YOLOv5/v8 and Effi
 TOPI's ``fast_exp`` vectorizes but clamps at ±88.4 (``exp(89)`` was 2.4e38, not ``inf``) and
 reduces with a one-part ``ln 2`` (errors of a few ulps near the ends of the range).
 
-Preserves: NaN (passed through), ``±inf`` (``exp(+inf) = inf``, ``exp(−inf) = 0``); within ~1
-ulp of ``expf`` (tests compare across the whole range).
+``log(x) = e · ln 2 + log1p(m − 1)`` with ``x = m · 2ᵉ``, ``m`` in [√½, √2) read from the bits
+(subnormal inputs scaled by 2²⁵ first) and Cephes' degree-9 polynomial for ``log1p``.
+
+Why ``log``: Softplus and Mish (YOLOv4's activation, every layer) and LogSoftmax are built on it,
+and TOPI's is libm's ``logf`` per element.
+
+Preserves: NaN (passed through), ``±inf`` (``exp(+inf) = inf``, ``exp(−inf) = 0``; ``log(0) =
+−inf``, ``log(+inf) = inf``, ``log(x < 0)`` NaN); within ~1 ulp of the exact values (tests compare
+across the whole range).
 """
 
 from __future__ import annotations
@@ -35,17 +42,35 @@ def exp_f32(x: Any) -> Any:
     def f32(value: float) -> Any:
         return tirx.const(value, "float32")
 
-    clamped = tirx.max(tirx.min(x, f32(HIGH)), f32(LOW))
-    n = tirx.floor(clamped * f32(_LOG2E) + f32(0.5))
-    r = (clamped - n * f32(_C1)) - n * f32(_C2)
-    poly = f32(_POLY[0])
-    for coefficient in _POLY[1:]:
-        poly = poly * r + f32(coefficient)
-    p = poly * (r * r) + r + f32(1.0)
-    whole = n.astype("int32")
-    half = whole >> 1  # ⌊n/2⌋; n − ⌊n/2⌋ is the rest: both in [−52, 45], normal powers of two
-    value = p * _power_of_two(half) * _power_of_two(whole - half)
-    return tirx.Select(tirx.isnan(x), x, value)
+    def reduced(x: Any, n: Any) -> Any:
+        clamped = tirx.max(tirx.min(x, f32(HIGH)), f32(LOW))
+        return _let((clamped - n * f32(_C1)) - n * f32(_C2), lambda r: scaled(x, n, r))
+
+    def scaled(x: Any, n: Any, r: Any) -> Any:
+        poly = f32(_POLY[0])
+        for coefficient in _POLY[1:]:
+            poly = poly * r + f32(coefficient)
+        p = poly * (r * r) + r + f32(1.0)
+        whole = n.astype("int32")
+        half = whole >> 1  # ⌊n/2⌋; n − ⌊n/2⌋ is the rest: both in [−52, 45], normal powers of two
+        value = p * _power_of_two(half) * _power_of_two(whole - half)
+        return tirx.Select(tirx.isnan(x), x, value)
+
+    def rounded(x: Any) -> Any:
+        clamped = tirx.max(tirx.min(x, f32(HIGH)), f32(LOW))
+        return _let(tirx.floor(clamped * f32(_LOG2E) + f32(0.5)), lambda n: reduced(x, n))
+
+    return _let(x, rounded)
+
+
+def _let(value: Any, body: Any) -> Any:
+    """``body(v)`` with ``v`` bound to the float32 ``value`` once (``tirx.Let``): these functions read their
+    operands many times, and nested as expression trees (Mish is tanh(log(1 + exp(x)))) every
+    read copied the whole operand — one Mish kernel took 190 s to compile."""
+    from tvm import tirx  # noqa: PLC0415
+
+    var = tirx.Var("v", "float32")  # every value bound here is float32
+    return tirx.Let(var, value, body(var))
 
 
 def _power_of_two(exponent: Any) -> Any:
@@ -53,6 +78,49 @@ def _power_of_two(exponent: Any) -> Any:
     from tvm import tirx  # noqa: PLC0415
 
     return tirx.reinterpret("float32", (exponent + tirx.const(127, "int32")) << tirx.const(23, "int32"))
+
+
+#: Cephes' logf polynomial, highest degree first, for log1p on [√½ − 1, √2 − 1).
+_LOG_POLY = (7.0376836292e-2, -1.1514610310e-1, 1.1676998740e-1, -1.2420140846e-1, 1.4249322787e-1,
+             -1.6668057665e-1, 2.0000714765e-1, -2.4999993993e-1, 3.3333331174e-1)
+_SQRT_HALF = 0.707106781186547524
+_SMALLEST_NORMAL = 1.1754943508222875e-38
+
+
+def log_f32(x: Any) -> Any:
+    """The TIR value of ``log(x)`` for a float32 scalar expression ``x`` (see the module docstring)."""
+    from tvm import tirx  # noqa: PLC0415
+
+    def f32(value: float) -> Any:
+        return tirx.const(value, "float32")
+
+    def i32(value: int) -> Any:
+        return tirx.const(value, "int32")
+
+    def split(x: Any) -> Any:
+        subnormal = x < f32(_SMALLEST_NORMAL)
+        bits = tirx.reinterpret("int32", tirx.Select(subnormal, x * f32(2.0 ** 25), x))
+        exponent = ((bits >> i32(23)) & i32(0xFF)) - tirx.Select(subnormal, i32(126 + 25), i32(126))
+        mantissa = tirx.reinterpret("float32", (bits & i32(0x007FFFFF)) | i32(0x3F000000))  # in [0.5, 1)
+        return _let(mantissa, lambda mantissa: normalized(x, exponent, mantissa))
+
+    def normalized(x: Any, exponent: Any, mantissa: Any) -> Any:
+        low = mantissa < f32(_SQRT_HALF)
+        e = (exponent - tirx.Select(low, i32(1), i32(0))).astype("float32")
+        return _let(e, lambda e: _let(tirx.Select(low, mantissa + mantissa, mantissa) - f32(1.0),
+                                      lambda m: polynomial(x, e, m)))
+
+    def polynomial(x: Any, e: Any, m: Any) -> Any:
+        z = m * m
+        poly = f32(_LOG_POLY[0])
+        for coefficient in _LOG_POLY[1:]:
+            poly = poly * m + f32(coefficient)
+        value = m + (poly * m * z + e * f32(_C2) - f32(0.5) * z) + e * f32(_C1)
+        value = tirx.Select(x == f32(0.0), f32(-float("inf")), value)
+        value = tirx.Select(x < f32(0.0), f32(float("nan")), value)
+        return tirx.Select(x == f32(float("inf")), x, tirx.Select(tirx.isnan(x), x, value))
+
+    return _let(x, split)
 
 
 def sigmoid_f32(x: Any) -> Any:
@@ -68,6 +136,10 @@ def legalize_exp(bb: Any, call: Any, default: Any) -> Any:
 
 def legalize_sigmoid(bb: Any, call: Any, default: Any) -> Any:
     return _legalize(bb, call, default, sigmoid_f32, "sigmoid")
+
+
+def legalize_log(bb: Any, call: Any, default: Any) -> Any:
+    return _legalize(bb, call, default, log_f32, "log")
 
 
 def _legalize(bb: Any, call: Any, default: Any, scalar: Any, name: str) -> Any:

@@ -80,6 +80,7 @@ def legalize_map() -> dict[str, Callable[[Any, Any], Any]]:
         "relax.power": _legalize_power,
         "relax.exp": _legalize_exp,
         "relax.sigmoid": _legalize_sigmoid,
+        "relax.log": _legalize_log,
     }
 
 
@@ -479,6 +480,12 @@ def _legalize_sigmoid(bb: Any, call: Any) -> Any:
     from amptool.compiler.cpu_exp import legalize_sigmoid  # noqa: PLC0415
 
     return legalize_sigmoid(bb, call, _default)
+
+
+def _legalize_log(bb: Any, call: Any) -> Any:
+    from amptool.compiler.cpu_exp import legalize_log  # noqa: PLC0415
+
+    return legalize_log(bb, call, _default)
 
 
 # --------------------------------------------------------------------------- softmax
