@@ -75,3 +75,22 @@ def test_bfloat16_and_float16_builds(tmp_path: Path) -> None:
     for dtype, rtol in (("bfloat16", 1e-2), ("float16", 1e-3)):
         got = np.asarray(_build(tmp_path / dtype, "Sigmoid", x.size, dtype).run({"x": x})["y"], dtype=np.float32)
         np.testing.assert_allclose(got, _exact("Sigmoid", x), rtol=rtol, atol=1e-3)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_op_matches_onnxruntime_without_libm(tmp_path: Path, approximate: str) -> None:
+    """ONNX's Gelu (opset 20): TVM's legalization called erff (or tanhf) per element."""
+    import onnxruntime as ort
+
+    x = np.concatenate([np.linspace(-12.0, 12.0, 4001, dtype=np.float32), np.float32([np.nan, np.inf, 0.0, -0.0])])
+    model = onnx.parser.parse_model(f"""<ir_version: 10, opset_import: ["" : 20]>
+    g (float[{x.size}] x) => (float[{x.size}] y) {{ y = Gelu <approximate = "{approximate}"> (x) }}""")
+    path = tmp_path / "gelu.onnx"
+    onnx.save(model, path)
+    amptool.convert(path, dtype="float32", output=tmp_path / "out")
+    got = np.asarray(amptool.load(tmp_path / "out").run({"x": x})["y"])
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    listing = subprocess.run(["objdump", "-d", str(tmp_path / "out" / "model.so")], capture_output=True, text=True,
+                             check=True).stdout
+    assert not re.search(r"\bcall\s.*<(erff|tanhf|expf)@plt>", listing)

@@ -81,6 +81,8 @@ def legalize_map() -> dict[str, Callable[[Any, Any], Any]]:
         "relax.exp": _legalize_exp,
         "relax.sigmoid": _legalize_sigmoid,
         "relax.log": _legalize_log,
+        "relax.nn.gelu": _legalize_gelu,
+        "relax.nn.gelu_tanh": _legalize_gelu_tanh,
     }
 
 
@@ -486,6 +488,28 @@ def _legalize_log(bb: Any, call: Any) -> Any:
     from amptool.compiler.cpu_exp import legalize_log  # noqa: PLC0415
 
     return legalize_log(bb, call, _default)
+
+
+def _legalize_gelu(bb: Any, call: Any) -> Any:
+    """ONNX's Gelu op (opset 20), TVM's formula with ``fast_erf``: TOPI's ``erf`` is a libm call."""
+    from tvm import tirx, topi  # noqa: PLC0415
+
+    def gelu(x: Any) -> Any:
+        return x * (tirx.const(0.5, "float32") + topi.fast_erf(x * tirx.const(0.5 ** 0.5, "float32"))
+                    * tirx.const(0.5, "float32"))
+
+    return _legalize_unary(bb, call, gelu, "gelu")
+
+
+def _legalize_gelu_tanh(bb: Any, call: Any) -> Any:
+    """Gelu with ``approximate="tanh"``, TVM's formula with ``fast_tanh``."""
+    from tvm import tirx, topi  # noqa: PLC0415
+
+    def gelu_tanh(x: Any) -> Any:
+        inner = x * tirx.const((2.0 / np.pi) ** 0.5, "float32") * (1 + tirx.const(0.044715, "float32") * x * x)
+        return tirx.const(0.5, "float32") * x * (tirx.const(1.0, "float32") + topi.fast_tanh(inner))
+
+    return _legalize_unary(bb, call, gelu_tanh, "gelu_tanh")
 
 
 # --------------------------------------------------------------------------- softmax
