@@ -47,6 +47,8 @@ CASES = {
     "softmax 128": ([2, 3, 128], "", "y = Softmax <axis = -1> (x)", True),
     "softmax 1000 (8 lanes)": ([2, 1000], "", "y = Softmax <axis = -1> (x)", True),
     "softmax 77 (no lane width divides it)": ([3, 77], "", "y = Softmax <axis = -1> (x)", False),
+    "softmax of one row of 8 (a unit row dropped from one block only)": ([1, 8], "", "y = Softmax <axis = -1> (x)",
+                                                                          False),
     "softmax over channels (not contiguous)": ([2, 64, 4, 4], "", "y = Softmax <axis = 1> (x)", False),
     "layer norm 768": ([1, 16, 768], *_layer_norm(768), True),
     "rms norm 96": ([2, 5, 96], "<float[1] eps = {0.000001}, int64[1] axes = {-1}>", _RMS_NORM[1], True),

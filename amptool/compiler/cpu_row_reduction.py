@@ -47,11 +47,23 @@ def vector_row_reduction(sch: Any, tiling: Tiling) -> Any | None:
     if rows == 0:
         return None
     widths = [_plan(sch, info, tiling) for info in reductions]
-    if None in widths:
+    if None in widths or not _rows_shared(sch, infos, rows):
         return None
     for info, width in zip(reductions, widths, strict=True):
         _factor(sch, info, int(width or 0))
     return _schedule_rows(sch, rows, tiling)
+
+
+def _rows_shared(sch: Any, infos: list[Any], rows: int) -> bool:
+    """Whether every block's first ``rows`` loops have the last block's extents and the last block
+    has a loop of its own inside them: everything then moves under its row loops. (Normalisation
+    may drop a unit row from one block and not another: a 1×8 softmax's last block had the
+    8 columns as its first loop, and everything went under that loop, vectorized — TVM refused.)"""
+    def extents(info: Any) -> list[int | None]:
+        return [_extent(sch, loop) for loop in sch.get_loops(info.block_rv)]
+
+    last = extents(infos[-1])
+    return len(last) > rows and all(extents(info)[:rows] == last[:rows] for info in infos)
 
 
 def _leading_spatial(kinds: str) -> int:
