@@ -50,6 +50,7 @@ from amptool.compiler.cpu_schedules import (
 )
 from amptool.compiler.cpu_schedules_nhwc import nhwc_conv2d, nhwc_depthwise
 from amptool.compiler.kernel_cache import KernelCache
+from amptool.compiler.schedule_fallback import codegen_or_fall_back
 from amptool.compiler.split_codegen import codegen
 from amptool.compiler.widen_epilogues import widen_epilogues
 
@@ -104,9 +105,10 @@ def _WIDEN_EPILOGUES(mod: Any, _ctx: Any) -> Any:
 
 
 def lower(mod: Any, target: Any, on_stage: Callable[[str], None] | None = None,
-          timings: dict[str, float] | None = None) -> Any:
-    """The scheduled module codegen takes (``--lower-only``): Relax lowered to VM calls."""
-    return stages.run_stages(mod, target, stage_passes(target), on_stage, timings)
+          timings: dict[str, float] | None = None, before: dict[str, Any] | None = None) -> Any:
+    """The scheduled module codegen takes (``--lower-only``): Relax lowered to VM calls.
+    ``before``: see ``stages.run_stages``."""
+    return stages.run_stages(mod, target, stage_passes(target), on_stage, timings, before)
 
 
 def build(mod: Any, target: Any, on_stage: Callable[[str], None] | None = None,
@@ -115,11 +117,14 @@ def build(mod: Any, target: Any, on_stage: Callable[[str], None] | None = None,
     each stage took (``codegen`` is TIR lowering plus LLVM). ``kernels``, ``secondary``: see
     ``split_codegen.codegen``."""
     timings: dict[str, float] = {}
-    mod = lower(mod, target, on_stage, timings)
+    before: dict[str, Any] = {"schedule": None}
+    mod = lower(mod, target, on_stage, timings, before)
     if on_stage:
         on_stage("codegen")
     start = time.perf_counter()
-    executable = codegen(mod, target, kernels=kernels, secondary=secondary)
+    executable = codegen_or_fall_back(
+        mod, before["schedule"], target, lambda m: codegen(m, target, kernels=kernels, secondary=secondary),
+        Guarded(parallel_outer, None))
     timings["codegen"] = time.perf_counter() - start
     return executable, timings
 

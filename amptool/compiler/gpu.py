@@ -31,6 +31,7 @@ from tvm.s_tir import dlight
 from amptool.compiler import split_codegen, stages
 from amptool.compiler.cuda_matmul import TensorCoreMatmul
 from amptool.compiler.gpu_names import sanitize_names
+from amptool.compiler.schedule_fallback import codegen_or_fall_back
 
 STAGES = ("sanitize names", *stages.STAGES)
 
@@ -54,20 +55,24 @@ def lower(
     target: Any,
     on_stage: Callable[[str], None] | None = None,
     timings: dict[str, float] | None = None,
+    before: dict[str, Any] | None = None,
 ) -> Any:
-    """The scheduled module codegen takes: Relax lowered to VM calls, every PrimFunc scheduled."""
-    return stages.run_stages(mod, target, stage_passes(target), on_stage, timings)
+    """The scheduled module codegen takes: Relax lowered to VM calls, every PrimFunc scheduled.
+    ``before``: see ``stages.run_stages``."""
+    return stages.run_stages(mod, target, stage_passes(target), on_stage, timings, before)
 
 
 def build(mod: Any, target: Any, on_stage: Callable[[str], None] | None = None) -> tuple[Any, dict[str, float]]:
     """Compile a Relax module for a CUDA/Vulkan ``target``; returns the VM executable and the
     seconds each stage took."""
     timings: dict[str, float] = {}
-    mod = lower(mod, target, on_stage, timings)
+    before: dict[str, Any] = {"schedule": None}
+    mod = lower(mod, target, on_stage, timings, before)
     if on_stage:
         on_stage("codegen")
     start = time.perf_counter()
     with target:
-        executable = split_codegen.codegen(mod, target)
+        executable = codegen_or_fall_back(mod, before["schedule"], target,
+                                          lambda m: split_codegen.codegen(m, target), dlight.gpu.Fallback())
     timings["codegen"] = time.perf_counter() - start
     return executable, timings

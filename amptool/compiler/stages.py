@@ -63,12 +63,16 @@ def run_stages(
     stages: Stages,
     on_stage: Callable[[str], None] | None = None,
     timings: dict[str, float] | None = None,
+    before: dict[str, Any] | None = None,
 ) -> Any:
-    """Apply ``stages`` in order under ``target``; each stage's seconds go to ``timings``. Schedules
-    may parse TVMScript (tensor intrinsics: TVM's for CUDA tensor cores, ``cpu_intrinsics`` for bf16),
-    hence ``cheap_frame_stack``."""
+    """Apply ``stages`` in order under ``target``; each stage's seconds go to ``timings``, and the
+    module as it was before each stage named in ``before`` to that key. Schedules may parse
+    TVMScript (tensor intrinsics: TVM's for CUDA tensor cores, ``cpu_intrinsics`` for bf16), hence
+    ``cheap_frame_stack``."""
     with target, cheap_frame_stack():
         for name, passes in stages:
+            if before is not None and name in before:
+                before[name] = mod.clone()  # a copy of the function map: DLight assigns into the module it gets
             if on_stage:
                 on_stage(name)
             start = time.perf_counter()

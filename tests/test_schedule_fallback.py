@@ -1,0 +1,52 @@
+"""A kernel whose schedule TVM refuses at codegen is rebuilt with a plain schedule, with a warning,
+instead of failing the convert (``amptool.compiler.schedule_fallback``)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx.parser
+import onnxruntime as ort
+import pytest
+
+from amptool.app.convert import ConvertConfig, build_model
+from amptool.compiler import cpu_row_reduction
+
+
+def _softmax_model(tmp_path: Path) -> str:
+    model = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 8] x, float[4, 64] z) => (float[1, 8] y, float[4, 64] w) {
+        y = Softmax <axis = -1> (x)
+        w = Softmax <axis = -1> (z)
+    }""")
+    path = tmp_path / "softmax.onnx"
+    onnx.save(model, path)
+    return str(path)
+
+
+def test_a_schedule_tvm_refuses_falls_back_per_kernel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """The row-reduction rule without its shared-rows check puts a 1x8 softmax's body under a
+    vectorized loop, which TVM refuses in VectorizeLoop (a bug it once had); the 4x64 softmax's
+    schedule is fine and stays."""
+    monkeypatch.setattr(cpu_row_reduction, "_rows_shared", lambda *_: True)
+    path = _softmax_model(tmp_path)
+    x = np.random.default_rng(0).normal(size=(1, 8)).astype(np.float32)
+    z = np.random.default_rng(1).normal(size=(4, 64)).astype(np.float32)
+    with caplog.at_level(logging.WARNING, logger="amptool.compiler.schedule_fallback"):
+        result = build_model(ConvertConfig(model=path, dtype="float32"))
+    warnings = [r.getMessage() for r in caplog.records if "does not compile" in r.getMessage()]
+    assert len(warnings) == 1 and "built with a plain schedule" in warnings[0]
+    got = result.compiled().run({"x": x, "z": z})
+    want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x, "z": z})
+    np.testing.assert_allclose(got["y"], want[0], rtol=2e-6, atol=1e-7)
+    np.testing.assert_allclose(got["w"], want[1], rtol=2e-6, atol=1e-7)
+
+
+def test_without_the_fault_nothing_falls_back(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="amptool.compiler.schedule_fallback"):
+        build_model(ConvertConfig(model=_softmax_model(tmp_path), dtype="float32"))
+    assert not [r for r in caplog.records if "does not compile" in r.getMessage()]
