@@ -108,8 +108,11 @@ def _ms(report: BenchReport, variant: str) -> str:
 
 
 def _ratio(report: BenchReport, variant: str, baseline: str) -> str:
-    value = report.ratio(variant, baseline)
-    return "—" if value is None else f"{value:.2f}×"
+    """The ratio of pooled medians, then the per-round paired one in parentheses (``paired_ratio``)."""
+    value, paired = report.ratio(variant, baseline), report.paired_ratio(variant, baseline)
+    if value is None:
+        return "—"
+    return f"{value:.2f}×" + ("" if paired is None else f" ({paired:.2f}×)")
 
 
 def _row(title: str, report: BenchReport) -> str:
@@ -137,7 +140,9 @@ def _table(reports: list[tuple[str, BenchReport]], threads: int, args: argparse.
     openvino = any(_has_openvino(report) for _, report in reports)
     lines = [
         f"**{threads} thread(s)** for TVM and onnxruntime, batch 1, {args.rounds} rounds × {args.runs} runs per "
-        f"variant, medians. Load average {load_before:.1f} before, {load_after:.1f} after.",
+        f"variant, medians. Load average {load_before:.1f} before, {load_after:.1f} after. Ratios: of the "
+        "pooled medians, and in parentheses the median over rounds of each round's ratio (steadier on a "
+        "shared machine: both sides of a pair ran minutes apart at most).",
         "",
         "| model | onnxruntime fp32 ms | amptool fp32 ms | amptool fp16 ms | amptool bf16 ms "
         "| fp32 vs onnxruntime | fp16 vs fp32 | bf16 vs fp32 | fp32 compile s |"

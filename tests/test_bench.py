@@ -42,6 +42,7 @@ def test_json_contract_and_summary_line(zoo_model, run_cli, tmp_path):
         "amptool-bfloat16/onnxruntime-float32", "amptool-bfloat16/amptool-float32",
     }
     assert all(v > 0 for v in data["ratios"].values())
+    assert set(data["paired_ratios"]) == set(data["ratios"]) and all(v > 0 for v in data["paired_ratios"].values())
     assert data["host"]["llvm_cpu"] and data["versions"]["apache-tvm"]
     assert data["isolation"] == "process per runtime, fresh each round" and data["tvm_threads"] == 1
     assert set(data["settle_ms"]) == set(variants)  # how long each worker took to go idle after a turn
@@ -234,3 +235,16 @@ def test_against_openvino_refuses_other_targets(zoo_model):
         BenchConfig(model=zoo_model("tiny_cnn"), target="cuda", against=("openvino",))
     with pytest.raises(UserError, match="not a runtime"):
         BenchConfig(model=zoo_model("tiny_cnn"), against=("tensorrt",))
+
+
+def test_paired_ratio_is_the_median_of_per_round_ratios():
+    """Round by round 2/1, 3/1, 10/5 → median 2.0; the pooled medians would give 3/1 = 3.0."""
+    from amptool.app.bench import BenchReport, VariantTiming
+
+    a = VariantTiming("amptool-float32", times_ms=[2, 3, 10], round_ms=[2.0, 3.0, 10.0])
+    b = VariantTiming(ONNXRUNTIME, times_ms=[1, 1, 5], round_ms=[1.0, 1.0, 5.0])
+    report = BenchReport(model="m", target="llvm", threads=1, tvm_threads=1, inputs=[], results=[b, a], host={},
+                         versions={}, date="")
+    assert report.ratio("amptool-float32", ONNXRUNTIME) == 3.0
+    assert report.paired_ratio("amptool-float32", ONNXRUNTIME) == 2.0
+    assert report.ratios(paired=True) == {"amptool-float32/onnxruntime-float32": 2.0}

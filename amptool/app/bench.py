@@ -154,6 +154,7 @@ class VariantTiming:
     variant: str
     times_ms: list[float] = field(default_factory=list)
     settle_ms: list[float] = field(default_factory=list)  # per turn: until its worker's threads were idle
+    round_ms: list[float] = field(default_factory=list)  # per round: the median of that round's timed runs
     build_s: float | None = None  # the whole convert path; None when loaded from an artifact
     compile_s: float | None = None  # its TVM compile stage
 
@@ -213,10 +214,22 @@ class BenchReport:
             return None
         return a.median_ms / b.median_ms
 
-    def ratios(self) -> dict[str, float]:
+    def paired_ratio(self, variant: str, baseline: str) -> float | None:
+        """The median over rounds of median(variant's runs) / median(baseline's runs) in the same
+        round, or None when either is missing. Each round times every variant once, close together,
+        so slow drift of a shared machine (and a round's process luck) cancels within a pair:
+        this moves less from run to run than ``ratio``'s pooled medians (benchmarks/README.md)."""
+        a, b = self.timing(variant), self.timing(baseline)
+        if a is None or b is None or not a.round_ms or len(a.round_ms) != len(b.round_ms):
+            return None
+        pairs = [x / y for x, y in zip(a.round_ms, b.round_ms, strict=True) if y > 0]
+        return float(np.median(pairs)) if pairs else None
+
+    def ratios(self, paired: bool = False) -> dict[str, float]:
         """``variant/baseline`` → ratio: every amptool variant against onnxruntime, every low dtype
         against amptool float32, and with ``--against openvino`` every amptool variant against
-        OpenVINO in its own dtype and in float32 (missing baselines are skipped)."""
+        OpenVINO in its own dtype and in float32 (missing baselines are skipped). ``paired``: the
+        per-round ``paired_ratio`` instead of the ratio of pooled medians."""
         found: dict[str, float] = {}
         fp32 = amptool_variant("float32")
         for r in self.results:
@@ -227,7 +240,7 @@ class BenchReport:
             if dtype != "float32":
                 baselines.append(openvino_variant("float32"))
             for baseline in baselines:
-                value = self.ratio(r.variant, baseline)
+                value = self.paired_ratio(r.variant, baseline) if paired else self.ratio(r.variant, baseline)
                 if value is not None:
                     found[f"{r.variant}/{baseline}"] = round(value, 4)
         return found
@@ -242,6 +255,7 @@ class BenchReport:
             "threads": self.threads,
             "tvm_threads": self.tvm_threads,
             "ratios": self.ratios(),
+            "paired_ratios": self.ratios(paired=True),
             "model": self.model,
             "target": self.target,
             "inputs": [s.as_json() for s in self.inputs],
@@ -431,7 +445,9 @@ def time_rounds(specs: list[WorkerSpec], timings: list[VariantTiming], config: B
             shift = round_index % len(specs)
             for index in [*range(shift, len(specs)), *range(shift)]:
                 untimed = 1 + (config.warmup if first_visit else 0)  # refills caches evicted by the others
-                timings[index].times_ms.extend(workers[index].time(untimed, config.runs))  # returns once quiet
+                visit = workers[index].time(untimed, config.runs)  # returns once quiet
+                timings[index].times_ms.extend(visit)
+                timings[index].round_ms.append(float(np.median(visit)))
                 timings[index].settle_ms.append(workers[index].settle_ms[-1])
                 done += 1
                 if on_progress:
