@@ -89,6 +89,9 @@ def test_cnn_block_runs_the_nhwc_kernels(tmp_path, dtype):
     assert '"amp_depthwise_nhwc' in text
     if dtype == "bfloat16" and has_bf16_dot(_tvm.make_target(TARGET)):
         assert '"amp_conv2d_nhwc_bf16' in text and "amptool_dpbf16" in text
+        # The 24-channel convs too: zero filters pad them to 32, the epilogue stores the first 24
+        # (no float32 block-of-8 kernel left).
+        assert "< T.int64(24))" in text and '"amp_conv2d_nhwc_init"' not in text
     else:
         assert '"amp_conv2d_nhwc_init"' in text
     assert '"amp_conv2d_init"' not in text  # no conv left in NCHW

@@ -40,6 +40,7 @@ DEPTHWISE_NHWC_BLOCK = "amp_depthwise_nhwc"
 NHWC_PAD_BLOCK = "amp_nhwc_pad"
 NHWC_PAIRS_BLOCK = "amp_nhwc_pairs"
 NHWC_CROP_BLOCK = "amp_nhwc_crop"
+NHWC_CHANNEL_CROP_BLOCK = "amp_nhwc_channel_crop"
 
 #: Depthwise accumulation dtype (and its packed weight's).
 ACCUMULATE = "float32"
@@ -126,9 +127,10 @@ def conv2d_nhwc(data: Any, packed: Any, *, strides: list[int], padding: list[int
 
 
 def conv2d_nhwc_bf16(data: Any, packed: Any, *, strides: list[int], padding: list[int], dilation: list[int],
-                     columns: int) -> Any:
+                     columns: int, out_channels: int | None = None) -> Any:
     """bfloat16 NHWC conv2d for ``vdpbf16ps``: the input padded with its channel pairs packed two
-    to a uint32 (``[N, H, W, IC/2]``), weights ``[OC/16, KH, KW, IC/2, 16, 2]``; float32 sums."""
+    to a uint32 (``[N, H, W, IC/2]``), weights ``[OC/16, KH, KW, IC/2, 16, 2]``; float32 sums.
+    ``out_channels``: fewer than the weights' (zero filters padding them to 16s): cropped."""
     from tvm import te, tirx  # noqa: PLC0415
 
     from amptool.compiler.cpu_intrinsics import high_bf16, low_bf16, pack_pair, weight_float  # noqa: PLC0415
@@ -164,7 +166,10 @@ def conv2d_nhwc_bf16(data: Any, packed: Any, *, strides: list[int], padding: lis
         return te.sum(low_bf16(value) * weight_float(w[0]) + high_bf16(value) * weight_float(w[1]),
                       axis=[ry, rx, rp])
 
-    return _crop(te.compute((batch, out_h, wide, blocks * block), body, name=CONV2D_NHWC_BF16_BLOCK), out_w)
+    conv = _crop(te.compute((batch, out_h, wide, blocks * block), body, name=CONV2D_NHWC_BF16_BLOCK), out_w)
+    if out_channels is None or out_channels == blocks * block:
+        return conv
+    return te.compute((batch, out_h, out_w, out_channels), lambda *i: conv(*i), name=NHWC_CHANNEL_CROP_BLOCK)
 
 
 def depthwise_nhwc(data: Any, weight: Any, *, strides: list[int], padding: list[int], dilation: list[int],
