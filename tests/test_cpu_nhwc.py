@@ -307,3 +307,29 @@ def test_convs_stream_their_larger_side_once(tmp_path):
     amptool.convert(path, dtype="float32", output=tmp_path / "out")
     got = amptool.load(tmp_path / "out").run({"x": x})["y"]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize(("dtype", "tolerance"), [("float32", 1e-5), ("bfloat16", 1e-2)])
+def test_odd_channel_counts_pad_to_whole_vectors(tmp_path, dtype, tolerance):
+    """A YOLO-style head (255 = 3 × 85 channels, which 8 does not divide) and a 10-channel conv run
+    the NHWC kernels on filters padded with zeros to whole vectors; only the real channels come
+    out. They were left NCHW with TVM's generic conv (the 255 head 4.5× slower in float32)."""
+    rng = np.random.default_rng(4)
+    inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.05).astype(np.float32), n)
+             for n, s in (("w1", (255, 32, 1, 1)), ("b1", (255,)), ("w2", (10, 255, 3, 3)))]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["h"]),
+             helper.make_node("Sigmoid", ["h"], ["s"]),
+             helper.make_node("Conv", ["s", "w2"], ["y"], pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(nodes, "head", [info("x", [1, 32, 9, 11])], [info("y", [1, 10, 9, 11])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    path = tmp_path / "head.onnx"
+    onnx.save(model, str(path))
+    text = _lowered_kernels(str(path), dtype)
+    assert text.count('"amp_conv2d_nhwc_init"') + text.count('"amp_conv2d_nhwc_bf16_init"') == 2  # both convs
+    assert "< T.int64(255))" in text  # the last block of 16 stores its 15 real channels
+    x = np.random.default_rng(1).standard_normal((1, 32, 9, 11)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    amptool.convert(path, dtype=dtype, output=tmp_path / "out")
+    got = np.asarray(amptool.load(tmp_path / "out").run({"x": x})["y"], dtype=np.float32)
+    np.testing.assert_allclose(got, want, rtol=0, atol=tolerance * float(np.abs(want).max()))

@@ -64,13 +64,12 @@ def exp_f32(x: Any) -> Any:
 
 
 def _let(value: Any, body: Any) -> Any:
-    """``body(v)`` with ``v`` bound to the float32 ``value`` once (``tirx.Let``): these functions read their
-    operands many times, and nested as expression trees (Mish is tanh(log(1 + exp(x)))) every
-    read copied the whole operand — one Mish kernel took 190 s to compile."""
-    from tvm import tirx  # noqa: PLC0415
-
-    var = tirx.Var("v", "float32")  # every value bound here is float32
-    return tirx.Let(var, value, body(var))
+    """``body(value)``: names a value the expression reads several times. Not a ``tirx.Let``:
+    TVM's loop unrolling and predicated vectorization copy a Let's body without renaming its
+    variable, and lowering then refuses the kernel ("Let cannot bind the same var to two
+    different values"). The expression tree repeats the value instead; the schedule rules keep
+    such trees from compounding (``cpu_schedules.try_inline``: Mish took 190 s to compile)."""
+    return body(value)
 
 
 def _power_of_two(exponent: Any) -> Any:

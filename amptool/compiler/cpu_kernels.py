@@ -24,9 +24,10 @@ the classic direct-convolution micro-kernel. Packing happens once, in numpy, on 
 (amptool's fp32 folding makes every weight a constant before this runs). ``libm`` erf is
 scalar and ~40× slower than the polynomial; it dominated BERT's GELU.
 
-When not: weights that are not constants, other layouts, symbolic shapes, integer dtypes and
-(one-group convs) channel counts that are not a multiple of 8 keep TVM's own legalization (and
-are scheduled by the generic rules).
+When not: weights that are not constants, other layouts, symbolic shapes and integer dtypes
+keep TVM's own legalization (and are scheduled by the generic rules); so do NCHW convs (those
+the layout stage left) with channel counts 8 does not divide — NHWC ones pad their filters to
+whole vectors with zeros and store only the real channels.
 
 Preserves: the products and the summation order (input channel, then kernel row, then
 kernel column; ``k`` for matmul) of TOPI's computes; low-precision inputs are cast to the
@@ -281,10 +282,16 @@ def _legalize_conv2d_nhwc(bb: Any, call: Any, w: np.ndarray, geometry: dict[str,
         return bb.call_te(cpu_nhwc.conv2d_nhwc_bf16, data, _constant(packed), **geometry, columns=columns,
                           out_channels=out_channels, primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BF16_BLOCK)
     block = _block(out_channels, lanes)
-    if block is None:
-        return _default(bb, call)
+    if block is None or (block < lanes and out_channels > lanes):
+        # Whole vectors of channels with zero filters padding the last (24 → 32, YOLO's 255 → 256):
+        # two full-width FMAs beat three half-width ones, and a count 8 does not divide had no
+        # packed kernel at all.
+        block = lanes
+        padded = -(-out_channels // block) * block
+        w = np.concatenate([w, np.zeros((padded - out_channels, *w.shape[1:]), dtype=w.dtype)])
     return bb.call_te(cpu_nhwc.conv2d_nhwc, data, _constant(cpu_nhwc.pack_conv_weight(w, block)), **geometry,
-                      columns=columns, out_dtype=out_dtype, primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BLOCK)
+                      columns=columns, out_dtype=out_dtype, out_channels=out_channels,
+                      primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BLOCK)
 
 
 def _conv_geometry(

@@ -30,14 +30,14 @@ from amptool.dtypes import DTYPES
 
 log = logging.getLogger(__name__)
 
-#: Output channels a one-group conv needs for its channel blocks (one AVX2 vector).
+#: Channels a depthwise conv needs for its channel blocks (one AVX2 vector).
 CHANNEL_MULTIPLE = 8
 
 
 def wants_nhwc(call: Any) -> bool:
     """An NCHW/OIHW ``relax.nn.conv2d`` with static shapes, a constant weight and float dtypes
-    that the NHWC kernels cover: one group with a multiple of 8 output channels, or depthwise
-    (channel multiplier 1) over a multiple of 8 channels."""
+    that the NHWC kernels cover: one group (any output channel count: the kernels pad their
+    filters to whole vectors), or depthwise (channel multiplier 1) over a multiple of 8 channels."""
     import tvm  # noqa: PLC0415
 
     attrs = call.attrs
@@ -53,7 +53,7 @@ def wants_nhwc(call: Any) -> bool:
         return False
     groups, out_channels, in_channels = int(attrs.groups), wshape[0], shape[1]
     if groups == 1:
-        return out_channels % CHANNEL_MULTIPLE == 0
+        return True
     return groups == in_channels == out_channels and wshape[1] == 1 and out_channels % CHANNEL_MULTIPLE == 0
 
 

@@ -100,9 +100,10 @@ def _padded(data: Any, top: int, left: int, bottom: int, right: int, dtype: str,
 
 
 def conv2d_nhwc(data: Any, packed: Any, *, strides: list[int], padding: list[int], dilation: list[int],
-                columns: int, out_dtype: str) -> Any:
+                columns: int, out_dtype: str, out_channels: int | None = None) -> Any:
     """NHWC conv2d over a ``[OC/B, KH, KW, IC, B]`` weight, ``columns`` output columns per tile
-    (``cpu_kernels.nhwc_columns``)."""
+    (``cpu_kernels.nhwc_columns``). ``out_channels``: fewer than the weights' (zero filters
+    padding them to whole blocks): cropped."""
     from tvm import te  # noqa: PLC0415
 
     batch, height, width, in_channels = (int(d) for d in data.shape)
@@ -123,7 +124,16 @@ def conv2d_nhwc(data: Any, packed: Any, *, strides: list[int], padding: list[int
         ),
         name=CONV2D_NHWC_BLOCK,
     )
-    return _crop(conv, out_w)
+    return _crop_channels(_crop(conv, out_w), out_channels)
+
+
+def _crop_channels(conv: Any, out_channels: int | None) -> Any:
+    """The first ``out_channels`` channels of an NHWC ``conv`` (all when None)."""
+    from tvm import te  # noqa: PLC0415
+
+    if out_channels is None or out_channels == int(conv.shape[3]):
+        return conv
+    return te.compute((*conv.shape[:3], out_channels), lambda *i: conv(*i), name=NHWC_CHANNEL_CROP_BLOCK)
 
 
 def conv2d_nhwc_bf16(data: Any, packed: Any, *, strides: list[int], padding: list[int], dilation: list[int],
@@ -167,9 +177,7 @@ def conv2d_nhwc_bf16(data: Any, packed: Any, *, strides: list[int], padding: lis
                       axis=[ry, rx, rp])
 
     conv = _crop(te.compute((batch, out_h, wide, blocks * block), body, name=CONV2D_NHWC_BF16_BLOCK), out_w)
-    if out_channels is None or out_channels == blocks * block:
-        return conv
-    return te.compute((batch, out_h, out_w, out_channels), lambda *i: conv(*i), name=NHWC_CHANNEL_CROP_BLOCK)
+    return _crop_channels(conv, out_channels)
 
 
 def depthwise_nhwc(data: Any, weight: Any, *, strides: list[int], padding: list[int], dilation: list[int],

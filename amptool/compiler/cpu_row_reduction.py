@@ -26,7 +26,7 @@ from typing import Any
 
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 
-from amptool.compiler.cpu_schedules import Tiling, _extent, _parallel, _stride
+from amptool.compiler.cpu_schedules import Tiling, _extent, _parallel, _stride, try_inline
 
 #: ``IterVar.iter_type`` of a spatial (data-parallel) iteration variable.
 _SPATIAL = 0
@@ -120,12 +120,8 @@ def _inline_single_use(sch: Any) -> None:
     one pass over the row less (softmax's shift and exp become one step)."""
     *earlier, _last = sch.get_child_blocks(sch.get_sblock("root"))
     for block in earlier:
-        if any(iv.iter_type != _SPATIAL for iv in sch.get(block).iter_vars) or len(sch.get_consumers(block)) != 1:
-            continue
-        try:
-            sch.compute_inline(block)
-        except Exception:  # noqa: BLE001 - TVM refuses some (a consumer reading other indices): it stays
-            continue
+        if all(iv.iter_type == _SPATIAL for iv in sch.get(block).iter_vars) and len(sch.get_consumers(block)) == 1:
+            try_inline(sch, block)
 
 
 def _schedule_block(sch: Any, block: Any, tiling: Tiling) -> None:

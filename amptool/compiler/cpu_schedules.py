@@ -41,7 +41,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from tvm import s_tir, tirx
+import tvm_ffi
+from tvm import ir, s_tir, tirx
 from tvm.s_tir import dlight
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm.sym import detect_linear_equation
@@ -199,8 +200,50 @@ def _find_block(sch: Any, name: str) -> Any | None:
         return None
 
 
+#: Expression nodes an inlining may create (the producer's value × its reads in the consumer).
+#: ``cpu_exp``'s log reads its operand 188 times and exp is 323 nodes: Mish, tanh(log(1 + exp(x))),
+#: inlined whole was a tree of ~10⁶ nodes that took 190 s to compile; above this the producer is
+#: computed on its own (a loop nest of its own, or a step of its own under the epilogue's tile).
+INLINE_LIMIT = 4000
+
+
+def try_inline(sch: Any, block: Any) -> bool:
+    """``compute_inline(block)`` unless that makes an expression over ``INLINE_LIMIT`` nodes or
+    TVM refuses; whether it did."""
+    stmt = sch.get(block)
+    if not isinstance(stmt.body, tirx.BufferStore):
+        return False
+    buffer = stmt.body.buffer
+    reads = max((_loads_of(sch.get(c), buffer) for c in sch.get_consumers(block)), default=0)
+    if _size(stmt.body.value) * max(reads, 1) > INLINE_LIMIT:
+        return False
+    try:
+        sch.compute_inline(block)
+    except Exception:  # noqa: BLE001 - not inlinable here (a consumer reading other indices): kept
+        return False
+    return True
+
+
+def _size(expr: Any) -> int:
+    count = [0]
+    tvm_ffi.structural_walk(expr, (ir.expr.Expr, lambda _node: count.__setitem__(0, count[0] + 1)))
+    return count[0]
+
+
+def _loads_of(stmt: Any, buffer: Any) -> int:
+    count = [0]
+
+    def seen(load: Any) -> None:
+        if load.source.same_as(buffer):
+            count[0] += 1
+
+    tvm_ffi.structural_walk(stmt.body, (ir.expr.TensorLoad, seen))  # what tirx.BufferLoad builds in 0.27
+    return count[0]
+
+
 def _epilogue_at(sch: Any, block: Any, loop: Any) -> Any | None:
-    """Inline the elementwise chain after ``block`` and compute its last step under ``loop``.
+    """Inline the elementwise chain after ``block`` and compute its last step under ``loop``
+    (steps ``try_inline`` keeps: each its own vectorized step under ``loop``, in order).
 
     Without consumers the block's output is the kernel's: a write-back stage plays that role.
     Returns the epilogue block.
@@ -218,8 +261,10 @@ def _epilogue_at(sch: Any, block: Any, loop: Any) -> Any | None:
     if not chain:
         chain = [sch.cache_write(block, 0, "global")]
     _inline_side_inputs(sch, chain, block)
-    for step in chain[:-1]:
-        sch.compute_inline(step)
+    kept = [step for step in chain[:-1] if not try_inline(sch, step)]
+    for step in kept:
+        sch.reverse_compute_at(step, loop, preserve_unit_loops=True)
+        sch.vectorize(sch.get_loops(step)[-1])
     sch.reverse_compute_at(chain[-1], loop, preserve_unit_loops=True)
     return chain[-1]
 
@@ -535,9 +580,18 @@ def injective(sch: Any, tiling: Tiling) -> Any | None:
     infos = normalize_prim_func(sch)
     if not infos or not all(info.is_injective() for info in infos):
         return None
-    for info in infos[:-1]:
-        sch.compute_inline(info.block_rv)
-    _parallel_vectorized(sch, infos[-1].block_rv, tiling)
+    kept = [info.block_rv for info in infos[:-1] if not try_inline(sch, info.block_rv)]
+    last = infos[-1].block_rv
+    _parallel_vectorized(sch, last, tiling)
+    loops = sch.get_loops(last)
+    for block in reversed(kept):
+        # Computed chunk by chunk right before the chunk that reads it (one vector's worth, in
+        # L1): as whole tensors of their own they made Mish 4× slower than one inlined step.
+        if len(loops) >= 2:
+            sch.compute_at(block, loops[-2], preserve_unit_loops=True)
+            sch.vectorize(sch.get_loops(block)[-1])
+        else:
+            _parallel_vectorized(sch, block, tiling)
     return sch
 
 
