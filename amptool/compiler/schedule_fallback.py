@@ -14,8 +14,9 @@ forces such a schedule.
 Both pipelines use it: the CPU's plain schedule puts a kernel's outer loops in parallel, the GPU's
 is DLight's ``Fallback`` (threads bound, nothing else).
 
-When not: a failure no single kernel reproduces (the VM's own code, a link error): the original
-error is raised.
+When not: a failure no single kernel reproduces (the VM's own code, a link error), one every
+kernel reproduces (the compiler itself), or one the plain schedules do not cure: the original
+error is raised, and nothing is said of a fallback.
 """
 
 from __future__ import annotations
@@ -37,19 +38,24 @@ def codegen_or_fall_back(lowered: Any, unscheduled: Any | None, target: Any, cod
     ``plain_rule`` (a DLight rule) from its unscheduled version."""
     try:
         return codegen(lowered)
-    except Exception:
+    except Exception as first:
         if unscheduled is None:
             raise
+        kernels = sum(1 for _, f in lowered.functions_items() if isinstance(f, tvm.tirx.PrimFunc))
         failing = _failing_kernels(lowered, target)
-        if not failing:
-            raise
+        if not failing or (kernels > 1 and len(failing) == kernels):
+            raise  # nothing, or everything, fails alone: the compiler, not a schedule
         replaced = _replace(lowered, unscheduled, failing, target, plain_rule)
         if replaced is None:
             raise
+        try:
+            executable = codegen(replaced)
+        except Exception:  # noqa: BLE001 - the plain schedules fail too: the first error is the one to report
+            raise first from None
         for name, reason in failing.items():
             log.warning("kernel %s: its schedule does not compile (%s); built with a plain schedule, slower",
                         name, reason)
-        return codegen(replaced)
+        return executable
 
 
 def _failing_kernels(mod: Any, target: Any) -> dict[str, str]:
