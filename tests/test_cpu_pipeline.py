@@ -185,3 +185,32 @@ def _assembly(module: object) -> str:
         return str(module.inspect_source("asm"))  # type: ignore[attr-defined]
     except Exception:  # noqa: BLE001 - modules without assembly (the VM bytecode)
         return ""
+
+
+@pytest.mark.parametrize(("dtype", "width"), [("bfloat16", 64), ("float32", 16)])
+def test_products_of_two_inputs_tile_wider_when_operands_convert(tmp_path: Path, dtype: str, width: int) -> None:
+    """An attention-shaped product of two run-time inputs: in bfloat16 each operand value is
+    converted as it is read, so the tile spans 4 vectors of columns (16 FMAs per 8 conversions);
+    in float32 one vector (the row value is a broadcast memory operand)."""
+    path = _save(tmp_path, """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2, 3, 8, 32] a, float[2, 3, 32, 128] b) => (float[2, 3, 8, 128] y) { y = MatMul (a, b) }""")
+    mod = build_model(ConvertConfig(model=path, dtype=dtype)).passes.mod
+    target = _tvm.make_target({"kind": "llvm", "mcpu": _tvm.host_cpu()})
+    from amptool.compiler import cpu
+
+    with target:
+        for name, passes in cpu.stage_passes(target):
+            mod = tvm.transform.Sequential(passes)(mod)
+            if name == "schedule":
+                break
+    text = "\n".join(f.script() for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc))
+    lines = text.splitlines()
+    update = next(i for i, line in enumerate(lines) if 'T.sblock("matmul_update")' in line)
+    assert f"T.vectorized(T.int64({width}))" in lines[update - 1]
+    rng = np.random.default_rng(0)
+    feeds = {"a": rng.standard_normal((2, 3, 8, 32)).astype(np.float32),
+             "b": rng.standard_normal((2, 3, 32, 128)).astype(np.float32)}
+    ours, plain = _both(path, dtype, feeds)
+    tol = {"float32": 1e-5, "bfloat16": 1.6e-2}[dtype]
+    np.testing.assert_allclose(ours[0], plain[0], rtol=tol, atol=tol * 6)
