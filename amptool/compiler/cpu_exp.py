@@ -52,7 +52,7 @@ def exp_f32(x: Any) -> Any:
             poly = poly * r + f32(coefficient)
         p = poly * (r * r) + r + f32(1.0)
         whole = n.astype("int32")
-        half = whole >> 1  # ⌊n/2⌋; n − ⌊n/2⌋ is the rest: both in [−52, 45], normal powers of two
+        half = whole >> 1  # ⌊n/2⌋; n − ⌊n/2⌋ is the rest: n in [−150, 128], both halves normal powers of two
         value = p * _power_of_two(half) * _power_of_two(whole - half)
         return tirx.Select(tirx.isnan(x), x, value)
 
