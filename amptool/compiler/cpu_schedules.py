@@ -567,8 +567,8 @@ def tiled_reduction(sch: Any, tiling: Tiling) -> Any | None:
 #: Vectors per row of a ``tiled_reduction`` tile whose operands are converted as they are read
 #: (bfloat16/float16 attention products summed in float32): each broadcast row value and each
 #: loaded vector is converted once per tile step, so a tile of 4 rows × 4 vectors does 16 FMAs per
-#: 8 conversions where 16 rows × 1 vector did 16 per 17. BERT-base bf16's q·kᵀ 0.25–0.32 → 0.15 ms
-#: and p·v 0.23–0.27 → 0.15 ms per call (kernels alone, 2 threads); float32 operands (nothing to
+#: 8 conversions where 16 rows × 1 vector did 16 per 17. BERT-base bf16's q·kᵀ 0.25–0.32 → 0.14–0.15
+#: ms and p·v 0.23–0.27 → 0.12–0.15 ms per call (kernels alone, 2 threads); float32 operands (nothing to
 #: convert: the row value is a broadcast memory operand of its FMA) keep one vector.
 WIDE_TILE_VECTORS = 4
 
