@@ -90,3 +90,22 @@ def export_packs_tvms_blob(executable: Any, path: str, monkeypatch: pytest.Monke
     start = ctypes.addressof(ctypes.c_char.in_dll(ctypes.CDLL(path), tvm_build.LIBRARY_BLOB_SYMBOL))
     assert ctypes.string_at(start, len(want)) == want
     return want
+
+
+def scheduled_kernels(path: str, dtype: str) -> list[str]:
+    """The scripts of the kernels the CPU pipeline schedules for ``path`` in ``dtype`` (this host's
+    CPU): every stage up to and including ``schedule``, no codegen."""
+    import tvm
+
+    from amptool import _tvm
+    from amptool.app.convert import ConvertConfig, rewrite_model
+    from amptool.compiler import cpu
+
+    mod = rewrite_model(ConvertConfig(model=path, dtype=dtype)).passes.mod
+    target = _tvm.make_target({"kind": "llvm", "mcpu": _tvm.host_cpu()})
+    with target:
+        for name, passes in cpu.stage_passes(target):
+            mod = tvm.transform.Sequential(passes)(mod)
+            if name == "schedule":
+                break
+    return [f.script() for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]

@@ -11,6 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import amptool
 from amptool import _tvm
+from tests.conftest import scheduled_kernels
 from tests.onnx_checks import info
 
 TARGET = {"kind": "llvm", "mcpu": _tvm.host_cpu()}
@@ -50,20 +51,8 @@ def _cnn_block(seed: int = 0) -> onnx.ModelProto:
 
 
 def _lowered_kernels(path: str, dtype: str) -> str:
-    """The scripts of the scheduled kernels the CPU pipeline makes of ``path``."""
-    import tvm
-
-    from amptool.app.convert import ConvertConfig, rewrite_model
-    from amptool.compiler import cpu
-
-    mod = rewrite_model(ConvertConfig(model=path, dtype=dtype)).passes.mod
-    target = _tvm.make_target(TARGET)
-    with target:
-        for name, passes in cpu.stage_passes(target):
-            mod = tvm.transform.Sequential(passes)(mod)
-            if name == "schedule":
-                break
-    return "\n".join(f.script() for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc))
+    """The scripts of the scheduled kernels the CPU pipeline makes of ``path``, as one text."""
+    return "\n".join(scheduled_kernels(path, dtype))
 
 
 @pytest.mark.parametrize(("dtype", "tolerance"), [("float32", 1e-4), ("float16", 2e-2), ("bfloat16", 6e-2)])

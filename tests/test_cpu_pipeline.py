@@ -12,6 +12,7 @@ import pytest
 
 from amptool import _tvm, compiler
 from amptool.app.convert import ConvertConfig, build_model
+from tests.conftest import scheduled_kernels
 
 tvm = pytest.importorskip("tvm")
 
@@ -195,17 +196,7 @@ def test_products_of_two_inputs_tile_wider_when_operands_convert(tmp_path: Path,
     path = _save(tmp_path, """
     <ir_version: 8, opset_import: ["" : 17]>
     g (float[2, 3, 8, 32] a, float[2, 3, 32, 128] b) => (float[2, 3, 8, 128] y) { y = MatMul (a, b) }""")
-    mod = build_model(ConvertConfig(model=path, dtype=dtype)).passes.mod
-    target = _tvm.make_target({"kind": "llvm", "mcpu": _tvm.host_cpu()})
-    from amptool.compiler import cpu
-
-    with target:
-        for name, passes in cpu.stage_passes(target):
-            mod = tvm.transform.Sequential(passes)(mod)
-            if name == "schedule":
-                break
-    text = "\n".join(f.script() for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc))
-    lines = text.splitlines()
+    lines = "\n".join(scheduled_kernels(path, dtype)).splitlines()
     update = next(i for i, line in enumerate(lines) if 'T.sblock("matmul_update")' in line)
     assert f"T.vectorized(T.int64({width}))" in lines[update - 1]
     rng = np.random.default_rng(0)

@@ -12,8 +12,8 @@ import onnx.parser
 import onnxruntime as ort
 import pytest
 
-from amptool import _tvm
 from amptool.app.convert import ConvertConfig, build_model
+from tests.conftest import scheduled_kernels
 
 tvm = pytest.importorskip("tvm")
 
@@ -58,20 +58,6 @@ CASES = {
 }
 
 
-def _scheduled_kernels(path: str) -> list[str]:
-    """The scripts of the scheduled kernels of ``path``'s float32 CPU build."""
-    from amptool.compiler import cpu
-
-    mod = build_model(ConvertConfig(model=path, dtype="float32")).passes.mod
-    target = _tvm.make_target({"kind": "llvm", "mcpu": _tvm.host_cpu()})
-    with target:
-        for name, passes in cpu.stage_passes(target):
-            mod = tvm.transform.Sequential(passes)(mod)
-            if name == "schedule":
-                break
-    return [f.script() for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
-
-
 @pytest.mark.parametrize("case", CASES)
 def test_matches_onnxruntime(tmp_path: Path, case: str) -> None:
     shape, params, body, _, *out = CASES[case]
@@ -86,7 +72,7 @@ def test_matches_onnxruntime(tmp_path: Path, case: str) -> None:
 @pytest.mark.parametrize("case", CASES)
 def test_partial_results_are_vectorized_where_they_can_be(tmp_path: Path, case: str) -> None:
     shape, params, body, factored, *out = CASES[case]
-    scripts = _scheduled_kernels(_model(tmp_path, shape, body, params, *out))
+    scripts = scheduled_kernels(_model(tmp_path, shape, body, params, *out), "float32")
     partials = [s for s in scripts if "_rf_update" in s]
     if not factored:
         assert not partials

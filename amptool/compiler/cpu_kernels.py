@@ -274,9 +274,7 @@ def _legalize_conv2d_nhwc(bb: Any, call: Any, w: np.ndarray, geometry: dict[str,
         # Output channels padded with zero filters to a multiple of 16 and cropped after: vdpbf16ps
         # on 32 channels for 24 beats float32 FMAs on blocks of 8 (MobileNetV2's 144 → 24 conv
         # 0.27 → 0.11 ms, kernel alone).
-        padded = -(-out_channels // 16) * 16
-        if padded != out_channels:
-            w = np.concatenate([w, np.zeros((padded - out_channels, *w.shape[1:]), dtype=w.dtype)])
+        w = _zero_filters(w, 16)
         # [OC/16, 16, IC/2, 2, KH, KW] → [OC/16, KH, KW, IC/2, 16, 2]: one 32-value vector per (tap, pair).
         packed = _paired_bf16(w).transpose(0, 4, 5, 2, 1, 3)
         return bb.call_te(cpu_nhwc.conv2d_nhwc_bf16, data, _constant(packed), **geometry, columns=columns,
@@ -287,11 +285,17 @@ def _legalize_conv2d_nhwc(bb: Any, call: Any, w: np.ndarray, geometry: dict[str,
         # two full-width FMAs beat three half-width ones, and a count 8 does not divide had no
         # packed kernel at all.
         block = lanes
-        padded = -(-out_channels // block) * block
-        w = np.concatenate([w, np.zeros((padded - out_channels, *w.shape[1:]), dtype=w.dtype)])
+        w = _zero_filters(w, block)
     return bb.call_te(cpu_nhwc.conv2d_nhwc, data, _constant(cpu_nhwc.pack_conv_weight(w, block)), **geometry,
                       columns=columns, out_dtype=out_dtype, out_channels=out_channels,
                       primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BLOCK)
+
+
+def _zero_filters(w: np.ndarray, multiple: int) -> np.ndarray:
+    """An OIHW weight with zero filters appended up to a multiple of ``multiple`` output channels
+    (the kernel computes them and stores only the real ones)."""
+    missing = -w.shape[0] % multiple
+    return np.concatenate([w, np.zeros((missing, *w.shape[1:]), dtype=w.dtype)]) if missing else w
 
 
 def _conv_geometry(
