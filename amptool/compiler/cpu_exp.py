@@ -17,6 +17,12 @@ reduces with a one-part ``ln 2`` (errors of a few ulps near the ends of the rang
 Why ``log``: Softplus and Mish (YOLOv4's activation, every layer) and LogSoftmax are built on it,
 and TOPI's is libm's ``logf`` per element.
 
+Each reads its operand many times (exp 29, log 188) as one expression tree. Not through
+``tirx.Let``: TVM's loop unrolling and predicated vectorization copy a Let's body without renaming
+its variable, and lowering then refuses the kernel ("Let cannot bind the same var to two different
+values"); ``cpu_schedules.try_inline`` keeps such trees from compounding instead (Mish, inlined
+whole, took 190 s to compile).
+
 Preserves: NaN (passed through), ``±inf`` (``exp(+inf) = inf``, ``exp(−inf) = 0``; ``log(0) =
 −inf``, ``log(+inf) = inf``, ``log(x < 0)`` NaN); within ~1 ulp of the exact values (tests compare
 across the whole range).
@@ -39,44 +45,36 @@ def exp_f32(x: Any) -> Any:
     """The TIR value of ``exp(x)`` for a float32 scalar expression ``x`` (see the module docstring)."""
     from tvm import tirx  # noqa: PLC0415
 
-    def f32(value: float) -> Any:
-        return tirx.const(value, "float32")
-
-    def reduced(x: Any, n: Any) -> Any:
-        clamped = tirx.max(tirx.min(x, f32(HIGH)), f32(LOW))
-        return _let((clamped - n * f32(_C1)) - n * f32(_C2), lambda r: scaled(x, n, r))
-
-    def scaled(x: Any, n: Any, r: Any) -> Any:
-        poly = f32(_POLY[0])
-        for coefficient in _POLY[1:]:
-            poly = poly * r + f32(coefficient)
-        p = poly * (r * r) + r + f32(1.0)
-        whole = n.astype("int32")
-        half = whole >> 1  # ⌊n/2⌋; n − ⌊n/2⌋ is the rest: n in [−150, 128], both halves normal powers of two
-        value = p * _power_of_two(half) * _power_of_two(whole - half)
-        return tirx.Select(tirx.isnan(x), x, value)
-
-    def rounded(x: Any) -> Any:
-        clamped = tirx.max(tirx.min(x, f32(HIGH)), f32(LOW))
-        return _let(tirx.floor(clamped * f32(_LOG2E) + f32(0.5)), lambda n: reduced(x, n))
-
-    return _let(x, rounded)
+    clamped = tirx.max(tirx.min(x, _f32(HIGH)), _f32(LOW))
+    n = tirx.floor(clamped * _f32(_LOG2E) + _f32(0.5))
+    r = (clamped - n * _f32(_C1)) - n * _f32(_C2)
+    poly = _f32(_POLY[0])
+    for coefficient in _POLY[1:]:
+        poly = poly * r + _f32(coefficient)
+    p = poly * (r * r) + r + _f32(1.0)
+    whole = n.astype("int32")
+    half = whole >> 1  # ⌊n/2⌋; n − ⌊n/2⌋ is the rest: n in [−150, 128], both halves normal powers of two
+    value = p * _power_of_two(half) * _power_of_two(whole - half)
+    return tirx.Select(tirx.isnan(x), x, value)
 
 
-def _let(value: Any, body: Any) -> Any:
-    """``body(value)``: names a value the expression reads several times. Not a ``tirx.Let``:
-    TVM's loop unrolling and predicated vectorization copy a Let's body without renaming its
-    variable, and lowering then refuses the kernel ("Let cannot bind the same var to two
-    different values"). The expression tree repeats the value instead; the schedule rules keep
-    such trees from compounding (``cpu_schedules.try_inline``: Mish took 190 s to compile)."""
-    return body(value)
+def _f32(value: float) -> Any:
+    from tvm import tirx  # noqa: PLC0415
+
+    return tirx.const(value, "float32")
+
+
+def _i32(value: int) -> Any:
+    from tvm import tirx  # noqa: PLC0415
+
+    return tirx.const(value, "int32")
 
 
 def _power_of_two(exponent: Any) -> Any:
     """2**exponent as float32 bits, for an int32 exponent in the normal range."""
     from tvm import tirx  # noqa: PLC0415
 
-    return tirx.reinterpret("float32", (exponent + tirx.const(127, "int32")) << tirx.const(23, "int32"))
+    return tirx.reinterpret("float32", (exponent + _i32(127)) << _i32(23))
 
 
 #: Cephes' logf polynomial, highest degree first, for log1p on [√½ − 1, √2 − 1).
@@ -90,36 +88,21 @@ def log_f32(x: Any) -> Any:
     """The TIR value of ``log(x)`` for a float32 scalar expression ``x`` (see the module docstring)."""
     from tvm import tirx  # noqa: PLC0415
 
-    def f32(value: float) -> Any:
-        return tirx.const(value, "float32")
-
-    def i32(value: int) -> Any:
-        return tirx.const(value, "int32")
-
-    def split(x: Any) -> Any:
-        subnormal = x < f32(_SMALLEST_NORMAL)
-        bits = tirx.reinterpret("int32", tirx.Select(subnormal, x * f32(2.0 ** 25), x))
-        exponent = ((bits >> i32(23)) & i32(0xFF)) - tirx.Select(subnormal, i32(126 + 25), i32(126))
-        mantissa = tirx.reinterpret("float32", (bits & i32(0x007FFFFF)) | i32(0x3F000000))  # in [0.5, 1)
-        return _let(mantissa, lambda mantissa: normalized(x, exponent, mantissa))
-
-    def normalized(x: Any, exponent: Any, mantissa: Any) -> Any:
-        low = mantissa < f32(_SQRT_HALF)
-        e = (exponent - tirx.Select(low, i32(1), i32(0))).astype("float32")
-        return _let(e, lambda e: _let(tirx.Select(low, mantissa + mantissa, mantissa) - f32(1.0),
-                                      lambda m: polynomial(x, e, m)))
-
-    def polynomial(x: Any, e: Any, m: Any) -> Any:
-        z = m * m
-        poly = f32(_LOG_POLY[0])
-        for coefficient in _LOG_POLY[1:]:
-            poly = poly * m + f32(coefficient)
-        value = m + (poly * m * z + e * f32(_C2) - f32(0.5) * z) + e * f32(_C1)
-        value = tirx.Select(x == f32(0.0), f32(-float("inf")), value)
-        value = tirx.Select(x < f32(0.0), f32(float("nan")), value)
-        return tirx.Select(x == f32(float("inf")), x, tirx.Select(tirx.isnan(x), x, value))
-
-    return _let(x, split)
+    subnormal = x < _f32(_SMALLEST_NORMAL)
+    bits = tirx.reinterpret("int32", tirx.Select(subnormal, x * _f32(2.0 ** 25), x))
+    exponent = ((bits >> _i32(23)) & _i32(0xFF)) - tirx.Select(subnormal, _i32(126 + 25), _i32(126))
+    mantissa = tirx.reinterpret("float32", (bits & _i32(0x007FFFFF)) | _i32(0x3F000000))  # in [0.5, 1)
+    low = mantissa < _f32(_SQRT_HALF)
+    e = (exponent - tirx.Select(low, _i32(1), _i32(0))).astype("float32")
+    m = tirx.Select(low, mantissa + mantissa, mantissa) - _f32(1.0)
+    z = m * m
+    poly = _f32(_LOG_POLY[0])
+    for coefficient in _LOG_POLY[1:]:
+        poly = poly * m + _f32(coefficient)
+    value = m + (poly * m * z + e * _f32(_C2) - _f32(0.5) * z) + e * _f32(_C1)
+    value = tirx.Select(x == _f32(0.0), _f32(-float("inf")), value)
+    value = tirx.Select(x < _f32(0.0), _f32(float("nan")), value)
+    return tirx.Select(x == _f32(float("inf")), x, tirx.Select(tirx.isnan(x), x, value))
 
 
 def sigmoid_f32(x: Any) -> Any:
