@@ -219,7 +219,8 @@ def try_inline(sch: Any, block: Any) -> bool:
         return False
     try:
         sch.compute_inline(block)
-    except Exception:  # noqa: BLE001 - not inlinable here (a consumer reading other indices): kept
+    except Exception:  # noqa: BLE001 - not inlinable here (a reduction, a consumer reading other indices): kept
+        log.debug("%s not inlined", stmt.name_hint)
         return False
     return True
 
@@ -276,10 +277,7 @@ def _inline_side_inputs(sch: Any, chain: list[Any], block: Any) -> None:
     for step in chain:
         for producer in sch.get_producers(step):
             if sch.get(producer).name_hint not in own:
-                try:
-                    sch.compute_inline(producer)
-                except Exception:  # noqa: BLE001 - not inlinable (a reduction): the epilogue stays where it is
-                    log.debug("epilogue input %s not inlined", sch.get(producer).name_hint)
+                try_inline(sch, producer)  # not inlinable (a reduction): the epilogue stays where it is
 
 
 def _writes_more(sch: Any, consumer: Any, block: Any) -> bool:

@@ -8,7 +8,6 @@ target first). Preserves: values up to the instruction's rounding (see ``cpu_int
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from amptool.compiler.cpu_intrinsics import DOT_BF16, LLVM_IR
@@ -23,10 +22,9 @@ from amptool.compiler.cpu_schedules import (
     _find_block,
     _parallel,
     _schedule_prologue,
+    try_inline,
 )
 from amptool.compiler.cpu_schedules_nhwc import nhwc_tile
-
-log = logging.getLogger(__name__)
 
 
 def packed_conv2d_bf16(sch: Any, tiling: Tiling) -> Any | None:
@@ -77,10 +75,7 @@ def _inline_into_pairs(sch: Any, block: Any) -> None:
     bfloat16 legalization a plain float32 copy (a memcpy per BERT projection, ~5% of a run)."""
     for pairs in sch.get_producers(block):
         for producer in sch.get_producers(pairs):
-            try:
-                sch.compute_inline(producer)
-            except Exception:  # noqa: BLE001 - not inlinable (a reduction, a pad read twice): stays at the root
-                log.debug("producer %s of the pairs not inlined", sch.get(producer).name_hint)
+            try_inline(sch, producer)  # not inlinable (a reduction, a pad read twice): stays at the root
 
 
 def packed_matmul_bf16(sch: Any, tiling: Tiling) -> Any | None:
