@@ -32,6 +32,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from amptool.dtypes import DTYPES
+
 #: Inputs are clamped to this range first: below it every exp rounds to 0, above it to inf.
 LOW, HIGH = -104.0, 89.0
 _LOG2E = 1.44269504088896341
@@ -130,7 +132,7 @@ def _legalize(bb: Any, call: Any, default: Any, scalar: Any, name: str) -> Any:
     from tvm import te  # noqa: PLC0415
 
     dtype = str(call.ty.dtype)
-    if dtype not in ("float32", "float16", "bfloat16"):
+    if dtype not in DTYPES:
         return default(bb, call)
 
     def compute(x: Any) -> Any:

@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from amptool.dtypes import DTYPES
+
 #: Largest whole part of an exponent computed by multiplication (x**4.75: four products and two roots).
 MAX_WHOLE = 4
 
@@ -92,7 +94,7 @@ def legalize_power(bb: Any, call: Any, default: Any) -> Any:
     from tvm import te  # noqa: PLC0415
 
     dtype = str(call.ty.dtype)
-    exponent = constant_exponent(call) if dtype in ("float16", "bfloat16", "float32", "float64") else None
+    exponent = constant_exponent(call) if dtype in (*DTYPES, "float64") else None
     steps = None if exponent is None else quarter_steps(exponent)
     if steps is None:
         return default(bb, call)

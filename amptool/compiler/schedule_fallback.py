@@ -28,6 +28,8 @@ from typing import Any
 
 import tvm
 
+from amptool.compiler.split_codegen import codegen_workers
+
 log = logging.getLogger(__name__)
 
 
@@ -73,7 +75,7 @@ def _failing_kernels(mod: Any, target: Any) -> dict[str, str]:
             return (lines[-1] if lines else type(err).__name__)[:200]
         return None
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=codegen_workers()) as pool:
         errors = list(pool.map(error_of, kernels))
     return {gv.name_hint: error for (gv, _), error in zip(kernels, errors, strict=True) if error is not None}
 
