@@ -14,7 +14,11 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from amptool import _without_torch
+
 __version__ = "0.1.0"
+
+_without_torch.install()
 
 #: Public name → the module that defines it.
 _PUBLIC = {

@@ -7,6 +7,9 @@ Functional only; the timings are benchmarks/convert_speed.py's."""
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
 
 import numpy as np
 import onnx
@@ -295,3 +298,33 @@ def test_tvmscript_parses_the_same_under_cheap_frame_stack():
     with cheap_frame_stack():
         got = parse()
     tvm.ir.assert_structural_equal(got, want)
+
+
+def test_tvm_imports_without_torch_unless_torch_came_first(tmp_path):
+    """tvm_ffi and tvm.relax import torch when it is installed (+2.7 s per command, measured);
+    ``import amptool`` hides it from them, and a later ``import torch`` still works. A process
+    that imported torch first keeps TVM's torch support (nothing is hidden)."""
+    fake = tmp_path / "site" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("IMPORTS = 1\n")
+    probe = (
+        "import sys\n"
+        "if sys.argv[1] == 'torch-first':\n"
+        "    import torch\n"
+        "    import amptool, amptool._without_torch as w\n"
+        "    print('hiding', w._FINDER in sys.meta_path)\n"
+        "    raise SystemExit\n"
+        "import amptool, tvm, tvm.relax, tvm_ffi._convert as c\n"
+        "print('during', 'torch' in sys.modules, c.torch is not None)\n"
+        "import torch\n"
+        "print('after', torch.IMPORTS)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{fake.parent}{os.pathsep}{os.getcwd()}"}
+
+    def run(order: str) -> list[str]:
+        done = subprocess.run([sys.executable, "-c", probe, order], capture_output=True, text=True, env=env)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.splitlines()
+
+    assert run("amptool-first") == ["during False False", "after 1"]
+    assert run("torch-first") == ["hiding False"]

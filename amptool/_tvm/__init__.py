@@ -9,6 +9,8 @@ Callers use ``from amptool import _tvm`` and ``_tvm.NAME``; the parts:
   ir        Relax types, constants, op names, passes, rebuilding calls (the pass's hot path)
   build     targets, exported libraries, LLVM/toolchain facts (the pipelines: amptool.compiler)
   runtime   devices, the VM, thread pools — all of it works under a runtime-only TVM
+  (amptool._without_torch keeps tvm_ffi from importing PyTorch at TVM's import; installed by
+  ``import amptool``, it cannot live here: importing this package costs ~0.1 s)
   rpc       TVM's RPC client: tracker/server sessions, uploads, a remote VM (imported by its module path
             ``amptool._tvm.rpc``, only where a remote is used)
 """
