@@ -55,15 +55,17 @@ def vector_row_reduction(sch: Any, tiling: Tiling) -> Any | None:
 
 
 def _rows_shared(sch: Any, infos: list[Any], rows: int) -> bool:
-    """Whether every block's first ``rows`` loops have the last block's extents and the last block
-    has a loop of its own inside them: everything then moves under its row loops. (Normalisation
-    may drop a unit row from one block and not another: a 1×8 softmax's last block had the
-    8 columns as its first loop, and everything went under that loop, vectorized — TVM refused.)"""
+    """Whether every block's first ``rows`` loops have the last block's extents, the last block's
+    being its first ``rows`` loops or all of them (a mean over the last axes writes one value per
+    row): everything then moves under its row loops. (Normalisation may drop a unit row from one
+    block and not another: a 1×8 softmax's last block had the 8 columns as its first loop, and
+    everything went under that loop, vectorized — TVM refused.)"""
     def extents(info: Any) -> list[int | None]:
         return [_extent(sch, loop) for loop in sch.get_loops(info.block_rv)]
 
     last = extents(infos[-1])
-    return len(last) > rows and all(extents(info)[:rows] == last[:rows] for info in infos)
+    per_row = len(last) == rows and len(infos[-1].dom_kind()) == rows
+    return (len(last) > rows or per_row) and all(extents(info)[:rows] == last[:rows] for info in infos)
 
 
 def _leading_spatial(kinds: str) -> int:
@@ -106,7 +108,7 @@ def _schedule_rows(sch: Any, rows: int, tiling: Tiling) -> Any:
     _inline_single_use(sch)
     *earlier, last = sch.get_child_blocks(sch.get_sblock("root"))
     row_loop = _parallel(sch, sch.get_loops(last)[:rows], tiling)
-    if all(iv.iter_type == _SPATIAL for iv in sch.get(last).iter_vars):
+    if len(sch.get_loops(last)) > rows and all(iv.iter_type == _SPATIAL for iv in sch.get(last).iter_vars):
         _vectorize_innermost(sch, last, tiling)  # (a kernel ending in its reduction ends combining lanes)
     for block in reversed(earlier):
         sch.compute_at(block, row_loop, preserve_unit_loops=True)
