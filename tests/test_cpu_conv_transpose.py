@@ -1,0 +1,78 @@
+"""Transposed convs as phase convs (``amptool.compiler.cpu_conv_transpose``): onnxruntime's values
+for strides, kernels, asymmetric pads and output padding in 1-D and 2-D, the zero-dilated input
+gone from the kernels, and the calls it must leave to TVM (groups, dilation) still right."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from amptool.app.convert import ConvertConfig, build_model
+from tests.conftest import scheduled_kernels
+
+CASES = {
+    # name: (in channels, out channels, input spatial, kernel, stride, pads, output padding, group, dilation)
+    "3x3 stride 2, output padding (a decoder's upsampling)": (8, 16, [7, 8], 3, 2, [1, 1, 1, 1], [1, 1], 1, 1),
+    "4x4 stride 2 (GAN generator)": (8, 16, [7, 8], 4, 2, [1, 1, 1, 1], [0, 0], 1, 1),
+    "2x2 stride 2 (U-Net)": (8, 16, [5, 6], 2, 2, [0, 0, 0, 0], [0, 0], 1, 1),
+    "3x3 stride 1": (8, 16, [5, 6], 3, 1, [1, 1, 1, 1], [0, 0], 1, 1),
+    "5x5 stride 3, asymmetric pads": (3, 5, [6, 7], 5, 3, [2, 1, 0, 2], [1, 2], 1, 1),
+    "1x1 stride 2, output padding past the input": (4, 4, [4, 5], 1, 2, [0, 0, 0, 0], [1, 1], 1, 1),
+    "1-D, 16 taps stride 8 (a vocoder's upsampling)": (8, 16, [20], 16, 8, [4, 4], [0], 1, 1),
+    "groups 2 (left to TVM)": (8, 8, [5, 6], 3, 2, [1, 1, 1, 1], [1, 1], 2, 1),
+    "dilation 2 (left to TVM)": (8, 8, [5, 6], 3, 2, [1, 1, 1, 1], [0, 0], 1, 2),
+}
+
+
+def _model(tmp_path: Path, case: str) -> tuple[str, np.ndarray]:
+    cin, cout, spatial, k, stride, pads, output_padding, group, dilation = CASES[case]
+    dims = len(spatial)
+    rng = np.random.default_rng(3)
+    weight = rng.standard_normal([cin, cout // group, *([k] * dims)]).astype(np.float32)
+    bias = rng.standard_normal([cout]).astype(np.float32)
+    node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], strides=[stride] * dims, pads=pads,
+                            output_padding=output_padding, kernel_shape=[k] * dims, group=group,
+                            dilations=[dilation] * dims)
+    x = rng.standard_normal([1, cin, *spatial]).astype(np.float32)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(bias, "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    model = onnx.shape_inference.infer_shapes(model)
+    path = tmp_path / "model.onnx"
+    onnx.save(model, path)
+    return str(path), x
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_matches_onnxruntime(tmp_path: Path, case: str) -> None:
+    path, x = _model(tmp_path, case)
+    want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = build_model(ConvertConfig(model=path, dtype="float32")).compiled().run({"x": x})["y"]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if "left to TVM" not in c])
+def test_no_zero_dilated_input_is_built(tmp_path: Path, case: str) -> None:
+    """TVM's own legalization builds ``data_dilate`` (zeros between the pixels) and flips the
+    kernel on every call (``kernel_transform``); the phase conv needs neither."""
+    path, _ = _model(tmp_path, case)
+    scripts = "\n".join(scheduled_kernels(path, "float32"))
+    assert "data_dilate" not in scripts and "kernel_transform" not in scripts
+    assert "conv" in scripts
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_low_precision_phase_weights(tmp_path: Path, dtype: str) -> None:
+    """The weights are rearranged in the dtype they were converted to (bf16 via ml_dtypes)."""
+    path, x = _model(tmp_path, "4x4 stride 2 (GAN generator)")
+    want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = build_model(ConvertConfig(model=path, dtype=dtype)).compiled().run({"x": x})["y"]
+    np.testing.assert_allclose(got.astype(np.float32), want, rtol=0.05, atol=0.03 * float(np.abs(want).max()))
