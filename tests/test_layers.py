@@ -20,7 +20,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("amptool.frontend", "amptool.passes", "amptool.compiler", "amptool.runtime", "amptool.compare",
      "amptool.colors", "amptool.testing"),
     ("amptool.errors", "amptool.dtypes", "amptool.fileio"),
-    ("amptool._tvm",),
+    ("amptool._tvm", "amptool._without_torch"),
 ]
 
 
