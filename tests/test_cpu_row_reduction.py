@@ -99,3 +99,14 @@ def test_all_minus_infinity_row_matches_onnxruntime(tmp_path: Path) -> None:
     got = build_model(ConvertConfig(model=path, dtype="float32")).compiled().run({"x": x})["y"]
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     np.testing.assert_allclose(got[0], want[0], rtol=2e-5, atol=2e-6)
+
+
+def test_softmax_output_step_vectorized_and_shift_inlined(tmp_path: Path) -> None:
+    """The normalizing divide, the kernel's last block, is vectorized along the row (it was left
+    scalar once the rows were fused into the parallel loop), and the shift is inlined into the exp
+    once the exp's own block is (the NaN select around the exp read the shift too)."""
+    (script,) = scheduled_kernels(_model(tmp_path, [2, 3, 128], "y = Softmax <axis = -1> (x)"), "float32")
+    lines = script.splitlines()
+    last = next(i for i, line in enumerate(lines) if 'T.sblock("' in line and "norm" in line)
+    assert "T.vectorized" in lines[last - 1]
+    assert 'T.sblock("softmax_shift")' not in script

@@ -107,9 +107,11 @@ def _schedule_rows(sch: Any, rows: int, tiling: Tiling) -> Any:
     their lanes innermost and vectorized; elementwise blocks vectorized, single-use ones inlined."""
     _inline_single_use(sch)
     *earlier, last = sch.get_child_blocks(sch.get_sblock("root"))
+    # (a kernel ending in its reduction ends combining lanes; one ending in a value per row has no columns)
+    columns = len(sch.get_loops(last)) > rows and all(iv.iter_type == _SPATIAL for iv in sch.get(last).iter_vars)
     row_loop = _parallel(sch, sch.get_loops(last)[:rows], tiling)
-    if len(sch.get_loops(last)) > rows and all(iv.iter_type == _SPATIAL for iv in sch.get(last).iter_vars):
-        _vectorize_innermost(sch, last, tiling)  # (a kernel ending in its reduction ends combining lanes)
+    if columns:
+        _vectorize_innermost(sch, last, tiling)
     for block in reversed(earlier):
         sch.compute_at(block, row_loop, preserve_unit_loops=True)
     for block in earlier:
@@ -119,11 +121,21 @@ def _schedule_rows(sch: Any, rows: int, tiling: Tiling) -> Any:
 
 def _inline_single_use(sch: Any) -> None:
     """Compute each elementwise block read by exactly one other block inside that consumer:
-    one pass over the row less (softmax's shift and exp become one step)."""
-    *earlier, _last = sch.get_child_blocks(sch.get_sblock("root"))
-    for block in earlier:
-        if all(iv.iter_type == _SPATIAL for iv in sch.get(block).iter_vars) and len(sch.get_consumers(block)) == 1:
-            try_inline(sch, block)
+    one pass over the row less (softmax's shift and exp become one step). Until none is left: an
+    inline can leave its producer with one consumer less (softmax's shift was read by the exp and
+    by the NaN select around it)."""
+    tried: set[str] = set()
+    while True:
+        *earlier, _last = sch.get_child_blocks(sch.get_sblock("root"))
+        for block in earlier:
+            stmt = sch.get(block)
+            if (stmt.name_hint not in tried and all(iv.iter_type == _SPATIAL for iv in stmt.iter_vars)
+                    and len(sch.get_consumers(block)) == 1):
+                tried.add(stmt.name_hint)
+                if try_inline(sch, block):
+                    break
+        else:
+            return
 
 
 def _schedule_block(sch: Any, block: Any, tiling: Tiling) -> None:
