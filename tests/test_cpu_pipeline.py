@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 import onnx.parser
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from amptool import _tvm, compiler
 from amptool.app.convert import ConvertConfig, build_model
@@ -205,3 +206,28 @@ def test_products_of_two_inputs_tile_wider_when_operands_convert(tmp_path: Path,
     ours, plain = _both(path, dtype, feeds)
     tol = {"float32": 1e-5, "bfloat16": 1.6e-2}[dtype]
     np.testing.assert_allclose(ours[0], plain[0], rtol=tol, atol=tol * 6)
+
+
+def test_no_serial_scalar_steps_left_beside_a_scheduled_block(tmp_path: Path) -> None:
+    """A GRU cell's kernel is its recurrent matmul with the gates around it: the matmul rule
+    schedules the matmul and its bias add, and the tanh/blend steps after it ran as serial scalar
+    loops (one per step) until leftovers were inlined and vectorized. No root-level loop nest of a
+    spatial step may be left without a vectorized (or parallel) loop."""
+    rng = np.random.default_rng(0)
+    hidden, features, steps = 32, 16, 3
+    weights = [numpy_helper.from_array((rng.standard_normal(shape) * 0.2).astype(np.float32), name)
+               for name, shape in (("w", [1, 3 * hidden, features]), ("r", [1, 3 * hidden, hidden]),
+                                   ("b", [1, 6 * hidden]))]
+    graph = helper.make_graph(
+        [helper.make_node("GRU", ["x", "w", "r", "b"], ["y"], hidden_size=hidden)], "gru",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [steps, 1, features])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [steps, 1, 1, hidden])], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "gru.onnx"
+    onnx.save(model, path)
+    for script in scheduled_kernels(str(path), "float32"):
+        nests = script.split("\n    for ")[1:]  # root-level loop nests (the body is indented 4)
+        for nest in nests:
+            if "T.axis.reduce" in nest.split("\n    with")[0]:
+                continue
+            assert "T.vectorized" in nest or "T.parallel" in nest or "T.int64(1))" in nest.split("\n")[0], nest[:400]

@@ -110,10 +110,45 @@ class Guarded(dlight.ScheduleRule):
                 return None
             tiling = self.tiling or _tiling_for(target)
             tiling = replace(tiling, parallel=facts.work is None or facts.work >= MIN_PARALLEL_WORK)
-            return self.fn(s_tir.Schedule(func), tiling)
+            sch = self.fn(s_tir.Schedule(func), tiling)
         except Exception as err:  # noqa: BLE001 - TVM raises many types; the next rule decides
             log.debug("schedule rule %s skipped: %s", self.fn.__name__, str(err).splitlines()[-1:])
             return None
+        if sch is not None:
+            _schedule_leftovers(sch, tiling)
+        return sch
+
+
+def _schedule_leftovers(sch: Any, tiling: Tiling) -> None:
+    """Parallelize and vectorize the elementwise steps a rule left as it found them: serial scalar
+    loops at the root. A rule schedules its main block and what it can fuse; the rest of a fused
+    kernel (a GRU cell's gates around its recurrent matmul: sigmoid before, tanh and the blend after,
+    each step over 256 values) otherwise ran one scalar at a time on one thread."""
+    if not isinstance(sch, s_tir.Schedule) or not _has_root(sch):
+        return
+
+    def leftovers() -> list[Any]:
+        found = []
+        for block in sch.get_child_blocks(sch.get_sblock("root")):
+            loops = sch.get_loops(block)
+            if (loops and all(iv.iter_type == _SPATIAL_ITER for iv in sch.get(block).iter_vars)
+                    and all(sch.get(loop).kind == tirx.ForKind.SERIAL and not sch.get(loop).annotations
+                            for loop in loops)):
+                found.append(block)
+        return found
+
+    for block in leftovers()[:-1]:  # into their readers first: one pass instead of one per step
+        try_inline(sch, block)
+    for block in leftovers():
+        work = math.prod(_extent(sch, loop) or MIN_PARALLEL_WORK for loop in sch.get_loops(block))
+        try:
+            _parallel_vectorized(sch, block, replace(tiling, parallel=tiling.parallel and work >= MIN_PARALLEL_WORK))
+        except Exception as err:  # noqa: BLE001 - left as it was: scalar, still correct
+            log.debug("leftover %s not vectorized: %s", sch.get(block).name_hint, str(err).splitlines()[-1:])
+
+
+#: ``IterVar.iter_type`` of a data-parallel (spatial) block variable.
+_SPATIAL_ITER = 0
 
 
 @dataclass(frozen=True)
