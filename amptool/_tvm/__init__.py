@@ -38,12 +38,14 @@ from amptool._tvm.common import (  # noqa: F401
 )
 from amptool._tvm.ir import (  # noqa: F401
     OUT_DTYPE_OPS,
+    any_call,
     array_items,
     assert_well_formed,
     astype,
     attrs_dict,
     call_with_args,
     call_with_out_dtype,
+    calls_op,
     constant_numpy,
     constant_view,
     dataflow_scoped_mutator,

@@ -131,6 +131,31 @@ def relax_functions(mod: Any) -> list[tuple[Any, Any]]:
     return [(gv, f) for gv, f in mod.functions_items() if isinstance(f, relax.Function)]
 
 
+def any_call(mod: Any, accept: Any) -> bool:
+    """Whether a call in one of ``mod``'s Relax functions satisfies ``accept(call)`` (a cheap
+    look before a rewrite that builds a mutator and rebuilds the module)."""
+    from tvm import relax  # noqa: PLC0415
+
+    found = []
+
+    def visit(expr: Any) -> None:
+        if not found and isinstance(expr, relax.Call) and accept(expr):
+            found.append(expr)
+
+    for _gv, func in relax_functions(mod):
+        relax.analysis.post_order_visit(func, visit)
+        if found:
+            return True
+    return False
+
+
+def calls_op(call: Any, op: Any) -> bool:
+    """Whether ``call`` is a call to the registered operator ``op`` (a ``tvm.ir.Op``)."""
+    import tvm  # noqa: PLC0415
+
+    return isinstance(call.op, tvm.ir.Op) and call.op.same_as(op)
+
+
 def rewrite_functions(mod: Any, mutator: Any) -> Any:
     """``mod`` with each of its Relax functions rewritten by ``mutator`` (a PyExprMutator built on ``mod``)."""
     for gv, func in relax_functions(mod):

@@ -1,7 +1,7 @@
 """The CPU (LLVM) build pipeline: fusion, packed-weight kernels, schedules — no tuning.
 
-    layout               transposed convs as phase convs (cpu_conv_transpose); convolutions and
-                         the layers between them to NHWC (cpu_layout)
+    layout               transposed convs as phase convs (cpu_conv_transpose), 1-D convs as 2-D
+                         (cpu_conv1d); convolutions and the layers between them to NHWC (cpu_layout)
     epilogues            low-precision elementwise chains after a cast computed in float32 (widen_epilogues)
     library dispatch     sampling/sort ops → TVM's CPU implementations
     legalize             Relax ops → TIR; conv2d/matmul/erf/tanh via amptool.compiler.cpu_kernels
@@ -32,6 +32,7 @@ import tvm
 from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 
 from amptool.compiler import stages
+from amptool.compiler.cpu_conv1d import conv1d_as_conv2d
 from amptool.compiler.cpu_conv_transpose import split_conv_transpose
 from amptool.compiler.cpu_depthwise import DEPTHWISE_BLOCK
 from amptool.compiler.cpu_kernels import CONV2D_BF16_BLOCK, CONV2D_BLOCK, MATMUL_BF16_BLOCK, MATMUL_BLOCK, legalize_map
@@ -97,13 +98,18 @@ def default_rules(tiling: Tiling | None = None) -> list[Any]:
 def stage_passes(target: Any) -> stages.Stages:
     """(stage, passes) in build order, for ``target`` (an LLVM Target): the ``layout`` stage
     (``cpu_layout``), then the stages every backend has."""
-    return [("layout", [_SPLIT_CONV_TRANSPOSE, *layout_passes()]), ("epilogues", [_WIDEN_EPILOGUES]),
+    return [("layout", [_SPLIT_CONV_TRANSPOSE, _CONV1D_AS_CONV2D, *layout_passes()]), ("epilogues", [_WIDEN_EPILOGUES]),
             *stages.relax_stages(target, cpu_generic, legalize_map(), default_rules())]
 
 
 @tvm.transform.module_pass(opt_level=0, name="amptool.SplitConvTranspose")
 def _SPLIT_CONV_TRANSPOSE(mod: Any, _ctx: Any) -> Any:
     return split_conv_transpose(mod)
+
+
+@tvm.transform.module_pass(opt_level=0, name="amptool.Conv1dAsConv2d")
+def _CONV1D_AS_CONV2D(mod: Any, _ctx: Any) -> Any:
+    return conv1d_as_conv2d(mod)
 
 
 @tvm.transform.module_pass(opt_level=0, name="amptool.WidenEpilogues")

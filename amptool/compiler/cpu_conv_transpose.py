@@ -48,7 +48,7 @@ def split_conv_transpose(mod: Any) -> Any:
     from tvm.relax.expr_functor import PyExprMutator, mutator  # noqa: PLC0415
 
     ops = {tvm.ir.Op.get(name): name for name in _TRANSPOSED}
-    if not _any_call(mod, ops):
+    if not _tvm.any_call(mod, lambda call: call.op in ops):
         return mod
 
     @mutator
@@ -139,18 +139,3 @@ def _emit(builder: Any, call: Any, plans: list[_Plan]) -> Any:
     axes = list(range(2, 2 + dims))
     return relax.op.strided_slice(merged, axes, [p.crop[0] for p in plans], [p.crop[1] for p in plans])
 
-
-def _any_call(mod: Any, ops: dict[Any, str]) -> bool:
-    from tvm import relax  # noqa: PLC0415
-
-    found = []
-
-    def visit(expr: Any) -> None:
-        if isinstance(expr, relax.Call) and expr.op in ops:
-            found.append(expr)
-
-    for _gv, func in _tvm.relax_functions(mod):
-        relax.analysis.post_order_visit(func, visit)
-        if found:
-            return True
-    return False

@@ -87,22 +87,11 @@ def layout_passes() -> list[Any]:
 
 
 def _any_conv(mod: Any, accept: Any) -> bool:
-    """Whether a dataflow binding of ``mod`` is a ``relax.nn.conv2d`` that ``accept`` takes."""
+    """Whether a binding of ``mod`` is a ``relax.nn.conv2d`` that ``accept`` takes."""
     import tvm  # noqa: PLC0415
-    from tvm import relax  # noqa: PLC0415
 
     conv = tvm.ir.Op.get("relax.nn.conv2d")
-    found = []
-
-    def visit(expr: Any) -> None:
-        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.same_as(conv) and accept(expr):
-            found.append(expr)
-
-    for _gv, func in _tvm.relax_functions(mod):
-        relax.analysis.post_order_visit(func, visit)
-        if found:
-            return True
-    return False
+    return _tvm.any_call(mod, lambda call: _tvm.calls_op(call, conv) and accept(call))
 
 
 def _split_clip(mod: Any) -> Any:
