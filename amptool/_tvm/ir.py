@@ -136,7 +136,7 @@ def any_call(mod: Any, accept: Any) -> bool:
     look before a rewrite that builds a mutator and rebuilds the module)."""
     from tvm import relax  # noqa: PLC0415
 
-    found = []
+    found: list[Any] = []
 
     def visit(expr: Any) -> None:
         if not found and isinstance(expr, relax.Call) and accept(expr):
