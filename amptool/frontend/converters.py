@@ -19,6 +19,7 @@ from amptool.errors import UserError
 from amptool.frontend.attention import convert_attention, convert_rotary_embedding
 from amptool.frontend.clip_pad import convert_clip, convert_pad
 from amptool.frontend.detection import DETECTION_CONVERTERS
+from amptool.frontend.einsum import convert_einsum
 from amptool.frontend.elementwise import convert_bitcast, convert_isinf
 from amptool.frontend.layout_ops import LAYOUT_CONVERTERS
 from amptool.frontend.narrow_casts import convert_cast, convert_cast_like
@@ -122,6 +123,8 @@ CONVERTERS: dict[str, Converter] = {
     "LpNormalization": convert_lp_normalization,
     "CumSum": convert_cumsum,
     "CumProd": convert_cumprod,
+    # Einsum with two operands: a matmul between transposes (einsum.py; TVM's is a generic reduction).
+    "Einsum": convert_einsum,
     # IsInf: TVM ignores detect_positive/detect_negative. BitCast: no TVM converter.
     "IsInf": convert_isinf,
     "BitCast": convert_bitcast,
