@@ -322,3 +322,15 @@ def test_odd_channel_counts_pad_to_whole_vectors(tmp_path, dtype, tolerance):
     amptool.convert(path, dtype=dtype, output=tmp_path / "out")
     got = np.asarray(amptool.load(tmp_path / "out").run({"x": x})["y"], dtype=np.float32)
     np.testing.assert_allclose(got, want, rtol=0, atol=tolerance * float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("width", [17, 19, 23, 29, 31, 37])
+def test_prime_widths_waste_few_columns(width: int) -> None:
+    """A width with no divisor in the tile range computes the next multiple of the tile that wastes
+    least (Inception-v3's 17×17 grid computed 24 columns with the cap's tile of 8; now 18)."""
+    from amptool.compiler.cpu_kernels import accumulator_budget, nhwc_columns
+
+    tile = nhwc_columns(width, 16)
+    computed = -(-width // tile) * tile
+    assert 4 <= tile <= accumulator_budget(16) - 2
+    assert computed - width <= 2, (tile, computed)

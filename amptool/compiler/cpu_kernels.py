@@ -142,7 +142,11 @@ def nhwc_columns(width: int, lanes: int) -> int:
         # cap while registers last (SqueezeNet's 55 columns: 5 → 11; its 3×3 conv measured 2× faster).
         wider = next((d for d in range(cap + 1, 2 * cap - 1) if width % d == 0), None)
         tile = wider or tile
-    return tile or cap
+    if tile is not None:
+        return tile
+    # No divisor (a prime width such as Inception-v3's 17): the tile whose multiple wastes the
+    # fewest columns, the wider of a tie (17: 9 → 18 computed, where the cap, 8, computed 24).
+    return min(range(max(4, cap // 2), 2 * cap - 1), key=lambda t: (-(-width // t) * t, -t))
 
 
 def _conv_columns(out_w: int) -> int:
