@@ -231,3 +231,24 @@ def test_no_serial_scalar_steps_left_beside_a_scheduled_block(tmp_path: Path) ->
             if "T.axis.reduce" in nest.split("\n    with")[0]:
                 continue
             assert "T.vectorized" in nest or "T.parallel" in nest or "T.int64(1))" in nest.split("\n")[0], nest[:400]
+
+
+def test_one_row_matmul_takes_several_column_blocks(tmp_path: Path) -> None:
+    """A 1-row matmul (a classifier head) gives each tile several column blocks, each its own
+    accumulator, instead of one dependent FMA chain per block; the values stay onnxruntime's."""
+    rng = np.random.default_rng(4)
+    weight = rng.standard_normal((200, 40)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "head",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 200])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 40])], [numpy_helper.from_array(weight, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "head.onnx"
+    onnx.save(model, path)
+    (script,) = [s for s in scheduled_kernels(str(path), "float32") if "amp_matmul_update" in s]
+    lines = script.splitlines()
+    update = next(i for i, line in enumerate(lines) if 'T.sblock("amp_matmul_update")' in line)
+    assert "T.vectorized" in lines[update - 1] and "T.unroll(T.int64(5))" in lines[update - 2], script
+    x = rng.standard_normal((1, 200)).astype(np.float32)
+    got = build_model(ConvertConfig(model=str(path), dtype="float32")).compiled().run({"x": x})["y"]
+    np.testing.assert_allclose(got, x @ weight, rtol=1e-5, atol=1e-4)
