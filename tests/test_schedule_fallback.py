@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -29,10 +30,19 @@ def _softmax_model(tmp_path: Path) -> str:
 
 def test_a_schedule_tvm_refuses_falls_back_per_kernel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                       caplog: pytest.LogCaptureFixture) -> None:
-    """The row-reduction rule without its shared-rows check puts a 1x8 softmax's body under a
-    vectorized loop, which TVM refuses in VectorizeLoop (a bug it once had); the 4x64 softmax's
-    schedule is fine and stays."""
+    """A row-reduction schedule that puts a 1x8 softmax's whole body under a vectorized loop (a bug
+    the rule once had: its shared-rows check came from it) is accepted by the schedule and refused by
+    TVM's VectorizeLoop at codegen; the 4x64 softmax's schedule is fine and stays."""
+    parallel = cpu_row_reduction._parallel
+
+    def vectorize_the_8_columns(sch: Any, loops: list[Any], tiling: Any) -> Any:
+        if len(loops) == 1 and sch.get(loops[0]).extent == 8:
+            sch.vectorize(loops[0])
+            return loops[0]
+        return parallel(sch, loops, tiling)
+
     monkeypatch.setattr(cpu_row_reduction, "_rows_shared", lambda *_: True)
+    monkeypatch.setattr(cpu_row_reduction, "_parallel", vectorize_the_8_columns)
     path = _softmax_model(tmp_path)
     x = np.random.default_rng(0).normal(size=(1, 8)).astype(np.float32)
     z = np.random.default_rng(1).normal(size=(4, 64)).astype(np.float32)
