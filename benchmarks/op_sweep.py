@@ -122,6 +122,34 @@ def _channel_shuffle() -> onnx.ModelProto:
                   [_const("s1", [1, 2, 116, 28, 28]), _const("s2", [1, 232, 28, 28])])
 
 
+def _conv1x7() -> onnx.ModelProto:
+    node = helper.make_node("Conv", ["x", "w"], ["y"], pads=[0, 3, 0, 3])
+    return _model([node], [_value("x", 1, 128, 17, 17)], [_value("y", 1, 128, 17, 17)],
+                  [_weights(10)("w", 128, 128, 1, 7)])
+
+
+def _batch_norm() -> onnx.ModelProto:
+    w = _weights(7)
+    variance = numpy_helper.from_array(np.ones(128, np.float32), "v")
+    return _model([helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"])],
+                  [_value("x", 1, 128, 56, 56)], [_value("y", 1, 128, 56, 56)], [w("s", 128), w("b", 128), w("m", 128),
+                                                                                  variance])
+
+
+def _einsum() -> onnx.ModelProto:
+    node = helper.make_node("Einsum", ["q", "k"], ["y"], equation="bhqd,bhkd->bhqk")
+    return _model([node], [_value("q", 1, 8, 256, 64), _value("k", 1, 8, 256, 64)], [_value("y", 1, 8, 256, 256)], [])
+
+
+def _grid_sample() -> onnx.ModelProto:
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("GridSample", ["x", "g"], ["y"], mode="bilinear")], "layer",
+        [_value("x", 1, 64, 48, 64), _value("g", 1, 48, 64, 2)], [_value("y", 1, 64, 48, 64)]),
+        opset_imports=[helper.make_opsetid("", 16)])
+    model.ir_version = 8
+    return model
+
+
 _SCALE2 = (["", "s"], [_const("s", [1, 1, 2, 2], np.float32)])
 _TOPK = (["k"], [_const("k", [50])])
 
@@ -134,8 +162,14 @@ LAYERS: dict[str, tuple[str, Layer]] = {
     "depthwise5x5_s2": ("Conv 240 depthwise 5×5 stride 2, 28² (EfficientNet)",
                         _conv(240, 240, [28, 28], 5, group=240, strides=[2, 2], pads=[2, 2, 2, 2])),
     "conv1d": ("Conv1d 256→256 k5, 400 steps (speech)", _conv(256, 256, [400], 5)),
+    "conv1x7": ("Conv 128→128 1×7, 17² (Inception-v3)", _conv1x7),
     "conv_transpose": ("ConvTranspose 128→64 3×3 stride 2, 28²→56² (decoder)", _conv_transpose),
     "squeeze_excite": ("Conv + squeeze-excite block, 96ch 56² (MobileNetV3)", _squeeze_excite),
+    "batch_norm": ("BatchNormalization alone, 128×56² (DenseNet)", _batch_norm),
+    "einsum_attention": ("Einsum bhqd,bhkd->bhqk, 8 heads 256² (attention scores)", _einsum),
+    "classifier": ("Gemm 1×2048 · 2048×1000ᵀ (ResNet head)",
+                   lambda: _model([helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1)], [_value("x", 1, 2048)],
+                                  [_value("y", 1, 1000)], [_weights(8)("w", 1000, 2048), _weights(9)("b", 1000)])),
     "gemv": ("MatMul 1×2048 · 2048×8192 (LLM decode)", _matmul([1], 2048, 8192)),
     "matmul_prefill": ("MatMul 256×1024 · 1024×4096 (LLM prefill)", _matmul([1, 256], 1024, 4096)),
     "lstm": ("LSTM hidden 256, 50 steps", _recurrent("LSTM", 4)),
@@ -160,6 +194,8 @@ LAYERS: dict[str, tuple[str, Layer]] = {
     "resize_linear": ("Resize linear ×2, 64×100² (segmentation)",
                       _single("Resize", [1, 64, 100, 100], [1, 64, 200, 200], _SCALE2, mode="linear")),
     "channel_shuffle": ("Reshape-Transpose-Reshape, 232×28² (ShuffleNet)", _channel_shuffle),
+    "grid_sample": ("GridSample bilinear, 64×48×64 (optical flow warp)", _grid_sample),
+    "cumsum": ("CumSum over 4096 rows of 64", _single("CumSum", [1, 4096, 64], extra=(["a"], [_const("a", 1)]))),
     "topk": ("TopK 50 of 32000 (sampling)",
              lambda: _model([helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=-1)], [_value("x", 1, 32000)],
                             [_value("v", 1, 50), helper.make_tensor_value_info("i", TensorProto.INT64, [1, 50])],
