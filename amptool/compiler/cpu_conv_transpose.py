@@ -35,7 +35,7 @@ import numpy as np
 from amptool import _tvm
 from amptool.compiler.cpu_kernels import _static_shape
 
-#: op name → (conv op name, data layout, kernel layout) it is rewritten into and from.
+#: op name → (data layout, kernel layout) it must have; its conv (conv2d or conv1d) keeps the data layout.
 _TRANSPOSED = {
     "relax.nn.conv2d_transpose": ("NCHW", "IOHW"),
     "relax.nn.conv1d_transpose": ("NCW", "IOW"),

@@ -17,6 +17,7 @@ import numpy as np
 
 from amptool.errors import UserError
 from amptool.frontend.resize import _name, _static_shape, _text, constant_values, convert_resize, convert_upsample
+from amptool.frontend.small_ops import _shape
 
 
 def _ints(attrs: dict[str, Any], key: str, default: list[int]) -> list[int]:
@@ -224,11 +225,14 @@ def _batch_norm_inference(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> 
     also returns statistics."""
     from tvm import relax  # noqa: PLC0415
 
-    if int(attrs.get("tvm_custom", {}).get("num_outputs", 1)) > 1:
-        return None
+    if int(attrs.get("tvm_custom", {}).get("num_outputs", 1)) > 1 or not int(attrs.get("spatial", 1)):
+        return None  # (opset < 9 ``spatial=0``: statistics per element, not per channel)
     op = relax.op
     x, scale, bias, mean, var = inputs[:5]
-    rank = len(_static_shape(x, "BatchNormalization", attrs))
+    shape = _shape(x)  # (dynamic shapes: TVM's converter, which takes them)
+    if shape is None or len(shape) < 2 or any(_shape(e) != [shape[1]] for e in (scale, bias, mean, var)):
+        return None
+    rank = len(shape)
     dtype = str(x.ty.dtype)
     compute = "float32" if dtype in ("float16", "bfloat16") else dtype  # ε (1e-5) is subnormal in float16
     scale, bias, mean, var = (e if str(e.ty.dtype) == compute else bb.emit(op.astype(e, compute))
