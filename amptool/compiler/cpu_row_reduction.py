@@ -26,10 +26,8 @@ from typing import Any
 
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 
+from amptool.compiler.cpu_schedules import SPATIAL as _SPATIAL
 from amptool.compiler.cpu_schedules import Tiling, _extent, _parallel, _stride, try_inline
-
-#: ``IterVar.iter_type`` of a spatial (data-parallel) iteration variable.
-_SPATIAL = 0
 
 #: Vector widths tried for a reduction's partial results, widest first (float32 lanes ≤ target's).
 _WIDTHS = (16, 8, 4)

@@ -131,14 +131,16 @@ def _schedule_leftovers(sch: Any, tiling: Tiling) -> None:
         found = []
         for block in sch.get_child_blocks(sch.get_sblock("root")):
             loops = sch.get_loops(block)
-            if (loops and all(iv.iter_type == _SPATIAL_ITER for iv in sch.get(block).iter_vars)
+            if (loops and all(iv.iter_type == SPATIAL for iv in sch.get(block).iter_vars)
                     and all(sch.get(loop).kind == tirx.ForKind.SERIAL and not sch.get(loop).annotations
                             for loop in loops)):
                 found.append(block)
         return found
 
     for block in leftovers()[:-1]:  # into their readers first: one pass instead of one per step
-        try_inline(sch, block)
+        readers = sch.get_consumers(block)
+        if readers and all(iv.iter_type == SPATIAL for r in readers for iv in sch.get(r).iter_vars):
+            try_inline(sch, block)  # (never into a reduction: it would be computed again at every step)
     for block in leftovers():
         work = math.prod(_extent(sch, loop) or MIN_PARALLEL_WORK for loop in sch.get_loops(block))
         try:
@@ -148,7 +150,7 @@ def _schedule_leftovers(sch: Any, tiling: Tiling) -> None:
 
 
 #: ``IterVar.iter_type`` of a data-parallel (spatial) block variable.
-_SPATIAL_ITER = 0
+SPATIAL = 0
 
 
 @dataclass(frozen=True)
@@ -520,7 +522,7 @@ def _leaf_block(sch: Any, loop: Any) -> Any:
 
 
 #: Independent accumulator vectors a few-row ``packed_matmul`` tile reaches by taking column blocks
-#: side by side. 1×2048 · 2048×1000 (blocks of 8): 0.14 → 0.08 ms at 5; but 1×2048 · 2048×8192 (67 MB
+#: side by side. 1×2048 · 2048×1000 (blocks of 8): 0.14–0.15 → 0.08–0.09 ms at 5; but 1×2048 · 2048×8192 (67 MB
 #: of weights, blocks of 32) went 1.55 → 2.1 ms at 16 (8 weight streams per task): each block is
 #: its own stream, so few.
 GEMV_VECTORS = 6
