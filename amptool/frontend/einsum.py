@@ -26,11 +26,11 @@ from amptool.frontend.small_ops import _shape
 
 
 def convert_einsum(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
+    """The matmul form of a two-operand Einsum (see the module docstring), or None for TVM's converter."""
     from tvm import relax  # noqa: PLC0415
 
-    equation = str(attrs.get("equation", "")).replace(" ", "")
-    if isinstance(attrs.get("equation"), bytes):
-        equation = attrs["equation"].decode().replace(" ", "")
+    raw = attrs.get("equation", "")
+    equation = (raw.decode() if isinstance(raw, bytes) else str(raw)).replace(" ", "")
     plan = _plan(equation, inputs)
     if plan is None:
         return None
