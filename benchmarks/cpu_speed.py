@@ -102,9 +102,9 @@ def main() -> None:
         _write(Path(args.readme), section)
 
 
-def _ms(report: BenchReport, variant: str) -> str:
+def _ms(report: BenchReport, variant: str, digits: int = 1) -> str:
     timing = report.timing(variant)
-    return "—" if timing is None else f"{timing.median_ms:.1f}"
+    return "—" if timing is None else f"{timing.median_ms:.{digits}f}"
 
 
 def _ratio(report: BenchReport, variant: str, baseline: str) -> str:

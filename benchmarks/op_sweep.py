@@ -32,7 +32,8 @@ from onnx import TensorProto, helper, numpy_helper
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from amptool.app.bench import ONNXRUNTIME, BenchConfig, BenchReport, amptool_variant, bench_model  # noqa: E402
+from amptool.app.bench import ONNXRUNTIME, BenchConfig, amptool_variant, bench_model  # noqa: E402
+from benchmarks.cpu_speed import _ms, _ratio  # noqa: E402 - the same table cells
 
 Layer = Callable[[], onnx.ModelProto]
 
@@ -230,23 +231,11 @@ def main() -> None:
             config = BenchConfig(model=path, dtypes=(args.dtype,), threads=args.threads, rounds=args.rounds,
                                  runs=args.runs)
             report = bench_model(config)
-            print(f"| {title} | {_ms(report, ONNXRUNTIME)} | {_ms(report, fp32)} | {_ms(report, low)} "
+            print(f"| {title} | {_ms(report, ONNXRUNTIME, 3)} | {_ms(report, fp32, 3)} | {_ms(report, low, 3)} "
                   f"| {_ratio(report, fp32, ONNXRUNTIME)} | {_ratio(report, low, fp32)} |", flush=True)
     print(f"\n{args.threads} thread(s), {args.rounds} rounds × {args.runs} runs per variant, medians; ratio of "
           f"pooled medians (per-round paired ratio in parentheses). Load average {load_before:.1f} before, "
           f"{os.getloadavg()[0]:.1f} after.")
-
-
-def _ms(report: BenchReport, variant: str) -> str:
-    timing = report.timing(variant)
-    return "—" if timing is None else f"{timing.median_ms:.3f}"
-
-
-def _ratio(report: BenchReport, variant: str, baseline: str) -> str:
-    value, paired = report.ratio(variant, baseline), report.paired_ratio(variant, baseline)
-    if value is None:
-        return "—"
-    return f"{value:.2f}×" + ("" if paired is None else f" ({paired:.2f}×)")
 
 
 if __name__ == "__main__":
