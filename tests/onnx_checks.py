@@ -1,9 +1,11 @@
 """Helpers shared by the tests that build ONNX models in code: a typed value info, a one-input
-model, the activation-range "amplifier", and outputs compared by name."""
+model, a one-node model saved for onnxruntime and amptool alike, the activation-range
+"amplifier", and outputs compared by name."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -20,6 +22,31 @@ def assert_outputs_match(actual: Mapping[str, np.ndarray], names: Sequence[str],
     for name, want in zip(names, expected, strict=True):
         assert actual[name].shape == want.shape, name
         np.testing.assert_allclose(actual[name], want, rtol=rtol, atol=atol, err_msg=name)
+
+
+def save_node_model(path: str | Path, node: onnx.NodeProto, inputs: Mapping[str, np.ndarray],
+                    initializers: Mapping[str, np.ndarray] | None = None, opset: int = 17) -> str:
+    """``node`` alone as a model (float32 inputs shaped like ``inputs``, one output ``y`` whose shape
+    onnx infers), saved at ``path``; returns the path."""
+    graph = helper.make_graph([node], "g", [info(name, list(value.shape)) for name, value in inputs.items()],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(v, n) for n, v in (initializers or {}).items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    onnx.save(onnx.shape_inference.infer_shapes(model), path)
+    return str(path)
+
+
+def onnxruntime_and_amptool(path: str, feeds: Mapping[str, np.ndarray],
+                            dtype: str = "float32") -> tuple[np.ndarray, np.ndarray]:
+    """Output ``y`` of the model at ``path`` on ``feeds``: onnxruntime's, then amptool's ``dtype`` build's."""
+    import onnxruntime as ort
+
+    from amptool.app.convert import ConvertConfig, build_model
+
+    want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(["y"], dict(feeds))[0]
+    got = build_model(ConvertConfig(model=path, dtype=dtype)).compiled().run(dict(feeds))["y"]
+    return want, got
 
 
 def x_to_y_model(nodes: Sequence[onnx.NodeProto], name: str, shape: Sequence[int],

@@ -8,13 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import onnx
-import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 
-from amptool.app.convert import ConvertConfig, build_model
 from tests.conftest import scheduled_kernels
+from tests.onnx_checks import onnxruntime_and_amptool, save_node_model
 
 CASES = {
     # name: (in channels, out channels, steps, kernel, stride, pads, dilation, group)
@@ -35,29 +33,20 @@ def _model(tmp_path: Path, case: str) -> tuple[str, np.ndarray]:
     node = helper.make_node("Conv", ["x", "w", "b"], ["y"], kernel_shape=[k], strides=[stride], pads=pads,
                             dilations=[dilation], group=group)
     x = rng.standard_normal([1, cin, steps]).astype(np.float32)
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                              [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(bias, "b")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    path = tmp_path / "model.onnx"
-    onnx.save(onnx.shape_inference.infer_shapes(model), path)
-    return str(path), x
+    return save_node_model(tmp_path / "model.onnx", node, {"x": x}, {"w": weight, "b": bias}), x
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_matches_onnxruntime(tmp_path: Path, case: str) -> None:
     path, x = _model(tmp_path, case)
-    want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    got = build_model(ConvertConfig(model=path, dtype="float32")).compiled().run({"x": x})["y"]
+    want, got = onnxruntime_and_amptool(path, {"x": x})
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
 
 
 def test_bfloat16_close_to_onnxruntime(tmp_path: Path) -> None:
     path, x = _model(tmp_path, "kernel 3 stride 2")
-    want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    got = build_model(ConvertConfig(model=path, dtype="bfloat16")).compiled().run({"x": x})["y"]
+    want, got = onnxruntime_and_amptool(path, {"x": x}, "bfloat16")
     np.testing.assert_allclose(got.astype(np.float32), want, rtol=0.05, atol=0.03 * float(np.abs(want).max()))
 
 

@@ -7,13 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import onnx
-import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 
-from amptool.app.convert import ConvertConfig, build_model
 from tests.conftest import scheduled_kernels
+from tests.onnx_checks import onnxruntime_and_amptool, save_node_model
 
 CASES = {
     # name: (in channels, out channels, input spatial, kernel, stride, pads, output padding, group, dilation)
@@ -39,22 +37,13 @@ def _model(tmp_path: Path, case: str) -> tuple[str, np.ndarray]:
                             output_padding=output_padding, kernel_shape=[k] * dims, group=group,
                             dilations=[dilation] * dims)
     x = rng.standard_normal([1, cin, *spatial]).astype(np.float32)
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                              [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(bias, "b")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    model = onnx.shape_inference.infer_shapes(model)
-    path = tmp_path / "model.onnx"
-    onnx.save(model, path)
-    return str(path), x
+    return save_node_model(tmp_path / "model.onnx", node, {"x": x}, {"w": weight, "b": bias}), x
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_matches_onnxruntime(tmp_path: Path, case: str) -> None:
     path, x = _model(tmp_path, case)
-    want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    got = build_model(ConvertConfig(model=path, dtype="float32")).compiled().run({"x": x})["y"]
+    want, got = onnxruntime_and_amptool(path, {"x": x})
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
 
@@ -73,6 +62,5 @@ def test_no_zero_dilated_input_is_built(tmp_path: Path, case: str) -> None:
 def test_low_precision_phase_weights(tmp_path: Path, dtype: str) -> None:
     """The weights are rearranged in the dtype they were converted to (bf16 via ml_dtypes)."""
     path, x = _model(tmp_path, "4x4 stride 2 (GAN generator)")
-    want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    got = build_model(ConvertConfig(model=path, dtype=dtype)).compiled().run({"x": x})["y"]
+    want, got = onnxruntime_and_amptool(path, {"x": x}, dtype)
     np.testing.assert_allclose(got.astype(np.float32), want, rtol=0.05, atol=0.03 * float(np.abs(want).max()))

@@ -7,12 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import onnx
-import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper
+from onnx import helper
 
-from amptool.app.convert import ConvertConfig, build_model, rewrite_model
+from amptool.app.convert import ConvertConfig, rewrite_model
+from tests.onnx_checks import onnxruntime_and_amptool, save_node_model
 
 CASES = {
     # equation: (shape of a, shape of b, whether it becomes a matmul)
@@ -32,18 +31,11 @@ CASES = {
 @pytest.mark.parametrize("equation", CASES)
 def test_matches_onnxruntime(tmp_path: Path, equation: str) -> None:
     shape_a, shape_b, as_matmul = CASES[equation]
-    node = helper.make_node("Einsum", ["a", "b"], ["y"], equation=equation)
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("a", TensorProto.FLOAT, shape_a),
-                                            helper.make_tensor_value_info("b", TensorProto.FLOAT, shape_b)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    path = str(tmp_path / "einsum.onnx")
-    onnx.save(onnx.shape_inference.infer_shapes(model), path)
     rng = np.random.default_rng(2)
     feeds = {"a": rng.standard_normal(shape_a).astype(np.float32), "b": rng.standard_normal(shape_b).astype(np.float32)}
-    want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
-    got = build_model(ConvertConfig(model=path, dtype="float32")).compiled().run(feeds)["y"]
+    node = helper.make_node("Einsum", ["a", "b"], ["y"], equation=equation)
+    path = save_node_model(tmp_path / "einsum.onnx", node, feeds)
+    want, got = onnxruntime_and_amptool(path, feeds)
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     script = rewrite_model(ConvertConfig(model=path, dtype="float32")).passes.mod.script()
