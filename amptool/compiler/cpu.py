@@ -98,23 +98,19 @@ def default_rules(tiling: Tiling | None = None) -> list[Any]:
 def stage_passes(target: Any) -> stages.Stages:
     """(stage, passes) in build order, for ``target`` (an LLVM Target): the ``layout`` stage
     (``cpu_layout``), then the stages every backend has."""
-    return [("layout", [_SPLIT_CONV_TRANSPOSE, _CONV1D_AS_CONV2D, *layout_passes()]), ("epilogues", [_WIDEN_EPILOGUES]),
+    return [("layout", [_SPLIT_CONV_TRANSPOSE, _CONV1D_AS_CONV2D, *layout_passes()]),
+            ("epilogues", [_WIDEN_EPILOGUES]),
             *stages.relax_stages(target, cpu_generic, legalize_map(), default_rules())]
 
 
-@tvm.transform.module_pass(opt_level=0, name="amptool.SplitConvTranspose")
-def _SPLIT_CONV_TRANSPOSE(mod: Any, _ctx: Any) -> Any:
-    return split_conv_transpose(mod)
+def _module_pass(rewrite: Callable[[Any], Any], name: str) -> Any:
+    """``rewrite`` (an IRModule → IRModule function) as a TVM module pass named ``amptool.NAME``."""
+    return tvm.transform.module_pass(lambda mod, _ctx: rewrite(mod), opt_level=0, name=f"amptool.{name}")
 
 
-@tvm.transform.module_pass(opt_level=0, name="amptool.Conv1dAsConv2d")
-def _CONV1D_AS_CONV2D(mod: Any, _ctx: Any) -> Any:
-    return conv1d_as_conv2d(mod)
-
-
-@tvm.transform.module_pass(opt_level=0, name="amptool.WidenEpilogues")
-def _WIDEN_EPILOGUES(mod: Any, _ctx: Any) -> Any:
-    return widen_epilogues(mod)
+_SPLIT_CONV_TRANSPOSE = _module_pass(split_conv_transpose, "SplitConvTranspose")
+_CONV1D_AS_CONV2D = _module_pass(conv1d_as_conv2d, "Conv1dAsConv2d")
+_WIDEN_EPILOGUES = _module_pass(widen_epilogues, "WidenEpilogues")
 
 
 def lower(mod: Any, target: Any, on_stage: Callable[[str], None] | None = None,
