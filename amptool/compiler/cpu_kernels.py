@@ -553,13 +553,13 @@ def _legalize_softmax(bb: Any, call: Any) -> Any:
         rank = len(x.shape)
         dim = axis % rank
         length = int(x.shape[dim])
-        padded = _SOFTMAX_PAD * -(-length // _SOFTMAX_PAD)
         if length % 4 and dim == rank - 1 and length > _SOFTMAX_PAD:
             # A row no vector width divides (ViT's 197 tokens, CLIP's 77) gets no vectorized
             # reduction (cpu_row_reduction), and TVM's scalar one took 15x onnxruntime's time at 197:
             # pad it with -inf to whole vectors (fast_exp gives ~1e-38 there: nothing next to the
             # row's sum, which holds e^0 = 1), crop the result.
             inf = tirx.const(float("-inf"), "float32")
+            padded = _SOFTMAX_PAD * -(-length // _SOFTMAX_PAD)
             wide = te.compute((*x.shape[:-1], padded), lambda *i: tirx.if_then_else(
                 i[-1] < length, x(*i[:-1], tirx.min(i[-1], length - 1)), inf), name="softmax_pad")
             norm = _softmax_rows(wide, dim)
