@@ -80,3 +80,23 @@ def test_bad_pareto_flags(zoo_model, run_cli, tmp_path, monkeypatch, args, needl
 def test_within_margin():
     outputs = [{"tolerance_ratio": 0.3}, {"tolerance_ratio": None}]
     assert within_margin(outputs, None) and within_margin(outputs, 0.3) and not within_margin(outputs, 0.2)
+
+
+def _step(label: str, latency_ms: float, ratio: float, passed: bool):
+    from amptool.app.fallback_verify import Verdict
+    from amptool.app.pareto import Step
+
+    outputs = ({"name": "y", "passed": passed, "tolerance_ratio": ratio, "failure": None if passed else "over"},)
+    verdict = Verdict("seeds", (1,), None, 1, outputs, () if passed else ("seed 1",), "seed 1")
+    return Step(label, (), 0.5, 0.5, verdict, False, latency_ms)
+
+
+def test_frontier_holds_only_passing_steps_no_other_passing_step_beats():
+    """A failing build is never an option, even when timing noise makes it the fastest."""
+    from amptool.app.pareto import _frontier
+
+    steps = [_step("0 kept", 1.0, 40.0, passed=False), _step("1 kept", 1.3, 0.03, passed=True),
+             _step("2 kept", 1.4, 0.05, passed=True), _step("float32", 1.2, 0.0, passed=True)]
+    assert _frontier(steps) == ["float32"]  # faster and more accurate than both passing steps
+    steps[1].latency_ms = 1.1
+    assert _frontier(steps) == ["1 kept", "float32"]  # "2 kept" loses to both on both axes
