@@ -16,14 +16,9 @@ import contextlib
 import inspect
 import linecache
 import sys
-import threading
-from collections.abc import Iterator
 from types import FrameType
-from typing import Any
 
-_LOCK = threading.Lock()
-_DEPTH = [0]
-_ORIGINAL: dict[str, Any] = {}
+from amptool._tvm.swap import SwappedAttributes
 
 
 def _frame_record(frame: FrameType, context: int) -> inspect.FrameInfo:
@@ -55,23 +50,13 @@ def _stack(context: int = 1) -> list[inspect.FrameInfo]:
     return _outer_frames(sys._getframe(1), context)
 
 
-@contextlib.contextmanager
-def cheap_frame_stack() -> Iterator[None]:
+_CHEAP_FRAME_STACK = SwappedAttributes(lambda: inspect,
+                                       lambda _inspect: {"stack": _stack, "getouterframes": _outer_frames})
+
+
+def cheap_frame_stack() -> contextlib.AbstractContextManager[None]:
     """Within the block, ``inspect.stack`` and ``inspect.getouterframes`` skip the module lookup
     (see the module docstring). Nestable and thread-safe: the originals come back when the last
     block in any thread exits; a caller in another thread meanwhile gets the same records, less
     ``positions``."""
-    with _LOCK:
-        if _DEPTH[0] == 0:
-            _ORIGINAL.update(stack=inspect.stack, getouterframes=inspect.getouterframes)
-            inspect.stack = _stack
-            inspect.getouterframes = _outer_frames
-        _DEPTH[0] += 1
-    try:
-        yield
-    finally:
-        with _LOCK:
-            _DEPTH[0] -= 1
-            if _DEPTH[0] == 0:
-                inspect.stack = _ORIGINAL["stack"]
-                inspect.getouterframes = _ORIGINAL["getouterframes"]
+    return _CHEAP_FRAME_STACK.block()

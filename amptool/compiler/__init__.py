@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from amptool._tvm import make_target, quiet_native_stderr
+from amptool._tvm.schedule import unchecked_schedules
 
 #: Build pipelines: amptool's (fusion + packed kernels + schedules; LLVM only, other targets
 #: fall back to TVM's) and TVM's own default (``tvm.compile``: unfused, unscheduled on CPU).
@@ -30,7 +31,7 @@ def compile_module(mod: Any, target_spec: dict[str, Any], *, pipeline: str = "am
     if pipeline not in PIPELINES:
         raise ValueError(f"unknown pipeline {pipeline!r}; expected one of {PIPELINES}")
     target = make_target(target_spec)
-    with quiet_native_stderr():
+    with quiet_native_stderr(), unchecked_schedules():
         if pipeline == "amptool" and str(target.kind.name) == "llvm":
             from amptool.compiler import cpu  # noqa: PLC0415 - each pipeline imports its backend
 
@@ -56,7 +57,7 @@ def lower_module(mod: Any, target_spec: dict[str, Any]) -> Any:
 
     target = make_target(target_spec)
     kind = str(target.kind.name)
-    with quiet_native_stderr():
+    with quiet_native_stderr(), unchecked_schedules():
         if kind == "llvm":
             from amptool.compiler import cpu  # noqa: PLC0415 - each pipeline imports its backend
 
