@@ -103,6 +103,23 @@ def test_fold_reaches_inside_if_branches_and_keeps_numerics():
         np.testing.assert_array_equal(got, want)
 
 
+def test_fold_leaves_a_model_with_nothing_to_fold_uncopied():
+    """No Shape, no decided If, no node of constants only (a Conv/BN export): the folder returns the
+    model itself instead of a copy of its weights; one constant-only node anywhere makes it fold."""
+    weight = numpy_helper.from_array(np.ones((4, 3, 1, 1), np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], name="conv"),
+             helper.make_node("Relu", ["y"], ["z"], name="relu")]
+    graph = helper.make_graph(nodes, "plain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)], [weight])
+    plain = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    folded, stats = fold_model(plain)
+    assert folded is plain and not stats.changed
+    plain.graph.node.insert(0, helper.make_node("Neg", ["w"], ["w_neg"], name="neg"))
+    plain.graph.node[1].input[1] = "w_neg"
+    folded, stats = fold_model(plain)
+    assert folded is not plain and stats.folded == 1 and plain.graph.node[0].op_type == "Neg"
+
+
 def test_if_on_a_pinned_shape_is_inlined():
     folded, stats = fold_model(_pinned(_shape_if_model(), {"x": (1, 4)}))
     assert stats.ifs_inlined == 1 and stats.shapes == 1

@@ -59,7 +59,8 @@ class FoldStats:
 
 
 def fold_model(model: onnx.ModelProto, max_rounds: int = 8) -> tuple[onnx.ModelProto, FoldStats]:
-    """A copy of ``model`` with constant computation folded in every graph.
+    """A copy of ``model`` with constant computation folded in every graph; ``model`` itself when
+    nothing in it can fold (stats unchanged).
 
     Repeated to a fixed point: inlining an `If` gives shape inference the static shapes it
     could not see through the branch, which lets the next round fold more.
@@ -79,6 +80,8 @@ def fold_model(model: onnx.ModelProto, max_rounds: int = 8) -> tuple[onnx.ModelP
 
 
 def _fold_once(model: onnx.ModelProto, *, copy: bool = True) -> tuple[onnx.ModelProto, FoldStats]:
+    if not _may_fold(model.graph, frozenset()):
+        return model, FoldStats()
     if copy:
         folded = onnx.ModelProto()
         folded.CopyFrom(model)
@@ -94,6 +97,30 @@ def _fold_once(model: onnx.ModelProto, *, copy: bool = True) -> tuple[onnx.Model
     stats = FoldStats()
     _fold_graph(folded.graph, None, shapes, opsets, stats, ir_version=folded.ir_version)
     return folded, stats
+
+
+def _may_fold(graph: onnx.GraphProto, outer: frozenset[str]) -> bool:
+    """Whether ``_fold_graph`` could change anything in ``graph`` (subgraphs included): some `Shape`,
+    some `If` with a constant condition, or some foldable node whose inputs are all constants.
+    Folding starts only at such a node, so without one the copy that folding works on (0.05 s and
+    100 MB of fresh memory for a ResNet-50, twice a prepare) is skipped. ``outer``: constants of
+    the enclosing scopes."""
+    known = set(outer) | {t.name for t in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant":
+            known.update(node.output)
+            continue
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        if node.op_type == "Shape" or (node.op_type == "If" and node.input[0] in known):
+            return True
+        scope = frozenset(known)
+        for attr in node.attribute:
+            if any(_may_fold(g, scope) for g in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs)):
+                return True
+        if node.op_type not in _NEVER_FOLD and node.output and all(name in known for name in node.input if name):
+            return True
+    return False
 
 
 #: Float initializers this large are hidden from shape inference (see ``infer_shapes``).
