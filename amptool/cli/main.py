@@ -52,10 +52,39 @@ _register()
 
 
 def main() -> None:
+    _keep_freed_memory()
     try:
         cli(prog_name="amptool")
     except SystemExit as done:
         _exit_now(done.code)
+
+
+#: glibc's mallopt parameters (malloc.h): the heap top kept unreturned, and how many blocks may be mmapped.
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
+
+
+def _keep_freed_memory() -> None:
+    """Have glibc's malloc serve every block from its heap and keep freed memory for reuse.
+
+    Why: by default each block over 32 MB is mmapped and unmapped on free, so every copy of a
+    model's weights (the file read, protobuf's parse, onnxruntime's sessions, TVM's constants) lands
+    in fresh pages the kernel faults in and zeroes one by one: a ResNet-50 convert faulted 2.6 GB
+    for a 1.2 GB peak, 2 s of system time. Reused memory needs no faults: the convert went 7.1 →
+    6.3 s (median of 6 each way, 2 cores; peak memory +8%). Only the CLI process does this, which
+    exits after one command; a library user's process keeps its own malloc settings. Not glibc
+    (musl, macOS): nothing to do.
+    """
+    import ctypes  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(_M_MMAP_MAX, 0)
+    mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)
 
 
 def _exit_now(code: int | str | None) -> None:
