@@ -252,3 +252,17 @@ def test_one_row_matmul_takes_several_column_blocks(tmp_path: Path) -> None:
     x = rng.standard_normal((1, 200)).astype(np.float32)
     got = build_model(ConvertConfig(model=str(path), dtype="float32")).compiled().run({"x": x})["y"]
     np.testing.assert_allclose(got, x @ weight, rtol=1e-5, atol=1e-4)
+
+
+def test_kernels_carry_no_argument_checks_and_the_vm_still_refuses_a_wrong_input(tmp_path: Path) -> None:
+    """Codegen drops TVM's per-kernel argument checks (half of each kernel's code, and of LLVM's
+    time); the VM checks the model's own inputs before any kernel runs, so a wrong one is refused."""
+    path = _save(tmp_path, _conv_model(16))
+    result = build_model(ConvertConfig(model=path, dtype="float32"))
+    modules = [result.executable.mod, *result.executable.mod.imports]
+    llvm = "\n".join(str(m.inspect_source("ll")) for m in modules if m.kind == "llvm")
+    assert "fused" in llvm and "Mismatched type on argument" not in llvm and "Expected" not in llvm
+    vm = result.compiled()
+    vm.run({"x": np.zeros((1, 8, 12, 10), np.float32)})
+    with pytest.raises(Exception, match="match_cast|mismatch"):
+        _tvm.run_vm(_tvm.vm_from_executable(result.executable), [np.zeros((1, 8, 12, 11), np.float32)])
