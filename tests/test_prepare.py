@@ -280,3 +280,29 @@ def test_numerics_check_compares_sequence_outputs_element_by_element():
     assert _first_mismatch({"s": seq}, {"s": seq[:1]}) == "'s' (sequence lengths differ)"
     changed = [seq[0], seq[1] * 2]
     assert _first_mismatch({"s": seq}, {"s": changed}).startswith("'s[1]'")
+
+
+def test_calibration_reads_the_numerics_checks_run_when_it_ran_on_the_same_inputs(monkeypatch):
+    """prepare's check-numerics runs the folded model on the seed-0 inputs calibration uses: with
+    ``expose_tensors`` it keeps every tensor, and calibration built from them equals calibration's
+    own run (no session of its own is opened). Other inputs get nothing: calibration runs itself."""
+    from amptool.app import calibrate
+    from amptool.frontend import prepare
+    from amptool.frontend.signature import graph_inputs
+    from amptool.runtime.inputs import generate_inputs
+    from amptool.testing import model_zoo
+
+    model = model_zoo.resnet_like()
+    specs = graph_inputs(model)
+    prepared = prepare.prepare_model(model, specs, defer_check=True, expose_tensors=True)
+    feeds = generate_inputs(specs, prepared.model, seed=0)
+    shared = prepared.checked_tensors(feeds)
+    assert shared is not None and len(shared) > len(prepared.model.graph.output)
+    assert prepared.checked_tensors({k: v + 1 for k, v in feeds.items()}) is None
+    own = calibrate.activation_peaks(prepared.model, feeds, source="own")
+    runs: list[object] = []
+    monkeypatch.setattr(calibrate, "every_tensor", lambda *args: runs.append(args))
+    reused = calibrate.activation_peaks(prepared.model, feeds, source="own", values=shared)
+    assert not runs and reused.skipped is None and reused == own and reused.peaks
+    assert not prepared.settle() and "check-numerics" in prepared.steps
+    assert prepared.checked_tensors(feeds) is None  # settled: the tensors are dropped

@@ -101,8 +101,10 @@ class Calibration:
         }
 
 
-def activation_peaks(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], source: str) -> Calibration:
-    """Run ``model`` with all main-graph tensors exposed; max |x| per node (finite or not)."""
+def activation_peaks(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], source: str,
+                     values: Mapping[str, Any] | None = None) -> Calibration:
+    """Run ``model`` with all main-graph tensors exposed; max |x| per node (finite or not).
+    ``values``: those tensors from a run on ``feeds`` already made (prepare's check-numerics)."""
     from amptool.frontend.gradient import forward_only, has_gradients  # noqa: PLC0415
 
     # onnxruntime cannot run Gradient nodes: calibrate the forward graph. Recomputed forward
@@ -112,7 +114,8 @@ def activation_peaks(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], so
     constants = {init.name for init in probe.graph.initializer}
     constants |= {o for n in probe.graph.node if n.op_type == "Constant" for o in n.output}
     try:
-        values = every_tensor(probe, feeds)
+        if values is None:
+            values = every_tensor(probe, feeds)
     except Exception as err:  # noqa: BLE001 - calibration is a guard, not a requirement: say why it is off
         reason = error_summary(err, limit=200)
         log.info("activation calibration skipped: %s", reason)

@@ -37,7 +37,7 @@ from amptool.frontend.graph import iter_nodes
 from amptool.frontend.importer import ImportedModel, NodeOrigin, import_model
 from amptool.frontend.input_values import FixedValue, fixed_input_arrays, resolve_input_shapes
 from amptool.frontend.load import LoadedModel, load_model, refuse_quantized
-from amptool.frontend.prepare import prepare_model
+from amptool.frontend.prepare import PreparedModel, prepare_model
 from amptool.frontend.signature import (
     DEFAULT_MAX_INPUT_BYTES,
     TensorSpec,
@@ -237,10 +237,13 @@ def rewrite_model(
     declared = [s for s in declared if s.name not in fixed]
     shapes = resolve_input_shapes(config.input_shapes, [s.name for s in declared])
     inputs = pin_input_specs(declared, shapes, arrays, max_bytes=config.max_input_bytes, dims=config.dims)
-    # check-numerics runs beside import and the passes, and is waited for before anything is built.
+    calibrating = (config.range_guards or calibrate) and config.dtype != "float32"
+    # check-numerics runs beside import and the passes, and is waited for before anything is built;
+    # its run on the folded model exposes every tensor when calibration will read them.
     prepared = timed(
         "prepare",
-        lambda: prepare_model(loaded.model, inputs, optimize=config.prepare, fixed_inputs=fixed, defer_check=True),
+        lambda: prepare_model(loaded.model, inputs, optimize=config.prepare, fixed_inputs=fixed, defer_check=True,
+                              expose_tensors=calibrating and not config.calibration),
     )
     try:
         if before_import is not None:
@@ -254,8 +257,8 @@ def rewrite_model(
         def from_prepared() -> tuple[ImportedModel, Calibration | None, PassResult]:
             imported = timed("import", lambda: import_model(prepared.model, inputs))
             calibration = None
-            if (config.range_guards or calibrate) and config.dtype != "float32":
-                calibration = timed("calibrate", lambda: _calibrate(config, prepared.model, inputs))
+            if calibrating:
+                calibration = timed("calibrate", lambda: _calibrate(config, prepared, inputs))
             return imported, calibration, _run_passes(config, imported, policy, calibration, notify)
 
         try:
@@ -417,13 +420,16 @@ def cancellation_summary(config: ConvertConfig, policy: ColorPolicy,
     return calibration.cancellation_json(policy.cancellation_bound())
 
 
-def _calibrate(config: ConvertConfig, model: Any, inputs: list[TensorSpec]) -> Calibration:
-    """Activation peaks on --calibration arrays, else on the seeded inputs diff uses."""
+def _calibrate(config: ConvertConfig, prepared: PreparedModel, inputs: list[TensorSpec]) -> Calibration:
+    """Activation peaks on --calibration arrays, else on the seeded inputs diff uses (read from
+    prepare's check-numerics run when it made one on the same inputs)."""
+    model = prepared.model
     if config.calibration:
         feeds = load_inputs(config.calibration, inputs, "--calibration")
         check_input_shapes(feeds, inputs, f"--calibration {config.calibration}")
         return activation_peaks(model, feeds, source=config.calibration)
-    return activation_peaks(model, generate_inputs(inputs, model, seed=0), source="generated (seed 0)")
+    feeds = generate_inputs(inputs, model, seed=0)
+    return activation_peaks(model, feeds, source="generated (seed 0)", values=prepared.checked_tensors(feeds))
 
 
 def convert_model(

@@ -34,6 +34,7 @@ from amptool.frontend.gradient import fold_protected, has_gradients
 from amptool.frontend.graph import default_opset
 from amptool.frontend.load import name_nodes
 from amptool.frontend.signature import TensorSpec
+from amptool.runtime.onnxruntime_runner import exposable_tensors
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,18 @@ class PreparedModel:
             _infer_and_name(self, "shape-inference-unfolded")
         return reverted
 
+    def checked_tensors(self, feeds: Mapping[str, np.ndarray]) -> dict[str, Any] | None:
+        """Every main-graph tensor of the folded model as check-numerics computed it (waiting for it),
+        when it ran on ``feeds`` with them exposed (``prepare_model(expose_tensors=True)``); else None.
+        Calibration reads these instead of opening a session of its own on the same model."""
+        pending = self.pending
+        if pending is None:
+            return None
+        outcome = pending.result.result()
+        if outcome.tensors is None or outcome.feeds is None or not _same_arrays(outcome.feeds, feeds):
+            return None
+        return outcome.tensors
+
     def discard(self) -> None:
         """Drop a deferred check unread (the build failed first): wait for it, remove its files."""
         pending, self.pending = self.pending, None
@@ -78,9 +91,21 @@ class PreparedModel:
 _CHECK_PENDING = "check-numerics-pending"
 
 
+@dataclass(frozen=True)
+class _Outcome:
+    """check-numerics' verdict (``step``, ``note``, whether to ``revert``) and, when it exposed them,
+    every tensor of its run on the folded model and the ``feeds`` of that run."""
+
+    step: str
+    note: str | None
+    revert: bool
+    feeds: Mapping[str, np.ndarray] | None = None
+    tensors: dict[str, Any] | None = None
+
+
 @dataclass
 class _PendingCheck:
-    result: concurrent.futures.Future[tuple[str, str | None, bool]]
+    result: concurrent.futures.Future[_Outcome]
     unfolded: onnx.ModelProto
     workdir: str  # holds the file the check reads; removed once it is settled
 
@@ -144,12 +169,15 @@ def prepare_model(
     optimize: bool = True,
     fixed_inputs: Mapping[str, np.ndarray] | None = None,
     defer_check: bool = False,
+    expose_tensors: bool = False,
 ) -> PreparedModel:
     """Fix inputs, pin shapes, upgrade ancient opsets, then fold in fp32 (onnxruntime + own).
 
     ``defer_check``: run check-numerics (two onnxruntime runs, ~0.35 s of a ResNet-50's prepare) in a
     thread, and return at once with ``pending`` set; the caller imports and rewrites meanwhile, then
-    calls ``settle()`` — and starts again from the unfolded model in the rare case it reverts."""
+    calls ``settle()`` — and starts again from the unfolded model in the rare case it reverts.
+    ``expose_tensors``: the check's run on the folded model returns every main-graph tensor too,
+    for ``PreparedModel.checked_tensors`` (calibration's run, without a session of its own)."""
     steps = []
     if fixed_inputs:
         model = freeze_inputs(model, fixed_inputs)
@@ -199,8 +227,9 @@ def prepare_model(
                               else prepared.model.SerializeToString())
                 except Exception as err:  # noqa: BLE001 - e.g. over protobuf's 2 GB: skipped, saying why
                     folded = err
+                expose = exposable_tensors(prepared.model) if expose_tensors else ()
                 check = functools.partial(_numerics_outcome, model, unfolded, inputs, fixed_inputs or {},
-                                          reference if as_original else None, folded)
+                                          reference if as_original else None, folded, expose)
                 if defer_check:
                     thread_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="amptool-check")
                     prepared.pending = _PendingCheck(thread_pool.submit(check), unfolded, str(workdir))
@@ -268,17 +297,18 @@ def _numerics_outcome(
     fixed: Mapping[str, np.ndarray],
     reference: Any,
     folded: str | bytes | Exception,
-) -> tuple[str, str | None, bool]:
-    """check-numerics: onnxruntime before and after folding on seeded inputs, as (step, note,
-    revert). ``reference``: a session that computes ``original`` already (one session less to
-    open), or None; ``folded``: the folded model, a file or serialised (or why it could not be). Reads nothing else the
-    caller may change, so it can run in a thread.
+    expose: Sequence[str] = (),
+) -> _Outcome:
+    """check-numerics: onnxruntime before and after folding on seeded inputs. ``reference``: a
+    session that computes ``original`` already (one session less to open), or None; ``folded``: the
+    folded model, a file or serialised (or why it could not be); ``expose``: its tensors to return
+    too (``_Outcome.tensors``). Reads nothing else the caller may change, so it can run in a thread.
 
     Why: prepare must never change what the model computes — a folding bug would otherwise
     surface as an "fp16 error" that no colour list can fix.
     """
     from amptool.runtime.inputs import generate_inputs  # noqa: PLC0415
-    from amptool.runtime.onnxruntime_runner import run_session  # noqa: PLC0415
+    from amptool.runtime.onnxruntime_runner import run_session, session, with_outputs  # noqa: PLC0415
 
     try:
         if isinstance(folded, Exception):
@@ -286,32 +316,46 @@ def _numerics_outcome(
         feeds = generate_inputs(inputs, unfolded, seed=0)
         before = (run_session(reference, {**feeds, **fixed}) if reference is not None
                   else _run(reference_model(original), {**feeds, **fixed}))
-        after = _run(folded, feeds)
+        if expose:
+            serialized = folded if isinstance(folded, bytes) else _read_bytes(folded)
+            # Unoptimised, as calibration's own run: optimising would fuse exposed tensors away.
+            after = run_session(session(with_outputs(serialized, expose), optimize="disable"), feeds)
+        else:
+            after = _run(folded, feeds)
     except Exception as err:  # noqa: BLE001 - a reference that cannot run skips the check, saying why
         reason = error_summary(err, limit=160)
-        return "check-numerics-skipped", f"check-numerics: onnxruntime could not run both models ({reason})", False
+        return _Outcome("check-numerics-skipped",
+                        f"check-numerics: onnxruntime could not run both models ({reason})", False)
     mismatch = _first_mismatch(before, after)
     if mismatch is None:
-        return "check-numerics", None, False
-    return ("folding-reverted",
-            f"check-numerics: folding changed output {mismatch}; import uses the unfolded model", True)
+        return _Outcome("check-numerics", None, False, feeds, after if expose else None)
+    return _Outcome("folding-reverted",
+                    f"check-numerics: folding changed output {mismatch}; import uses the unfolded model", True)
 
 
-def _take_outcome(prepared: PreparedModel, unfolded: onnx.ModelProto, outcome: tuple[str, str | None, bool],
-                  at: int | None = None) -> bool:
+def _read_bytes(path: str) -> bytes:
+    with open(path, "rb") as handle:
+        return handle.read()
+
+
+def _same_arrays(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> bool:
+    return a.keys() == b.keys() and all(
+        np.asarray(a[k]).dtype == np.asarray(b[k]).dtype and np.array_equal(a[k], b[k]) for k in a)
+
+
+def _take_outcome(prepared: PreparedModel, unfolded: onnx.ModelProto, outcome: _Outcome, at: int | None = None) -> bool:
     """Record check-numerics' ``outcome`` in ``prepared`` (its step at ``at``, else appended) and
     undo the folding when it says so; True when it did."""
-    step, note, revert = outcome
     if at is None:
-        prepared.steps.append(step)
+        prepared.steps.append(outcome.step)
     else:
-        prepared.steps[at] = step
-    if note:
-        prepared.notes.append(note)
-    if revert:
-        log.warning("prepare changed the model's numerics (%s); importing it unfolded", note)
+        prepared.steps[at] = outcome.step
+    if outcome.note:
+        prepared.notes.append(outcome.note)
+    if outcome.revert:
+        log.warning("prepare changed the model's numerics (%s); importing it unfolded", outcome.note)
         prepared.model = unfolded
-    return revert
+    return outcome.revert
 
 
 def _run(model: onnx.ModelProto | str | bytes, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
