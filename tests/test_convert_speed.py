@@ -387,3 +387,30 @@ def test_cli_process_reuses_freed_memory_instead_of_faulting_fresh_pages():
     pages = (64 << 20) // os.sysconf("SC_PAGE_SIZE")
     assert faults("default") > pages // 2
     assert faults("cli") < pages // 20
+
+
+def test_function_names_listed_once_per_change_while_tvm_imports():
+    """TVM's ~50 ``_ffi_api`` modules each list every global function name at import, one FFI call
+    per name (each a GIL hand-off: a background import beside a busy thread took seconds). Inside
+    ``tvm_module``'s block the list is kept while the number of functions stays the same, and a
+    function registered meanwhile is listed."""
+    import tvm_ffi
+    import tvm_ffi.registry as registry
+
+    from amptool._tvm.common import _CACHED_FUNCTION_NAMES
+
+    original = registry.list_global_func_names
+    want = original()
+    with _CACHED_FUNCTION_NAMES.block():
+        assert registry.list_global_func_names is not original
+        first = registry.list_global_func_names()
+        assert first == want and registry.list_global_func_names() == want
+        first.append("mutating a returned list changes no later answer")
+        assert registry.list_global_func_names() == want
+        name = f"amptool.test.listed_{os.getpid()}"
+        tvm_ffi.register_global_func(name, lambda: 1)
+        try:
+            assert name in registry.list_global_func_names()
+        finally:
+            registry.remove_global_func(name)
+    assert registry.list_global_func_names is original
