@@ -3,6 +3,7 @@ as TVM's plain build on every kernel path (packed, fallback, generic rules)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 from amptool import _tvm, compiler
 from amptool.app.convert import ConvertConfig, build_model
 from tests.conftest import scheduled_kernels
+from tests.onnx_checks import onnxruntime_and_amptool
 
 tvm = pytest.importorskip("tvm")
 
@@ -266,3 +268,38 @@ def test_kernels_carry_no_argument_checks_and_the_vm_still_refuses_a_wrong_input
     vm.run({"x": np.zeros((1, 8, 12, 10), np.float32)})
     with pytest.raises(Exception, match="match_cast|mismatch"):
         _tvm.run_vm(_tvm.vm_from_executable(result.executable), [np.zeros((1, 8, 12, 11), np.float32)])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize(("lead", "rows"), [((24,), 1), ((2, 3), 1), ((6,), 4), ((5,), 3), ((2,), 24)])
+def test_stacked_items_of_few_rows_share_a_tile_and_keep_their_epilogue(tmp_path: Path, dtype: str,
+                                                                         lead: tuple[int, ...], rows: int) -> None:
+    """``[*lead, rows, k] · [k, n]`` × a per-column scale → Relu (a scale: onnxruntime turns a matmul
+    and an added bias into a 2-D Gemm): items of few rows (a sequence-first ``[S, 1, E]``) are tiled
+    several to a tile (each row had read the whole weight again: 4.4× onnxruntime); the fused scale
+    and Relu still land on their own rows, as onnxruntime computes them."""
+    rng = np.random.default_rng(7)
+    weight = rng.standard_normal((48, 64)).astype(np.float32)
+    shape = [*lead, rows, 48]
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Mul", ["m", "s"], ["a"]),
+         helper.make_node("Relu", ["a"], ["y"])], "stacked",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape),
+         helper.make_tensor_value_info("s", TensorProto.FLOAT, [64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [*shape[:-1], 64])],
+        [numpy_helper.from_array(weight, "w")])
+    path = tmp_path / "stacked.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    feeds = {"x": rng.standard_normal(shape).astype(np.float32), "s": rng.standard_normal(64).astype(np.float32)}
+    want, got = onnxruntime_and_amptool(str(path), feeds, dtype)
+    if dtype == "bfloat16":  # operands rounded to 8 significant bits: errors scale with the output
+        assert np.max(np.abs(got - want)) <= 0.03 * np.max(np.abs(want))
+    else:
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+    if rows == 1:
+        (script,) = [s for s in scheduled_kernels(str(path), dtype) if "amp_matmul" in s]
+        # the row loop under the tile (float32: the fused items×rows loop; bfloat16: the items' own
+        # loop, which tensorize needs unfused): several items to a tile, not one
+        rows_loop = r"_fused_1" if dtype == "float32" else r"\bi\d+_1"
+        tile = re.search(rows_loop + r" in T\.unroll\(T\.int64\((\d+)\)\)", script)
+        assert tile is not None and int(tile.group(1)) > 1, script

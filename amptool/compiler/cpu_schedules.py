@@ -540,9 +540,15 @@ def packed_matmul(sch: Any, tiling: Tiling) -> Any | None:
     if m_rows is None or _extent(sch, rows_loop) is None:
         return None
     vectors = max(1, block // tiling.lanes)
+    cap = max(1, tiling.accumulators // vectors)
     # A tile of the fused batch×rows loop must not straddle two batch items: the epilogue
     # computed under it then wrote the wrong rows (GPT-2's 2×24-row LM head: cosine 0.92).
-    tile = _divisor(m_rows, max(1, tiling.accumulators // vectors)) or 1
+    tile = _divisor(m_rows, cap) or 1
+    if batch and tile == m_rows:
+        # Items of few rows (m = 1: a sequence-first [S, 1, E] operand, an RNN's input projection)
+        # share a tile whole, so the weight is read once per tile, not once per row: [128, 1, 768] ·
+        # [768, 768] 3.4 → 0.73 ms (onnxruntime 0.78). Whole items keep the epilogue's rows exact.
+        tile *= _divisor((_extent(sch, rows_loop) or m_rows) // m_rows, cap // m_rows) or 1
     blocks = (_extent(sch, n) or 0) // block
     ro, ri = sch.split(rows_loop, [None, tile])
     no, ni = sch.split(n, [None, block])
