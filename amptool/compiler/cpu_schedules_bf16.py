@@ -83,12 +83,12 @@ def packed_matmul_bf16(sch: Any, tiling: Tiling) -> Any | None:
     mm = _find_block(sch, MATMUL_BF16_BLOCK)
     if mm is None:
         return None
-    *batch, m, n, rp = sch.get_loops(mm)
+    *batch, m, n, rp = list(sch.get_loops(mm))
     if batch and _extent(sch, m) == 1:
         # One row per item (a sequence-first [S, 1, E]): the items are the rows, so a tile holds
         # several and reads the weight once for them ([128, 1, 768] · [768, 768] 2.0 → 0.4 ms, as
         # [1, 128, 768]); the unit row loop goes outside with the other batch loops.
-        *batch, m = [*batch[:-1], m, batch[-1]]
+        batch, m = [*batch[:-1], m], batch[-1]
     m_rows = _extent(sch, m)
     if m_rows is None or any(_extent(sch, loop) is None for loop in batch):
         return None
