@@ -175,6 +175,7 @@ LAYERS: dict[str, tuple[str, Layer]] = {
                                   [_value("y", 1, 1000)], [_weights(8)("w", 1000, 2048), _weights(9)("b", 1000)])),
     "gemv": ("MatMul 1×2048 · 2048×8192 (LLM decode)", _matmul([1], 2048, 8192)),
     "matmul_prefill": ("MatMul 256×1024 · 1024×4096 (LLM prefill)", _matmul([1, 256], 1024, 4096)),
+    "matmul_seq_first": ("MatMul 128×1×768 · 768×768 (sequence-first transformer)", _matmul([128, 1], 768, 768)),
     "lstm": ("LSTM hidden 256, 50 steps", _recurrent("LSTM", 4)),
     "gru": ("GRU hidden 256, 50 steps", _recurrent("GRU", 3)),
     "softmax_384": ("Softmax over 384, 12×384 rows (attention)", _single("Softmax", [1, 12, 384, 384], axis=-1)),
