@@ -303,3 +303,26 @@ def test_stacked_items_of_few_rows_share_a_tile_and_keep_their_epilogue(tmp_path
         rows_loop = r"_fused_1" if dtype == "float32" else r"\bi\d+_1"
         tile = re.search(rows_loop + r" in T\.unroll\(T\.int64\((\d+)\)\)", script)
         assert tile is not None and int(tile.group(1)) > 1, script
+
+
+def test_a_split_into_many_small_outputs_is_vectorized_on_one_thread(tmp_path: Path) -> None:
+    """An RNN's input projection cut into its 50 timesteps (bias add and cast fused in): the
+    injective rule once failed on the several output blocks, and the fallback ran each 768-value
+    piece as a scalar parallel loop (0.19 ms for what takes 0.006). Each piece now gets its own
+    vectorized loop, on one thread, and the values are onnxruntime's."""
+    steps = 50
+    rng = np.random.default_rng(9)
+    names = [f"y{t}" for t in range(steps)]
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "b"], ["a"]), helper.make_node("Split", ["a"], names, axis=0)], "pieces",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [steps, 1, 768])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 1, 768]) for n in names],
+        [numpy_helper.from_array(rng.standard_normal(768).astype(np.float32), "b")])
+    path = tmp_path / "pieces.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    (script,) = [s for s in scheduled_kernels(str(path), "float32") if "split" in s]
+    assert script.count("T.vectorized") >= steps and "T.parallel" not in script, script
+    x = rng.standard_normal((steps, 1, 768)).astype(np.float32)
+    got = build_model(ConvertConfig(model=str(path), dtype="float32")).compiled().run({"x": x})
+    for t, name in enumerate(names):
+        np.testing.assert_array_equal(got[name], x[t:t + 1] + numpy_helper.to_array(graph.initializer[0]))
