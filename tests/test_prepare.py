@@ -306,3 +306,27 @@ def test_calibration_reads_the_numerics_checks_run_when_it_ran_on_the_same_input
     assert not runs and reused.skipped is None and reused == own and reused.peaks
     assert not prepared.settle() and "check-numerics" in prepared.steps
     assert prepared.checked_tensors(feeds) is None  # settled: the tensors are dropped
+
+
+def test_exposed_check_run_falls_back_when_the_weights_are_in_an_external_file(tmp_path):
+    """A folded model over 1.5 GB is written with its weights in a file beside it, which a session
+    opened from bytes cannot find: check-numerics then runs as it did without exposing tensors."""
+    from amptool.frontend import prepare
+    from amptool.frontend.signature import graph_inputs
+    from amptool.runtime.onnxruntime_runner import exposable_tensors
+    from amptool.testing import model_zoo
+
+    model = model_zoo.resnet_like()
+    specs = graph_inputs(model)
+    feeds = {s.name: np.random.default_rng(0).standard_normal(s.shape).astype(np.float32) for s in specs}
+    expose = exposable_tensors(model)
+    inline = prepare._run_exposed(model.SerializeToString(), feeds, expose)
+    assert inline is not None and set(expose) <= set(inline)
+    path = tmp_path / "external.onnx"
+    external = onnx.ModelProto()
+    external.CopyFrom(model)  # saving with external data rewrites the proto it is given
+    onnx.save(external, path, save_as_external_data=True, all_tensors_to_one_file=True, location="weights.data",
+              size_threshold=0)
+    assert prepare._run_exposed(str(path), feeds, expose) is None
+    outcome = prepare._numerics_outcome(model, model, specs, {}, None, str(path), expose)
+    assert outcome.step == "check-numerics" and outcome.tensors is None

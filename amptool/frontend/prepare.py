@@ -308,7 +308,7 @@ def _numerics_outcome(
     surface as an "fp16 error" that no colour list can fix.
     """
     from amptool.runtime.inputs import generate_inputs  # noqa: PLC0415
-    from amptool.runtime.onnxruntime_runner import run_session, session, with_outputs  # noqa: PLC0415
+    from amptool.runtime.onnxruntime_runner import run_session  # noqa: PLC0415
 
     try:
         if isinstance(folded, Exception):
@@ -316,26 +316,33 @@ def _numerics_outcome(
         feeds = generate_inputs(inputs, unfolded, seed=0)
         before = (run_session(reference, {**feeds, **fixed}) if reference is not None
                   else _run(reference_model(original), {**feeds, **fixed}))
-        if expose:
-            serialized = folded if isinstance(folded, bytes) else _read_bytes(folded)
-            # Unoptimised, as calibration's own run: optimising would fuse exposed tensors away.
-            after = run_session(session(with_outputs(serialized, expose), optimize="disable"), feeds)
-        else:
-            after = _run(folded, feeds)
+        exposed = _run_exposed(folded, feeds, expose) if expose else None
+        after = exposed if exposed is not None else _run(folded, feeds)
     except Exception as err:  # noqa: BLE001 - a reference that cannot run skips the check, saying why
         reason = error_summary(err, limit=160)
         return _Outcome("check-numerics-skipped",
                         f"check-numerics: onnxruntime could not run both models ({reason})", False)
     mismatch = _first_mismatch(before, after)
     if mismatch is None:
-        return _Outcome("check-numerics", None, False, feeds, after if expose else None)
+        return _Outcome("check-numerics", None, False, feeds, exposed)
     return _Outcome("folding-reverted",
                     f"check-numerics: folding changed output {mismatch}; import uses the unfolded model", True)
 
 
-def _read_bytes(path: str) -> bytes:
-    with open(path, "rb") as handle:
-        return handle.read()
+def _run_exposed(folded: str | bytes, feeds: Mapping[str, np.ndarray], expose: Sequence[str]) -> dict[str, Any] | None:
+    """One unoptimised run of the folded model (optimising would fuse exposed tensors away) with
+    ``expose`` as outputs too; None when that cannot run (weights in an external file, which a
+    session opened from bytes does not find): check-numerics then runs as without them."""
+    from amptool.runtime.onnxruntime_runner import run_session, session, with_outputs  # noqa: PLC0415
+
+    try:
+        if isinstance(folded, str):
+            with open(folded, "rb") as handle:
+                folded = handle.read()
+        return run_session(session(with_outputs(folded, expose), optimize="disable"), feeds)
+    except Exception as err:  # noqa: BLE001 - the plain check still runs
+        log.debug("check-numerics: no exposed run (%s)", error_summary(err, limit=160))
+        return None
 
 
 def _same_arrays(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> bool:
