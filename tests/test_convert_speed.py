@@ -385,7 +385,9 @@ def test_cli_process_reuses_freed_memory_instead_of_faulting_fresh_pages():
         return int(done.stdout.strip())
 
     pages = (64 << 20) // os.sysconf("SC_PAGE_SIZE")
-    assert faults("default") > pages // 2
+    default = faults("default")
+    if default < pages // 2:  # transparent huge pages for every mapping: fresh memory is cheap here
+        pytest.skip(f"a fresh 64 MB block faulted {default} times, not once per page")
     assert faults("cli") < pages // 20
 
 
