@@ -49,6 +49,18 @@ def onnxruntime_and_amptool(path: str, feeds: Mapping[str, np.ndarray],
     return want, got
 
 
+def assert_close_to_onnxruntime(path: str, feeds: Mapping[str, np.ndarray], dtype: str = "float32") -> None:
+    """amptool's ``dtype`` build of ``path`` gives onnxruntime's ``y``: in float32 to 1e-5 of the
+    output's scale, in a low dtype to 5% and 3% of that scale (operands rounded to 8–11 bits)."""
+    want, got = onnxruntime_and_amptool(path, feeds, dtype)
+    assert got.shape == want.shape
+    scale = float(np.abs(want).max())
+    if dtype == "float32":
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * scale)
+    else:
+        np.testing.assert_allclose(got.astype(np.float32), want, rtol=0.05, atol=0.03 * scale)
+
+
 def x_to_y_model(nodes: Sequence[onnx.NodeProto], name: str, shape: Sequence[int],
                  inits: Sequence[onnx.TensorProto] = ()) -> onnx.ModelProto:
     """float ``x`` → ``nodes`` → float ``y`` of the same ``shape``; opset 17, IR 8."""

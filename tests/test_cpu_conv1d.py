@@ -12,7 +12,7 @@ import pytest
 from onnx import helper
 
 from tests.conftest import scheduled_kernels
-from tests.onnx_checks import onnxruntime_and_amptool, save_node_model
+from tests.onnx_checks import assert_close_to_onnxruntime, save_node_model
 
 CASES = {
     # name: (in channels, out channels, steps, kernel, stride, pads, dilation, group)
@@ -39,15 +39,12 @@ def _model(tmp_path: Path, case: str) -> tuple[str, np.ndarray]:
 @pytest.mark.parametrize("case", CASES)
 def test_matches_onnxruntime(tmp_path: Path, case: str) -> None:
     path, x = _model(tmp_path, case)
-    want, got = onnxruntime_and_amptool(path, {"x": x})
-    assert got.shape == want.shape
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+    assert_close_to_onnxruntime(path, {"x": x})
 
 
 def test_bfloat16_close_to_onnxruntime(tmp_path: Path) -> None:
     path, x = _model(tmp_path, "kernel 3 stride 2")
-    want, got = onnxruntime_and_amptool(path, {"x": x}, "bfloat16")
-    np.testing.assert_allclose(got.astype(np.float32), want, rtol=0.05, atol=0.03 * float(np.abs(want).max()))
+    assert_close_to_onnxruntime(path, {"x": x}, "bfloat16")
 
 
 @pytest.mark.parametrize("case", ["kernel 10 stride 5, one input channel (a waveform's first layer)", "same padding"])

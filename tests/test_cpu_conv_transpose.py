@@ -11,7 +11,7 @@ import pytest
 from onnx import helper
 
 from tests.conftest import scheduled_kernels
-from tests.onnx_checks import onnxruntime_and_amptool, save_node_model
+from tests.onnx_checks import assert_close_to_onnxruntime, save_node_model
 
 CASES = {
     # name: (in channels, out channels, input spatial, kernel, stride, pads, output padding, group, dilation)
@@ -43,9 +43,7 @@ def _model(tmp_path: Path, case: str) -> tuple[str, np.ndarray]:
 @pytest.mark.parametrize("case", CASES)
 def test_matches_onnxruntime(tmp_path: Path, case: str) -> None:
     path, x = _model(tmp_path, case)
-    want, got = onnxruntime_and_amptool(path, {"x": x})
-    assert got.shape == want.shape
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+    assert_close_to_onnxruntime(path, {"x": x})
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if "left to TVM" not in c])
@@ -62,5 +60,4 @@ def test_no_zero_dilated_input_is_built(tmp_path: Path, case: str) -> None:
 def test_low_precision_phase_weights(tmp_path: Path, dtype: str) -> None:
     """The weights are rearranged in the dtype they were converted to (bf16 via ml_dtypes)."""
     path, x = _model(tmp_path, "4x4 stride 2 (GAN generator)")
-    want, got = onnxruntime_and_amptool(path, {"x": x}, dtype)
-    np.testing.assert_allclose(got.astype(np.float32), want, rtol=0.05, atol=0.03 * float(np.abs(want).max()))
+    assert_close_to_onnxruntime(path, {"x": x}, dtype)
