@@ -279,24 +279,26 @@ def test_cheap_frame_stack_gives_inspects_records_and_restores_it():
     assert cheap[0][1][4] is not None and len(cheap[0][1][4]) == 3  # this test's own line, in context
 
 
-def test_tvmscript_parses_the_same_under_cheap_frame_stack():
+def _doubling_kernel(n: int):
+    """``b = 2·a`` over ``n`` values, one block ``b``, parsed from TVMScript here and now."""
     from tvm.script import tirx as T
 
+    @T.prim_func(private=True, s_tir=True)
+    def scale(a: T.Buffer((n,), "float32"), b: T.Buffer((n,), "float32")) -> None:
+        for i in range(n):
+            with T.sblock("b"):
+                vi = T.axis.spatial(n, i)
+                b[vi] = a[vi] * T.float32(2)
+
+    return scale
+
+
+def test_tvmscript_parses_the_same_under_cheap_frame_stack():
     from amptool._tvm.script import cheap_frame_stack
 
-    def parse():
-        @T.prim_func(private=True, s_tir=True)
-        def scale(a: T.Buffer((8,), "float32"), b: T.Buffer((8,), "float32")) -> None:
-            for i in range(8):
-                with T.sblock("b"):
-                    vi = T.axis.spatial(8, i)
-                    b[vi] = a[vi] * T.float32(2)
-
-        return scale
-
-    want = parse()
+    want = _doubling_kernel(8)
     with cheap_frame_stack():
-        got = parse()
+        got = _doubling_kernel(8)
     tvm.ir.assert_structural_equal(got, want)
 
 
@@ -305,16 +307,10 @@ def test_unchecked_schedules_skip_tvms_argument_checks_only_inside_the_block():
     compile stage); inside ``unchecked_schedules`` a call goes straight to the FFI, with the same
     result, and outside it the check is back (a wrong type raises TVM's TypeError again)."""
     from tvm import s_tir
-    from tvm.script import tirx as T
 
     from amptool._tvm.schedule import unchecked_schedules
 
-    @T.prim_func(private=True, s_tir=True)
-    def scale(a: T.Buffer((64,), "float32"), b: T.Buffer((64,), "float32")) -> None:
-        for i in range(64):
-            with T.sblock("b"):
-                vi = T.axis.spatial(64, i)
-                b[vi] = a[vi] * T.float32(2)
+    scale = _doubling_kernel(64)
 
     def split(schedule):
         loop, = schedule.get_loops(schedule.get_sblock("b"))
