@@ -15,7 +15,9 @@ AVX512-BF16 (znver4)              —                      0.76×
 ================================  ====================  =========================================
 
 (Issue 17 also saw 12–16× on BERT/ResNet-50 without F16C.) Native float16 arithmetic needs
-AVX512-FP16 (Sapphire Rapids and later); bfloat16 dot products need AVX512-BF16 or AMX-BF16.
+AVX512-FP16 (Sapphire Rapids and later); amptool's bfloat16 dot products are AVX512-BF16's
+``vdpbf16ps`` (``cpu_intrinsics``): AMX-BF16 alone does not count — amptool emits no AMX code, and
+a Sapphire/Emerald Rapids VM often has AMX off (its LLVM CPU name still lists it).
 Only x86 CPUs are judged: other architectures' LLVM feature names differ, and no note is better
 than a wrong one.
 """
@@ -29,7 +31,7 @@ from amptool import _tvm
 
 log = logging.getLogger(__name__)
 
-_FEATURES = ("f16c", "avx512fp16", "avx512bf16", "amx-bf16", "sse2")
+_FEATURES = ("f16c", "avx512fp16", "avx512bf16", "sse2")
 _warned: set[tuple[str, str]] = set()
 
 
@@ -50,8 +52,8 @@ def low_precision_speed_note(dtype: str, spec: dict[str, Any]) -> str | None:
             return (f"CPU {cpu} has no AVX512-FP16: float16 computes in float32 after conversion, measured 1.01x "
                     "float32 latency (weights take half the memory; no speed-up)")
         return None
-    if not (has["avx512bf16"] or has["amx-bf16"]):
-        return (f"CPU {cpu} has neither AVX512-BF16 nor AMX-BF16: bfloat16 computes in float32 after conversion, "
+    if not has["avx512bf16"]:
+        return (f"CPU {cpu} has no AVX512-BF16: bfloat16 computes in float32 after conversion, "
                 "measured 1.02x float32 latency (weights take half the memory; no speed-up)")
     return None
 
