@@ -334,3 +334,60 @@ def test_prime_widths_waste_few_columns(width: int) -> None:
     computed = -(-width // tile) * tile
     assert 4 <= tile <= accumulator_budget(16) - 2
     assert computed - width <= 2, (tile, computed)
+
+
+@pytest.mark.parametrize("lanes", [16, 8])
+def test_register_tiles_of_several_vectors_fit_the_registers(lanes: int) -> None:
+    """Every tile of ``tile_vectors`` channel vectors × ``nhwc_columns`` columns keeps its
+    accumulators in the registers the ISA has left (AVX-512 28, AVX2 12); a row no longer than
+    the tile is one tile, and a longer one computes less than one tile of waste."""
+    from amptool.compiler.cpu_kernels import MULTI_VECTOR_ACCUMULATORS, nhwc_columns, tile_vectors
+
+    assert tile_vectors(16, lanes) == (4 if lanes == 16 else 2)
+    assert tile_vectors(3, lanes) == (3 if lanes == 16 else 1) and tile_vectors(5, lanes) == 1
+    for blocks in range(2, 17):
+        vectors = tile_vectors(blocks, lanes)
+        if vectors == 1:
+            continue
+        most = MULTI_VECTOR_ACCUMULATORS[lanes] // vectors
+        for width in range(1, 120):
+            tile = nhwc_columns(width, lanes, vectors)
+            assert tile * vectors <= MULTI_VECTOR_ACCUMULATORS[lanes], (blocks, width, tile)
+            assert tile == width if width <= most else -(-width // tile) * tile - width < tile, (blocks, width, tile)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_multi_vector_tiles_match_onnxruntime(tmp_path, dtype):
+    """64 channels (four vectors a tile), 48 and 96 (three), 80 (five blocks: one), on rows of
+    1, 3, 13 and 17 columns (one tile, a short tile, a divisor, a cropped remainder), 3×3 and 1×1;
+    the weight of the first 64-channel conv packed in blocks of all its 64 channels (AVX-512)."""
+    from amptool.compiler.cpu_kernels import tile_vectors, vector_lanes
+
+    rng = np.random.default_rng(7)
+    channels = [64, 48, 96, 80, 64]
+    inits, nodes, x = [], [], "x"
+    for i, (cin, cout) in enumerate(zip([16, *channels], channels)):
+        k = 3 if i % 2 == 0 else 1
+        inits.append(numpy_helper.from_array((rng.standard_normal((cout, cin, k, k)) / np.sqrt(cin * k * k)).astype(np.float32), f"w{i}"))
+        nodes.append(helper.make_node("Conv", [x, f"w{i}"], [f"c{i}"], pads=[k // 2] * 4))
+        nodes.append(helper.make_node("Relu", [f"c{i}"], [f"r{i}"]))
+        x = f"r{i}"
+    nodes[-1] = helper.make_node("Relu", [f"c{len(channels) - 1}"], ["y"])
+    for height, width in ((5, 1), (4, 3), (3, 13), (2, 17)):
+        graph = helper.make_graph(nodes, "tiles", [info("x", [1, 16, height, width])],
+                                  [info("y", [1, 64, height, width])], inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+        model.ir_version = 8
+        path = tmp_path / f"tiles{width}.onnx"
+        onnx.save(model, str(path))
+        if width == 13 and dtype == "float32":
+            lanes = vector_lanes(_tvm.make_target(TARGET))
+            block = lanes * tile_vectors(64 // lanes, lanes)  # the first conv's: 16 → 64, 3×3
+            dims = ", ".join(f"T.int64({d})" for d in (64 // block, 3, 3, 16, block))
+            assert f"(({dims}), \"float32\")" in _lowered_kernels(str(path), dtype)
+        data = np.random.default_rng(width).standard_normal((1, 16, height, width)).astype(np.float32)
+        want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": data})[0]
+        amptool.convert(path, dtype=dtype, output=tmp_path / f"out{width}")
+        got = np.asarray(amptool.load(tmp_path / f"out{width}").run({"x": data})["y"], dtype=np.float32)
+        tolerance = 1e-5 if dtype == "float32" else 2e-2
+        np.testing.assert_allclose(got, want, rtol=0, atol=tolerance * float(np.abs(want).max()))

@@ -142,10 +142,11 @@ def test_erf_keeps_nan_and_saturates_inf(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
 def test_conv_weights_are_packed_and_kernels_scheduled(tmp_path: Path, layout: str) -> None:
-    """NHWC: the layout stage's kernel, weight ``[OC/B, KH, KW, IC, B]``; NCHW (the layout stage
-    skipped, as when TVM's ConvertLayout fails): weight ``[OC/B, IC, KH, KW, B]``."""
+    """NHWC: the layout stage's kernel, weight ``[OC/B, KH, KW, IC, B]`` with ``B`` the register
+    tile's channel vectors (``tile_vectors``: all 32 channels); NCHW (the layout stage skipped, as
+    when TVM's ConvertLayout fails): weight ``[OC/B, IC, KH, KW, B]``, one vector per block."""
     from amptool.compiler import cpu
-    from amptool.compiler.cpu_kernels import CONV2D_BLOCK, vector_lanes
+    from amptool.compiler.cpu_kernels import CONV2D_BLOCK, tile_vectors, vector_lanes
     from amptool.compiler.cpu_nhwc import CONV2D_NHWC_BLOCK
 
     path = _save(tmp_path, _conv_model(32))
@@ -164,7 +165,8 @@ def test_conv_weights_are_packed_and_kernels_scheduled(tmp_path: Path, layout: s
     assert len(kernels) == 1
     text = kernels[0].script()
     lanes = vector_lanes(target)
-    dims = (32 // lanes, 3, 3, 8, lanes) if layout == "NHWC" else (32 // lanes, 8, 3, 3, lanes)
+    block = lanes * tile_vectors(32 // lanes, lanes)
+    dims = (32 // block, 3, 3, 8, block) if layout == "NHWC" else (32 // lanes, 8, 3, 3, lanes)
     assert f"({', '.join(f'T.int64({d})' for d in dims)})" in text
     assert kernels[0].attrs["tirx.is_scheduled"]
     assert "T.parallel" in text and "T.vectorized" in text

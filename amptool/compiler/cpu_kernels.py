@@ -131,10 +131,39 @@ def column_tile(width: int, cap: int) -> int | None:
     return next((d for d in range(cap + 1, 2 * cap - 1) if width % d == 0), None)
 
 
-def nhwc_columns(width: int, lanes: int) -> int:
-    """Output columns per NHWC register tile for ``width`` columns: a divisor of it near half the
-    accumulator budget (``column_tile``), else that half — the compute then covers a multiple of
-    it and crops. The legalization and the schedule rules both ask here."""
+def tile_vectors(blocks: int, lanes: int) -> int:
+    """Vectors of output channels in one NHWC register tile, for a conv of ``blocks`` vectors: the
+    largest divisor of ``blocks`` up to 4 with AVX-512 (32 registers), up to 2 with AVX2 (16).
+
+    Why: with one vector per tile every FMA needs its own broadcast input load, and a core that
+    issues two FMAs per cycle (Intel's AVX-512 server cores) waits on its load ports; four vectors
+    reuse each broadcast four times. Measured on an Emerald Rapids core (float32, one thread,
+    3-conv chains, alternated in one process): 3×3 convs 1.3–1.45× faster (64 channels at 56²:
+    9.3 → 6.5 ms), 1×1 256 → 256 at 56² 1.15×, ResNet-50 at two threads 68 → 52 ms (median);
+    AVX2 code on the same core, two vectors: 3×3 1.37× faster, 1×1 unchanged.
+    """
+    most = 4 if lanes >= 16 else 2
+    return next(v for v in range(min(most, blocks), 0, -1) if blocks % v == 0)
+
+
+#: Accumulators of a register tile of several vectors: the registers left beside one weight
+#: vector per channel vector and the broadcast input (AVX-512: 32, AVX2: 16).
+MULTI_VECTOR_ACCUMULATORS = {16: 28, 8: 12}
+
+
+def nhwc_columns(width: int, lanes: int, vectors: int = 1) -> int:
+    """Output columns per NHWC register tile for ``width`` columns and ``vectors`` channel vectors
+    (``tile_vectors``): a divisor of ``width`` near the accumulator budget (``column_tile``), else
+    the tile wasting the fewest columns — the compute then covers a multiple of it and crops.
+    The legalization and the schedule rules both ask here."""
+    if vectors > 1:
+        most = MULTI_VECTOR_ACCUMULATORS.get(lanes, accumulator_budget(lanes)) // vectors
+        if width <= most:
+            return width
+        tile = next((d for d in range(most, 1, -1) if width % d == 0), None)
+        if tile is not None and 3 * tile >= 2 * most:
+            return tile
+        return min(range(max(2, most // 2), most + 1), key=lambda t: (-(-width // t) * t, -t))
     cap = accumulator_budget(lanes) // 2
     tile = column_tile(width, cap)
     if tile is not None and tile * 4 < cap * 3:
@@ -290,6 +319,9 @@ def _legalize_conv2d_nhwc(bb: Any, call: Any, w: np.ndarray, geometry: dict[str,
         # packed kernel at all.
         block = lanes
         w = _zero_filters(w, block)
+    if block == lanes:
+        vectors = tile_vectors(w.shape[0] // lanes, lanes)
+        block, columns = lanes * vectors, nhwc_columns(out_w, lanes, vectors)
     return bb.call_te(cpu_nhwc.conv2d_nhwc, data, _constant(cpu_nhwc.pack_conv_weight(w, block)), **geometry,
                       columns=columns, out_dtype=out_dtype, out_channels=out_channels,
                       primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BLOCK)

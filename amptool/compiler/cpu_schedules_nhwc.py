@@ -36,7 +36,7 @@ def nhwc_tile(sch: Any, conv: Any, block: int, tiling: Tiling) -> tuple[list[Any
     width = _extent(sch, x)
     if width is None or _extent(sch, c) is None:
         return None
-    tile = nhwc_columns(width, tiling.lanes)
+    tile = nhwc_columns(width, tiling.lanes, max(1, block // tiling.lanes))
     if width % tile:
         return None  # the compute was planned for another target's tile: leave it to the generic rules
     co, ci = sch.split(c, [None, block])
