@@ -327,3 +327,30 @@ def test_a_split_into_many_small_outputs_is_vectorized_on_one_thread(tmp_path: P
     got = build_model(ConvertConfig(model=str(path), dtype="float32")).compiled().run({"x": x})
     for t, name in enumerate(names):
         np.testing.assert_array_equal(got[name], x[t:t + 1] + numpy_helper.to_array(graph.initializer[0]))
+
+
+@pytest.mark.parametrize(("shape", "perm", "tiled"), [
+    ([1, 28, 14, 48], [0, 3, 1, 2], True),  # NHWC → NCHW: columns 14 a tile, channels 16
+    ([1, 48, 28, 14], [0, 2, 3, 1], True),  # NCHW → NHWC
+    ([2, 17, 19], [0, 2, 1], False),  # no divisor of 17 or 19 in [4, 16]: one vectorized axis, as before
+    ([3, 5, 64], [1, 0, 2], False),  # the last axis stays innermost: contiguous already
+])
+def test_transposes_are_copied_in_square_tiles(tmp_path: Path, shape: list[int], perm: list[int], tiled: bool) -> None:
+    """A layout change reads each vector from lines it comes back to only once per tile (16 × 16
+    at most), not once per row of the output; the values are the input's, moved."""
+    out_shape = [shape[p] for p in perm]
+    path = _save(tmp_path, f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[{",".join(map(str, shape))}] x) => (float[{",".join(map(str, out_shape))}] y) {{
+            y = Transpose<perm = [{",".join(map(str, perm))}]>(x)
+        }}""")
+    kernels = [k for k in scheduled_kernels(path, "float32") if "T_transpose" in k]
+    assert len(kernels) == 1
+    vectorized = re.findall(r"in T\.vectorized\(T\.int64\((\d+)\)\)", kernels[0])
+    split_axes = set(re.findall(r"\bax(\d)_1\b", kernels[0]))  # the inner halves of split loops
+    assert len(split_axes) == (2 if tiled else 0), kernels[0]
+    if tiled:
+        assert vectorized == [str(out_shape[-1] if out_shape[-1] <= 16 else 16)], kernels[0]
+    x = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
+    want, got = onnxruntime_and_amptool(path, {"x": x})
+    np.testing.assert_array_equal(got, want)

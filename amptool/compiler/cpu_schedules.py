@@ -677,7 +677,8 @@ def injective(sch: Any, tiling: Tiling) -> Any | None:
         for block in (*kept, last):
             _parallel_vectorized(sch, block, _block_tiling(sch, block, tiling))
         return sch
-    _parallel_vectorized(sch, last, tiling)
+    if not _tile_transpose(sch, last, tiling):
+        _parallel_vectorized(sch, last, tiling)
     loops = sch.get_loops(last)
     for block in reversed(kept):
         # Computed chunk by chunk right before the chunk that reads it (one vector's worth, in
@@ -688,6 +689,46 @@ def injective(sch: Any, tiling: Tiling) -> Any | None:
         else:
             _parallel_vectorized(sch, block, tiling)
     return sch
+
+
+#: Side of the square tiles a transpose is copied in: 16 float32 are one cache line.
+TRANSPOSE_TILE = 16
+
+
+def _tile_transpose(sch: Any, block: Any, tiling: Tiling) -> bool:
+    """Copy a transpose in square tiles: its innermost loop vectorized as before, but with the loop
+    along which the input is contiguous just outside it, split to the same tile.
+
+    Why: vectorized along the output's last axis alone, a layout change such as NHWC → NCHW reads
+    every value of a vector from another cache line and comes back to each line once per channel,
+    long after it left the cache: a 56×56×256 map took 3.6 ms (onnxruntime's reorder 0.43 ms).
+    Tiled, the 16 lines a tile reads stay in L1 for its 16 vectors. Returns False (nothing done)
+    when the block is no such transpose or its extents are not multiples of the tile.
+    """
+    stmt = sch.get(block)
+    loops = sch.get_loops(block)
+    extents = [_extent(sch, loop) for loop in loops]
+    if len(loops) < 2 or None in extents or len(stmt.iter_vars) != len(loops) or len(stmt.reads) != 1:
+        return False
+    if any(int(iv.iter_type) != SPATIAL for iv in stmt.iter_vars):
+        return False
+    variables = [iv.var for iv in stmt.iter_vars]
+    strides = [_stride(stmt.reads[0], var) for var in variables]
+    contiguous = [i for i, stride in enumerate(strides[:-1]) if stride == 1]
+    if strides[-1] in (0, 1) or not contiguous:
+        return False
+    along = contiguous[-1]
+    # The largest divisors up to a line (56 columns: 14): a remainder would test bounds per element.
+    tiles = [_divisor(int(extents[i]), TRANSPOSE_TILE, 4) for i in (along, -1)]
+    if None in tiles:
+        return False
+    outer_c, inner_c = sch.split(loops[along], [None, tiles[0]])
+    outer_x, inner_x = sch.split(loops[-1], [None, tiles[1]])
+    rest = [loop for i, loop in enumerate(loops[:-1]) if i != along]
+    sch.reorder(*rest, outer_c, outer_x, inner_c, inner_x)
+    _parallel(sch, [*rest, outer_c, outer_x], tiling)
+    sch.vectorize(inner_x)
+    return True
 
 
 def row_reduction(sch: Any, tiling: Tiling) -> Any | None:
