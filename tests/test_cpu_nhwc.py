@@ -339,20 +339,23 @@ def test_prime_widths_waste_few_columns(width: int) -> None:
 @pytest.mark.parametrize("lanes", [16, 8])
 def test_register_tiles_of_several_vectors_fit_the_registers(lanes: int) -> None:
     """Every tile of ``tile_vectors`` channel vectors × ``nhwc_columns`` columns keeps its
-    accumulators in the registers the ISA has left (AVX-512 28, AVX2 12); a row no longer than
-    the tile is one tile, and a longer one computes less than one tile of waste."""
-    from amptool.compiler.cpu_kernels import MULTI_VECTOR_ACCUMULATORS, nhwc_columns, tile_vectors
+    accumulators, one weight vector per channel vector and the broadcast input in the ISA's
+    registers (AVX-512 32, AVX2 16); a row no longer than the tile is one tile, a longer one
+    computes less than one tile of waste; several vectors where one broadcast can feed them."""
+    from amptool.compiler.cpu_kernels import nhwc_columns, tile_vectors
 
-    assert tile_vectors(16, lanes) == (4 if lanes == 16 else 2)
-    assert tile_vectors(3, lanes) == (3 if lanes == 16 else 1) and tile_vectors(5, lanes) == 1
+    registers = 32 if lanes == 16 else 16
+    assert tile_vectors(16, lanes, 56) > 1 and tile_vectors(5, lanes, 56) == 1
+    assert tile_vectors(16, lanes, 1) == (4 if lanes == 16 else 2)  # one column: four FMAs per broadcast
     for blocks in range(2, 17):
-        vectors = tile_vectors(blocks, lanes)
-        if vectors == 1:
-            continue
-        most = MULTI_VECTOR_ACCUMULATORS[lanes] // vectors
         for width in range(1, 120):
+            vectors = tile_vectors(blocks, lanes, width)
+            assert blocks % vectors == 0 and vectors <= (4 if lanes == 16 else 2)
+            if vectors == 1:
+                continue
             tile = nhwc_columns(width, lanes, vectors)
-            assert tile * vectors <= MULTI_VECTOR_ACCUMULATORS[lanes], (blocks, width, tile)
+            assert tile * vectors + vectors + 1 <= registers, (blocks, width, tile)
+            most = (registers - vectors - 1) // vectors
             assert tile == width if width <= most else -(-width // tile) * tile - width < tile, (blocks, width, tile)
 
 
@@ -360,7 +363,7 @@ def test_register_tiles_of_several_vectors_fit_the_registers(lanes: int) -> None
 def test_multi_vector_tiles_match_onnxruntime(tmp_path, dtype):
     """64 channels (four vectors a tile), 48 and 96 (three), 80 (five blocks: one), on rows of
     1, 3, 13 and 17 columns (one tile, a short tile, a divisor, a cropped remainder), 3×3 and 1×1;
-    the weight of the first 64-channel conv packed in blocks of all its 64 channels (AVX-512)."""
+    the weight of the first 64-channel conv packed in blocks of its tile's channels."""
     from amptool.compiler.cpu_kernels import tile_vectors, vector_lanes
 
     rng = np.random.default_rng(7)
@@ -382,7 +385,7 @@ def test_multi_vector_tiles_match_onnxruntime(tmp_path, dtype):
         onnx.save(model, str(path))
         if width == 13 and dtype == "float32":
             lanes = vector_lanes(_tvm.make_target(TARGET))
-            block = lanes * tile_vectors(64 // lanes, lanes)  # the first conv's: 16 → 64, 3×3
+            block = lanes * tile_vectors(64 // lanes, lanes, width)  # the first conv's: 16 → 64, 3×3
             dims = ", ".join(f"T.int64({d})" for d in (64 // block, 3, 3, 16, block))
             assert f"(({dims}), \"float32\")" in _lowered_kernels(str(path), dtype)
         data = np.random.default_rng(width).standard_normal((1, 16, height, width)).astype(np.float32)

@@ -143,7 +143,7 @@ def test_erf_keeps_nan_and_saturates_inf(tmp_path: Path) -> None:
 @pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
 def test_conv_weights_are_packed_and_kernels_scheduled(tmp_path: Path, layout: str) -> None:
     """NHWC: the layout stage's kernel, weight ``[OC/B, KH, KW, IC, B]`` with ``B`` the register
-    tile's channel vectors (``tile_vectors``: all 32 channels); NCHW (the layout stage skipped, as
+    tile's channel vectors (``tile_vectors``); NCHW (the layout stage skipped, as
     when TVM's ConvertLayout fails): weight ``[OC/B, IC, KH, KW, B]``, one vector per block."""
     from amptool.compiler import cpu
     from amptool.compiler.cpu_kernels import CONV2D_BLOCK, tile_vectors, vector_lanes
@@ -165,7 +165,7 @@ def test_conv_weights_are_packed_and_kernels_scheduled(tmp_path: Path, layout: s
     assert len(kernels) == 1
     text = kernels[0].script()
     lanes = vector_lanes(target)
-    block = lanes * tile_vectors(32 // lanes, lanes)
+    block = lanes * tile_vectors(32 // lanes, lanes, 5)
     dims = (32 // block, 3, 3, 8, block) if layout == "NHWC" else (32 // lanes, 8, 3, 3, lanes)
     assert f"({', '.join(f'T.int64({d})' for d in dims)})" in text
     assert kernels[0].attrs["tirx.is_scheduled"]

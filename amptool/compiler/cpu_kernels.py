@@ -131,24 +131,31 @@ def column_tile(width: int, cap: int) -> int | None:
     return next((d for d in range(cap + 1, 2 * cap - 1) if width % d == 0), None)
 
 
-def tile_vectors(blocks: int, lanes: int) -> int:
-    """Vectors of output channels in one NHWC register tile, for a conv of ``blocks`` vectors: the
-    largest divisor of ``blocks`` up to 4 with AVX-512 (32 registers), up to 2 with AVX2 (16).
+def tile_vectors(blocks: int, lanes: int, width: int) -> int:
+    """Vectors of output channels in one NHWC register tile, for a conv of ``blocks`` vectors and
+    ``width`` output columns: of the divisors of ``blocks`` up to 4 (AVX-512) or 2 (AVX2), the one
+    whose tile (``nhwc_columns``) does the most useful FMAs per broadcast input; the fewer vectors
+    on a tie.
 
     Why: with one vector per tile every FMA needs its own broadcast input load, and a core that
-    issues two FMAs per cycle (Intel's AVX-512 server cores) waits on its load ports; four vectors
-    reuse each broadcast four times. Measured on an Emerald Rapids core (float32, one thread,
-    3-conv chains, alternated in one process): 3×3 convs 1.3–1.45× faster (64 channels at 56²:
-    9.3 → 6.5 ms), 1×1 256 → 256 at 56² 1.15×, ResNet-50 at two threads 68 → 52 ms (median);
-    AVX2 code on the same core, two vectors: 3×3 1.37× faster, 1×1 unchanged.
+    issues two FMAs per cycle (Intel's AVX-512 server cores) waits on its load ports. Measured on
+    an Emerald Rapids core (float32, 3-conv chains, alternated in one process): 3×3 convs
+    1.3–1.45× faster with several vectors (64 channels at 56²: 9.3 → 6.5 ms for three), 1×1
+    256 → 256 at 56² 1.15×; 512 channels at 7² faster as 2 vectors × 7 columns than as 4 × 7 (a
+    register spilled); AVX2 code on the same core, two vectors: 3×3 1.37× faster, 1×1 unchanged.
     """
     most = 4 if lanes >= 16 else 2
-    return next(v for v in range(min(most, blocks), 0, -1) if blocks % v == 0)
+
+    def useful(vectors: int) -> float:
+        tile = nhwc_columns(width, lanes, vectors)
+        return vectors * tile * width / (-(-width // tile) * tile)
+
+    return max((v for v in range(1, min(most, blocks) + 1) if blocks % v == 0), key=lambda v: (useful(v), -v))
 
 
-#: Accumulators of a register tile of several vectors: the registers left beside one weight
-#: vector per channel vector and the broadcast input (AVX-512: 32, AVX2: 16).
-MULTI_VECTOR_ACCUMULATORS = {16: 28, 8: 12}
+def _vector_registers(lanes: int) -> int:
+    """SIMD registers of the ISA whose float32 vectors have ``lanes`` lanes (AVX-512 32, else 16)."""
+    return 32 if lanes >= 16 else 16
 
 
 def nhwc_columns(width: int, lanes: int, vectors: int = 1) -> int:
@@ -157,7 +164,10 @@ def nhwc_columns(width: int, lanes: int, vectors: int = 1) -> int:
     the tile wasting the fewest columns — the compute then covers a multiple of it and crops.
     The legalization and the schedule rules both ask here."""
     if vectors > 1:
-        most = MULTI_VECTOR_ACCUMULATORS.get(lanes, accumulator_budget(lanes)) // vectors
+        # Accumulators in the registers beside one weight vector per channel vector and the
+        # broadcast input: one more and LLVM rotated all 28 accumulators through the registers
+        # every step (ResNet-50 fp32 51 → 58 ms).
+        most = (_vector_registers(lanes) - vectors - 1) // vectors
         if width <= most:
             return width
         tile = next((d for d in range(most, 1, -1) if width % d == 0), None)
@@ -320,7 +330,7 @@ def _legalize_conv2d_nhwc(bb: Any, call: Any, w: np.ndarray, geometry: dict[str,
         block = lanes
         w = _zero_filters(w, block)
     if block == lanes:
-        vectors = tile_vectors(w.shape[0] // lanes, lanes)
+        vectors = tile_vectors(w.shape[0] // lanes, lanes, out_w)
         block, columns = lanes * vectors, nhwc_columns(out_w, lanes, vectors)
     return bb.call_te(cpu_nhwc.conv2d_nhwc, data, _constant(cpu_nhwc.pack_conv_weight(w, block)), **geometry,
                       columns=columns, out_dtype=out_dtype, out_channels=out_channels,
