@@ -354,3 +354,40 @@ def test_transposes_are_copied_in_square_tiles(tmp_path: Path, shape: list[int],
     x = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
     want, got = onnxruntime_and_amptool(path, {"x": x})
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("lanes", [16, 8])
+def test_matmul_tiles_fill_the_registers(lanes: int) -> None:
+    """``matmul_vectors`` × its rows keep accumulators, weight vectors and the broadcast row value
+    in the ISA's registers; BERT's 128-row projections over 768 columns take 3 vectors × 8 rows."""
+    from amptool.compiler.cpu_kernels import matmul_row_cap, matmul_vectors
+
+    registers = 32 if lanes == 16 else 16
+    for rows in (1, 7, 8, 50, 128, 197, 384):
+        for blocks in range(1, 25):
+            vectors = matmul_vectors(rows, blocks, lanes)
+            assert blocks % vectors == 0 and vectors <= (4 if lanes == 16 else 2)
+            if vectors > 1:
+                assert matmul_row_cap(lanes, vectors) * vectors + vectors + 1 <= registers
+    if lanes == 16:
+        assert matmul_vectors(128, 768 // 16, lanes) == 3
+
+
+def test_matmul_of_three_vector_tiles_matches_onnxruntime(tmp_path: Path) -> None:
+    """144 columns (9 vectors: tiles of 3) over 24 rows of two items: the weight packed in 48-column
+    blocks with AVX-512, and onnxruntime's values."""
+    from amptool.compiler.cpu_kernels import matmul_vectors, vector_lanes
+
+    w = np.random.default_rng(5).normal(0.0, 0.1, (96, 144)).astype(np.float32)
+    path = _save(tmp_path, f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2, 24, 96] x) => (float[2, 24, 144] y) <float[96, 144] w = {{{", ".join(f"{v:.6f}" for v in w.ravel())}}}> {{
+            y = MatMul(x, w)
+        }}""")
+    lanes = vector_lanes(_tvm.make_target({"kind": "llvm", "mcpu": _tvm.host_cpu()}))
+    block = lanes * matmul_vectors(24, 144 // lanes, lanes)
+    text = "\n".join(scheduled_kernels(path, "float32"))
+    assert f"T.Buffer((T.int64({144 // block}), T.int64(96), T.int64({block})), \"float32\")" in text
+    x = np.random.default_rng(6).standard_normal((2, 24, 96)).astype(np.float32)
+    want, got = onnxruntime_and_amptool(path, {"x": x})
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
