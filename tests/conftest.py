@@ -92,9 +92,24 @@ def export_packs_tvms_blob(executable: Any, path: str, monkeypatch: pytest.Monke
     return want
 
 
-def scheduled_kernels(path: str, dtype: str) -> list[str]:
-    """The scripts of the kernels the CPU pipeline schedules for ``path`` in ``dtype`` (this host's
-    CPU): every stage up to and including ``schedule``, no codegen."""
+def bf16_dot_target_options() -> tuple[str, ...] | None:
+    """``target_options`` under which a bfloat16 build of this host uses ``vdpbf16ps`` and can run
+    here: none where the host's CPU is one the dot product pays on, ``-mcpu=znver4`` where it is
+    not (an Intel server core: same instruction, the kernels amptool builds for AMD), None (skip)
+    without AVX512-BF16."""
+    from amptool import _tvm
+    from amptool.compiler.cpu_intrinsics import has_bf16_dot
+    from amptool.compiler.cpu_speed import bf16_dot_pays
+
+    host = _tvm.host_cpu()
+    if not has_bf16_dot(_tvm.make_target({"kind": "llvm", "mcpu": host})):
+        return None
+    return () if bf16_dot_pays(host) else ("-mcpu=znver4",)
+
+
+def scheduled_kernels(path: str, dtype: str, mcpu: str | None = None) -> list[str]:
+    """The scripts of the kernels the CPU pipeline schedules for ``path`` in ``dtype`` (``mcpu``,
+    default this host's CPU): every stage up to and including ``schedule``, no codegen."""
     import tvm
 
     from amptool import _tvm
@@ -102,7 +117,7 @@ def scheduled_kernels(path: str, dtype: str) -> list[str]:
     from amptool.compiler import cpu
 
     mod = rewrite_model(ConvertConfig(model=path, dtype=dtype)).passes.mod
-    target = _tvm.make_target({"kind": "llvm", "mcpu": _tvm.host_cpu()})
+    target = _tvm.make_target({"kind": "llvm", "mcpu": mcpu or _tvm.host_cpu()})
     with target:
         for name, passes in cpu.stage_passes(target):
             mod = tvm.transform.Sequential(passes)(mod)

@@ -68,15 +68,20 @@ def test_cnn_block_matches_onnxruntime(tmp_path, dtype, tolerance):
     np.testing.assert_allclose(got, want, rtol=0, atol=tolerance * scale)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_cnn_block_runs_the_nhwc_kernels(tmp_path, dtype):
+@pytest.mark.parametrize(("dtype", "mcpu"), [("float32", None), ("bfloat16", None), ("bfloat16", "znver4"),
+                                             ("bfloat16", "emeraldrapids")])
+def test_cnn_block_runs_the_nhwc_kernels(tmp_path, dtype, mcpu):
+    """bfloat16 convs are ``vdpbf16ps`` kernels where the dot product pays (znver4), float32 FMA
+    kernels on converted values where it does not (an Intel server core: half the FMA rate)."""
     from amptool.compiler.cpu_intrinsics import has_bf16_dot
+    from amptool.compiler.cpu_speed import bf16_dot_pays
 
     path = tmp_path / "block.onnx"
     onnx.save(_cnn_block(), str(path))
-    text = _lowered_kernels(str(path), dtype)
+    text = "\n".join(scheduled_kernels(str(path), dtype, mcpu))
     assert '"amp_depthwise_nhwc' in text
-    if dtype == "bfloat16" and has_bf16_dot(_tvm.make_target(TARGET)):
+    target = _tvm.make_target({**TARGET, "mcpu": mcpu or TARGET["mcpu"]})
+    if dtype == "bfloat16" and has_bf16_dot(target) and bf16_dot_pays(mcpu or TARGET["mcpu"]):
         assert '"amp_conv2d_nhwc_bf16' in text and "amptool_dpbf16" in text
         # The 24-channel convs too: zero filters pad them to 32, the epilogue stores the first 24
         # (no float32 block-of-8 kernel left).
@@ -228,9 +233,10 @@ def test_bfloat16_dot_products_round_their_inputs_to_nearest_even(tmp_path, op):
     a bfloat16 cast does; TVM's legalization had dropped it, truncating every activation (a
     systematic bias of half a bfloat16 step). The float64 product of rounded inputs, rounded once
     to bfloat16 like the output, matches almost everywhere; truncated inputs' would not."""
-    from amptool.compiler.cpu_intrinsics import has_bf16_dot
+    from tests.conftest import bf16_dot_target_options
 
-    if not has_bf16_dot(_tvm.make_target(TARGET)):
+    options = bf16_dot_target_options()
+    if options is None:
         pytest.skip("this CPU has no AVX512-BF16")
     rng = np.random.default_rng(0)
     if op == "MatMul":
@@ -245,7 +251,7 @@ def test_bfloat16_dot_products_round_their_inputs_to_nearest_even(tmp_path, op):
                               [numpy_helper.from_array(w, "w")])
     path = tmp_path / "dot.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
-    amptool.convert(path, dtype="bfloat16", output=tmp_path / "out", range_guards=False)
+    amptool.convert(path, dtype="bfloat16", output=tmp_path / "out", range_guards=False, target_options=options)
     # Values a quarter step off a bfloat16: rounding and truncation differ on most of them.
     x = (rng.standard_normal(x_shape) * (1 + 2.0 ** -9)).astype(np.float32)
     got = np.asarray(amptool.load(tmp_path / "out").run({"x": x})["y"], dtype=np.float32)

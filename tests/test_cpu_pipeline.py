@@ -56,9 +56,10 @@ def _matmul_model() -> str:
     }}"""
 
 
-def _both(path: str, dtype: str, feeds: dict[str, np.ndarray]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def _both(path: str, dtype: str, feeds: dict[str, np.ndarray],
+          target_options: tuple[str, ...] = ()) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Outputs of amptool's build and of TVM's plain build of the same converted module."""
-    result = build_model(ConvertConfig(model=path, dtype=dtype))
+    result = build_model(ConvertConfig(model=path, dtype=dtype, target_options=target_options))
     ours = result.compiled().run(feeds)
     plain_vm = _tvm.vm_from_executable(compiler.compile_module(result.passes.mod, result.target_spec, pipeline="tvm"))
     plain = _tvm.run_vm(plain_vm, [feeds[s.name] for s in result.inputs])
@@ -112,10 +113,13 @@ def test_conv_with_a_prime_output_width(tmp_path: Path, dtype: str) -> None:
 
 
 def test_bfloat16_conv_with_odd_input_channels(tmp_path: Path) -> None:
-    """The vdpbf16ps kernel pairs input channels; an odd count gets a zero partner."""
+    """The vdpbf16ps kernel pairs input channels; an odd count gets a zero partner (built for a
+    CPU the dot product pays on where this host can run it, else this host's FMA kernel)."""
+    from tests.conftest import bf16_dot_target_options
+
     path = _save(tmp_path, _conv_model(32, cin=3))
     x = np.random.default_rng(4).standard_normal((1, 3, 12, 10)).astype(np.float32)
-    ours, plain = _both(path, "bfloat16", {"x": x})
+    ours, plain = _both(path, "bfloat16", {"x": x}, bf16_dot_target_options() or ())
     np.testing.assert_allclose(ours[0], plain[0], rtol=1.6e-2, atol=1.6e-2)
 
 
@@ -176,13 +180,13 @@ def test_conv_weights_are_packed_and_kernels_scheduled(tmp_path: Path, layout: s
 def test_bfloat16_uses_the_dot_product_instruction(tmp_path: Path, model: str) -> None:
     """Also for a matmul with a batch dim: its tile once failed to tensorize, and the kernel fell
     back to a scalar loop (a BERT encoder in bfloat16 ran 10× slower than in float32)."""
-    from amptool.compiler.cpu_intrinsics import has_bf16_dot
+    from tests.conftest import bf16_dot_target_options
 
-    target = _tvm.make_target({"kind": "llvm", "mcpu": _tvm.host_cpu()})
-    if not has_bf16_dot(target):
+    options = bf16_dot_target_options()
+    if options is None:
         pytest.skip("this CPU has no AVX512-BF16")
     path = _save(tmp_path, _conv_model(32) if model == "conv" else _matmul_model())
-    result = build_model(ConvertConfig(model=path, dtype="bfloat16"))
+    result = build_model(ConvertConfig(model=path, dtype="bfloat16", target_options=options))
     assert any("vdpbf16ps" in _assembly(m) for m in [result.executable.mod, *result.executable.mod.imports])
 
 

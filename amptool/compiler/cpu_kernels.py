@@ -242,10 +242,14 @@ def _current_lanes() -> int:
 def _bf16_dot_available() -> bool:
     import tvm  # noqa: PLC0415
 
-    from amptool.compiler.cpu_intrinsics import has_bf16_dot  # noqa: PLC0415
+    from amptool.compiler.cpu_speed import bf16_dot_pays  # noqa: PLC0415
 
     target = tvm.target.Target.current(allow_none=True)
-    return target is not None and has_bf16_dot(target)
+    if target is None or not bf16_dot_pays(target.attrs.get("mcpu")):
+        return False
+    from amptool.compiler.cpu_intrinsics import has_bf16_dot  # noqa: PLC0415 - registers the intrinsic (0.3–0.6 s)
+
+    return has_bf16_dot(target)
 
 
 def _uses_bf16_dot(data: Any, weight: Any, out_dtype: str, channels: int, pad_channels: bool = False) -> bool:

@@ -12,6 +12,7 @@ no F16C (-mattr=-f16c)            33.6× (software cvt)   0.95×
 F16C, no AVX512-FP16 (znver4)     1.01× (no speed-up)    —
 no AVX512-BF16 (-mattr=-avx512bf16)  —                   1.02× (no speed-up)
 AVX512-BF16 (znver4)              —                      0.76×
+AVX512-BF16, slow (emeraldrapids)  —                     1.03× (FMA kernels; ResNet-50, 2 threads)
 ================================  ====================  =========================================
 
 (Issue 17 also saw 12–16× on BERT/ResNet-50 without F16C.) Native float16 arithmetic needs
@@ -34,6 +35,25 @@ log = logging.getLogger(__name__)
 _FEATURES = ("f16c", "avx512fp16", "avx512bf16", "sse2")
 _warned: set[tuple[str, str]] = set()
 
+#: LLVM CPU names whose ``vdpbf16ps`` does fewer products per cycle than their float32 FMAs: Intel's
+#: server cores issue two 512-bit FMAs per cycle but one ``vdpbf16ps`` every two. Measured on an
+#: Emerald Rapids VM (back-to-back independent instructions): 0.19 ns per ``vfmadd231ps``, 0.76 ns
+#: per ``vdpbf16ps`` — per product 2× slower. Sapphire Rapids is the same core; Cooper Lake and
+#: Granite Rapids have the same two-FMA port layout (not measured). AMD's Zen 4 is the opposite: its
+#: ``vdpbf16ps`` made ResNet-50 bfloat16 0.46× its float32 time.
+SLOW_BF16_DOT_CPUS = frozenset({"cooperlake", "sapphirerapids", "emeraldrapids", "graniterapids", "graniterapids-d"})
+
+
+#: bfloat16 / float32 latency there with the FMA kernels: ResNet-50 1.03×, BERT-base 1.15× (its
+#: casts), 2 threads, alternated in one process; with ``vdpbf16ps`` they had been 1.39× and 1.67×.
+SLOW_BF16_MEASURED = "1.03-1.15x"
+
+
+def bf16_dot_pays(mcpu: str | None) -> bool:
+    """Whether bfloat16 products should use ``vdpbf16ps`` on CPU ``mcpu`` (the target having
+    AVX512-BF16 is the caller's check); elsewhere they are float32 FMAs on converted values."""
+    return (mcpu or "") not in SLOW_BF16_DOT_CPUS
+
 
 def low_precision_speed_note(dtype: str, spec: dict[str, Any]) -> str | None:
     """Why ``dtype`` will not be fast on the CPU of ``spec`` (an llvm target dict), or None."""
@@ -55,6 +75,10 @@ def low_precision_speed_note(dtype: str, spec: dict[str, Any]) -> str | None:
     if not has["avx512bf16"]:
         return (f"CPU {cpu} has no AVX512-BF16: bfloat16 computes in float32 after conversion, "
                 "measured 1.02x float32 latency (weights take half the memory; no speed-up)")
+    if not bf16_dot_pays(spec.get("mcpu")):
+        return (f"CPU {cpu} runs vdpbf16ps at half its float32 FMA rate: bfloat16 products are float32 FMAs "
+                f"after conversion, measured {SLOW_BF16_MEASURED} float32 latency (weights take half the memory; "
+                "no speed-up)")
     return None
 
 
