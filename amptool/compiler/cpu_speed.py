@@ -16,7 +16,8 @@ AVX512-BF16, slow (emeraldrapids)  —                     1.03× (FMA kernels; 
 ================================  ====================  =========================================
 
 (Issue 17 also saw 12–16× on BERT/ResNet-50 without F16C.) Native float16 arithmetic needs
-AVX512-FP16 (Sapphire Rapids and later); amptool's bfloat16 dot products are AVX512-BF16's
+AVX512-FP16 (Sapphire Rapids and later), which amptool's kernels do not use (they accumulate in
+float32): float16 is never faster than float32 on a CPU, and the note says so there too. amptool's bfloat16 dot products are AVX512-BF16's
 ``vdpbf16ps`` (``cpu_intrinsics``): AMX-BF16 alone does not count — amptool emits no AMX code, and
 a Sapphire/Emerald Rapids VM often has AMX off (its LLVM CPU name still lists it).
 Only x86 CPUs are judged: other architectures' LLVM feature names differ, and no note is better
@@ -71,7 +72,10 @@ def low_precision_speed_note(dtype: str, spec: dict[str, Any]) -> str | None:
         if not has["avx512fp16"]:
             return (f"CPU {cpu} has no AVX512-FP16: float16 computes in float32 after conversion, measured 1.01x "
                     "float32 latency (weights take half the memory; no speed-up)")
-        return None
+        # amptool has no native float16 kernels: float32 accumulation over thousands of terms is what
+        # diff's verdicts assume, and AVX512-FP16's FMAs would accumulate in float16.
+        return (f"CPU {cpu} has AVX512-FP16, but amptool's CPU kernels compute float16 in float32 after conversion, "
+                "measured 1.05x float32 latency (ResNet-50, 2 threads; weights take half the memory; no speed-up)")
     if not has["avx512bf16"]:
         return (f"CPU {cpu} has no AVX512-BF16: bfloat16 computes in float32 after conversion, "
                 "measured 1.02x float32 latency (weights take half the memory; no speed-up)")
