@@ -3,6 +3,8 @@ epilogues, against onnxruntime on small CNN blocks with awkward shapes."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -286,8 +288,6 @@ def _two_convs() -> onnx.ModelProto:
 def test_convs_stream_their_larger_side_once(tmp_path):
     """Rows outermost when activations dominate, channel blocks outermost when weights do (each
     thread then streams the weights once); both orders compute onnxruntime's numbers."""
-    import re
-
     model = _two_convs()
     path = tmp_path / "convs.onnx"
     onnx.save(model, str(path))
@@ -400,3 +400,32 @@ def test_multi_vector_tiles_match_onnxruntime(tmp_path, dtype):
         got = np.asarray(amptool.load(tmp_path / f"out{width}").run({"x": data})["y"], dtype=np.float32)
         tolerance = 1e-5 if dtype == "float32" else 2e-2
         np.testing.assert_allclose(got, want, rtol=0, atol=tolerance * float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("strides", [[2, 2], [2, 1], [3, 2]])
+def test_strided_pointwise_convs_copy_only_the_pixels_they_read(tmp_path, strides):
+    """A 1×1 conv with strides (a ResNet shortcut) copies every stride-th row and column of its
+    input, not all of it (a quarter of a stride-2 input), and convolves those with stride 1; odd
+    sizes keep their last row and column, onnxruntime's values."""
+    rng = np.random.default_rng(8)
+    height, width = 15, 13
+    out_h, out_w = (height - 1) // strides[0] + 1, (width - 1) // strides[1] + 1
+    inits = [numpy_helper.from_array((rng.standard_normal((32, 16, 3, 3)) * 0.2).astype(np.float32), "w1"),
+             numpy_helper.from_array((rng.standard_normal((64, 32, 1, 1)) * 0.2).astype(np.float32), "w2")]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["h"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("Conv", ["r", "w2"], ["y"], strides=strides)]
+    graph = helper.make_graph(nodes, "shortcut", [info("x", [1, 16, height, width])],
+                              [info("y", [1, 64, out_h, out_w])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    path = tmp_path / "shortcut.onnx"
+    onnx.save(model, str(path))
+    kernel = next(k for k in scheduled_kernels(str(path), "float32") if "T.int64(64))" in k and '"amp_nhwc_pad"' in k)
+    copy = re.search(r"amp_nhwc_pad = T\.sblock_alloc_buffer\(\((.*?)\)\)", kernel)
+    assert copy is not None and f"T.int64({out_h}), T.int64(" in copy.group(1), kernel
+    x = rng.standard_normal((1, 16, height, width)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    amptool.convert(path, dtype="float32", output=tmp_path / "out")
+    got = amptool.load(tmp_path / "out").run({"x": x})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))

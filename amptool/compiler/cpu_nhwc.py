@@ -99,6 +99,19 @@ def _padded(data: Any, top: int, left: int, bottom: int, right: int, dtype: str,
     return te.compute((batch, height + top + bottom, width + left + right, channels), value, name=name)
 
 
+def _subsampled(data: Any, sh: int, sw: int, out_h: int, out_w: int, wide: int, dtype: str) -> Any:
+    """``data[:, ::sh, ::sw]`` cast to ``dtype``, ``wide - out_w`` zero columns on the right."""
+    from tvm import te, tirx  # noqa: PLC0415
+
+    batch, _, _, channels = (int(d) for d in data.shape)
+
+    def value(n: Any, y: Any, x: Any, c: Any) -> Any:
+        v = data[n, y * sh, tirx.min(x, out_w - 1) * sw, c].astype(dtype)
+        return v if wide == out_w else tirx.if_then_else(x < out_w, v, tirx.const(0, dtype))
+
+    return te.compute((batch, out_h, wide, channels), value, name=NHWC_PAD_BLOCK)
+
+
 def conv2d_nhwc(data: Any, packed: Any, *, strides: list[int], padding: list[int], dilation: list[int],
                 columns: int, out_dtype: str, out_channels: int | None = None) -> Any:
     """NHWC conv2d over a ``[OC/B, KH, KW, IC, B]`` weight, ``columns`` output columns per tile
@@ -111,7 +124,13 @@ def conv2d_nhwc(data: Any, packed: Any, *, strides: list[int], padding: list[int
     out_h, out_w, wide, extra = _geometry(height, width, kh, kw, padding, strides, dilation, columns)
     top, left, bottom, right = padding
     (sh, sw), (dh, dw) = strides, dilation
-    src = _padded(data, top, left, bottom, right + extra, out_dtype, NHWC_PAD_BLOCK)
+    if (kh, kw) == (1, 1) and not any(padding) and (sh, sw) != (1, 1):
+        # A strided 1×1 conv (a ResNet shortcut) reads every sh-th row and sw-th column only: those
+        # are copied (a quarter of a stride-2 input) and convolved with stride 1, densely.
+        src = _subsampled(data, sh, sw, out_h, out_w, wide, out_dtype)
+        sh = sw = 1
+    else:
+        src = _padded(data, top, left, bottom, right + extra, out_dtype, NHWC_PAD_BLOCK)
     ry = te.reduce_axis((0, kh), "ry")
     rx = te.reduce_axis((0, kw), "rx")
     rc = te.reduce_axis((0, in_channels), "rc")
