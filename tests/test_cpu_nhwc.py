@@ -377,7 +377,8 @@ def test_multi_vector_tiles_match_onnxruntime(tmp_path, dtype):
     inits, nodes, x = [], [], "x"
     for i, (cin, cout) in enumerate(zip([16, *channels], channels)):
         k = 3 if i % 2 == 0 else 1
-        inits.append(numpy_helper.from_array((rng.standard_normal((cout, cin, k, k)) / np.sqrt(cin * k * k)).astype(np.float32), f"w{i}"))
+        weight = rng.standard_normal((cout, cin, k, k)) / np.sqrt(cin * k * k)
+        inits.append(numpy_helper.from_array(weight.astype(np.float32), f"w{i}"))
         nodes.append(helper.make_node("Conv", [x, f"w{i}"], [f"c{i}"], pads=[k // 2] * 4))
         nodes.append(helper.make_node("Relu", [f"c{i}"], [f"r{i}"]))
         x = f"r{i}"

@@ -382,10 +382,10 @@ def test_matmul_of_three_vector_tiles_matches_onnxruntime(tmp_path: Path) -> Non
     blocks with AVX-512, and onnxruntime's values."""
     from amptool.compiler.cpu_kernels import matmul_vectors, vector_lanes
 
-    w = np.random.default_rng(5).normal(0.0, 0.1, (96, 144)).astype(np.float32)
+    values = ", ".join(f"{v:.6f}" for v in np.random.default_rng(5).normal(0.0, 0.1, 96 * 144))
     path = _save(tmp_path, f"""
         <ir_version: 8, opset_import: ["" : 17]>
-        g (float[2, 24, 96] x) => (float[2, 24, 144] y) <float[96, 144] w = {{{", ".join(f"{v:.6f}" for v in w.ravel())}}}> {{
+        g (float[2, 24, 96] x) => (float[2, 24, 144] y) <float[96, 144] w = {{{values}}}> {{
             y = MatMul(x, w)
         }}""")
     lanes = vector_lanes(_tvm.make_target({"kind": "llvm", "mcpu": _tvm.host_cpu()}))

@@ -731,11 +731,13 @@ def _tile_transpose(sch: Any, block: Any, tiling: Tiling) -> bool:
     variables = [iv.var for iv in stmt.iter_vars]
     strides = [_stride(stmt.reads[0], var) for var in variables]
     contiguous = [i for i, stride in enumerate(strides[:-1]) if stride == 1]
-    if strides[-1] in (0, 1) or not contiguous:
-        return False
+    if strides[-1] in (None, 0, 1) or not contiguous:
+        return False  # not a transpose: contiguous or broadcast along the last axis, or not affine
     along = contiguous[-1]
     # The largest divisors up to a line (56 columns: 14): a remainder would test bounds per element.
-    tiles = [_divisor(int(extents[i]), TRANSPOSE_TILE, 4) for i in (along, -1)]
+    tiles = [_divisor(extent, TRANSPOSE_TILE, 4) for extent in (extents[along], extents[-1]) if extent is not None]
+    if len(tiles) != 2:
+        return False
     if None in tiles:
         return False
     outer_c, inner_c = sch.split(loops[along], [None, tiles[0]])

@@ -17,9 +17,11 @@ AVX512-BF16, slow (emeraldrapids)  —                     1.03× (FMA kernels; 
 
 (Issue 17 also saw 12–16× on BERT/ResNet-50 without F16C.) Native float16 arithmetic needs
 AVX512-FP16 (Sapphire Rapids and later), which amptool's kernels do not use (they accumulate in
-float32): float16 is never faster than float32 on a CPU, and the note says so there too. amptool's bfloat16 dot products are AVX512-BF16's
-``vdpbf16ps`` (``cpu_intrinsics``): AMX-BF16 alone does not count — amptool emits no AMX code, and
-a Sapphire/Emerald Rapids VM often has AMX off (its LLVM CPU name still lists it).
+float32): float16 is never faster than float32 on a CPU, and the note says so there too.
+amptool's bfloat16 dot products are AVX512-BF16's ``vdpbf16ps`` (``cpu_intrinsics``): AMX-BF16
+alone does not count — amptool emits no AMX code, and a Sapphire/Emerald Rapids VM often has AMX
+off (its LLVM CPU name still lists it) — and where ``vdpbf16ps`` is slower than two FMAs
+(``SLOW_BF16_DOT_CPUS``) the products are float32 FMAs, and the note says bfloat16 is no faster.
 Only x86 CPUs are judged: other architectures' LLVM feature names differ, and no note is better
 than a wrong one.
 """
