@@ -287,7 +287,9 @@ def _two_convs() -> onnx.ModelProto:
 
 def test_convs_stream_their_larger_side_once(tmp_path):
     """Rows outermost when activations dominate, channel blocks outermost when weights do (each
-    thread then streams the weights once); both orders compute onnxruntime's numbers."""
+    thread then streams the weights once) and, where a chunk of input channels' weights fits half
+    of L1 (the 3×3 × 256: 8 channels, 18 KB), chunks of input channels outside the rows; all
+    orders compute onnxruntime's numbers."""
     model = _two_convs()
     path = tmp_path / "convs.onnx"
     onnx.save(model, str(path))
@@ -297,6 +299,7 @@ def test_convs_stream_their_larger_side_once(tmp_path):
     loops = sorted(loop for found in orders for loop in found)
     assert any(re.fullmatch(r"n_y_c_0\w*_fused", loop) for loop in loops), loops
     assert any(re.fullmatch(r"n_c_0_y\w*_fused", loop) for loop in loops), loops
+    assert re.search(r"for rc_0, y, x_0, ry, rx, rc_1 in T\.grid\(T\.int64\(32\), T\.int64\(4\)", text), text
     x = np.random.default_rng(2).standard_normal((1, 32, 40, 40)).astype(np.float32)
     want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
     amptool.convert(path, dtype="float32", output=tmp_path / "out")
