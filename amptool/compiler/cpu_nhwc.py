@@ -106,8 +106,10 @@ def _subsampled(data: Any, sh: int, sw: int, out_h: int, out_w: int, wide: int, 
     batch, _, _, channels = (int(d) for d in data.shape)
 
     def value(n: Any, y: Any, x: Any, c: Any) -> Any:
-        v = data[n, y * sh, tirx.min(x, out_w - 1) * sw, c].astype(dtype)
-        return v if wide == out_w else tirx.if_then_else(x < out_w, v, tirx.const(0, dtype))
+        if wide == out_w:
+            return data[n, y * sh, x * sw, c].astype(dtype)
+        inside = data[n, y * sh, tirx.min(x, out_w - 1) * sw, c].astype(dtype)
+        return tirx.if_then_else(x < out_w, inside, tirx.const(0, dtype))
 
     return te.compute((batch, out_h, wide, channels), value, name=NHWC_PAD_BLOCK)
 

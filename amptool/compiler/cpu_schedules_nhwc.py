@@ -73,9 +73,9 @@ def _weight_chunk(sch: Any, conv: Any, block: int) -> int | None:
     Why: such a conv (ResNet-50's 7×7 stage) has one or two column tiles per row, and each tile
     streamed its channel block's whole weight panel (590 KB for 3×3 × 512) from L2 for 14 FMAs per
     64-byte line. Chunked, a chunk stays in L1 while every row of the map passes, the sums
-    accumulating in the block's output. 3×3 512 → 512 at 7², three convs, one thread, alternated in
-    one process: 9.79 → 8.89 ms (two threads 5.11 → 4.69); ResNet-50 80.4 → 76.7 ms (1 thread),
-    50.9 → 50.3 ms (2).
+    accumulating in the block's output. 3×3 512 → 512 at 7², three convs, alternated in one
+    process, two runs: one thread 10.09/9.21 → 9.03/8.16 ms, two 5.32/5.06 → 5.26/4.72 ms; whole
+    ResNet-50 runs stayed inside this VM's noise.
     """
     if not _weights_dominate(sch, conv):
         return None
