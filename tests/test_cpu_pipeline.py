@@ -395,3 +395,18 @@ def test_matmul_of_three_vector_tiles_matches_onnxruntime(tmp_path: Path) -> Non
     x = np.random.default_rng(6).standard_normal((2, 24, 96)).astype(np.float32)
     want, got = onnxruntime_and_amptool(path, {"x": x})
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize(("spec", "lanes"), [
+    ({"kind": "llvm", "mcpu": "znver4"}, 16),
+    ({"kind": "llvm", "mcpu": "emeraldrapids"}, 16),
+    ({"kind": "llvm", "mcpu": "emeraldrapids", "mattr": ["-avx512f"]}, 8),  # TVM says 512 bits for both
+    ({"kind": "llvm", "mcpu": "haswell"}, 8),  # TVM says 512 bits
+    ({"kind": "llvm"}, 4),  # generic x86-64: SSE2
+])
+def test_vector_lanes_follow_the_target_features(spec: dict, lanes: int) -> None:
+    """Register tiles are planned for the registers the ISA has: an AVX2 target planned as AVX-512
+    spilled (ResNet-50 with -mattr=-avx512f 115 → 157 ms once the tiles grew)."""
+    from amptool.compiler.cpu_kernels import vector_lanes
+
+    assert vector_lanes(_tvm.make_target(spec)) == lanes

@@ -44,7 +44,8 @@ def nhwc_tile(sch: Any, conv: Any, block: int, tiling: Tiling,
         return None  # the compute was planned for another target's tile: leave it to the generic rules
     co, ci = sch.split(c, [None, block])
     xo, xi = sch.split(x, [None, tile])
-    chunk = _weight_chunk(sch, conv, block) if chunk_weights and len(reductions) == 3 else None
+    chunk = (_weight_chunk(sch, conv, block)
+             if chunk_weights and len(reductions) == 3 and tiling.lanes >= 16 else None)  # measured with AVX-512 only
     if chunk is not None:
         ry, rx, rc = reductions
         rco, rci = sch.split(rc, [None, chunk])
