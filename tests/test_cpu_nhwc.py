@@ -433,3 +433,32 @@ def test_strided_pointwise_convs_copy_only_the_pixels_they_read(tmp_path, stride
     amptool.convert(path, dtype="float32", output=tmp_path / "out")
     got = amptool.load(tmp_path / "out").run({"x": x})["y"]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+
+
+def test_unpadded_convs_read_their_input_in_place_and_mid_weight_convs_chunk(tmp_path):
+    """A 1×1 conv reads its float32 input where it lies (no ``amp_nhwc_pad`` copy: a pass over the
+    input for nothing); a padded 3×3 conv still copies it with its zero border. The 3×3, whose
+    weights (147 KB) are between half and twice its activations (100 KB), reduces over chunks of
+    input channels outside the rows (``CHUNK_WEIGHTS``). Both compute onnxruntime's numbers."""
+    rng = np.random.default_rng(9)
+    inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.1).astype(np.float32), n)
+             for n, s in (("w1", (64, 64, 1, 1)), ("w2", (64, 64, 3, 3)))]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"]),
+             helper.make_node("Relu", ["a"], ["r"]),
+             helper.make_node("Conv", ["r", "w2"], ["y"], pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(nodes, "pair", [info("x", [1, 64, 14, 14])], [info("y", [1, 64, 14, 14])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    path = tmp_path / "pair.onnx"
+    onnx.save(model, str(path))
+    convs = [k for k in scheduled_kernels(str(path), "float32", "icelake-server") if '"amp_conv2d_nhwc_init"' in k]
+    pointwise = next(k for k in convs if "T.int64(1), T.int64(1), T.int64(64)" in k)
+    spatial = next(k for k in convs if "T.int64(3), T.int64(3), T.int64(64)" in k)
+    assert '"amp_nhwc_pad"' not in pointwise, pointwise
+    assert '"amp_nhwc_pad"' in spatial, spatial
+    assert re.search(r"for rc_0, y, x_0, ry, rx, rc_1 in T\.grid", spatial), spatial
+    x = rng.standard_normal((1, 64, 14, 14)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    amptool.convert(path, dtype="float32", output=tmp_path / "out")
+    got = amptool.load(tmp_path / "out").run({"x": x})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
