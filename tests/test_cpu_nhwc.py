@@ -462,3 +462,32 @@ def test_unpadded_convs_read_their_input_in_place_and_mid_weight_convs_chunk(tmp
     amptool.convert(path, dtype="float32", output=tmp_path / "out")
     got = amptool.load(tmp_path / "out").run({"x": x})["y"]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_pools_read_their_input_without_a_padded_copy(tmp_path, dtype):
+    """Padded max and average pools (edges counted and not) read the conv's output where it lies,
+    the padding a bound test in their reads, not a padded copy of the whole map first; values are
+    onnxruntime's (float16: within its rounding)."""
+    rng = np.random.default_rng(10)
+    inits = [numpy_helper.from_array((rng.standard_normal((32, 16, 3, 3)) * 0.2).astype(np.float32), "w")]
+    pool = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("MaxPool", ["c"], ["max"], **pool),
+             helper.make_node("AveragePool", ["c"], ["avg"], count_include_pad=0, **pool),
+             helper.make_node("AveragePool", ["c"], ["avg_pad"], count_include_pad=1, **pool)]
+    outputs = [info(name, [1, 32, 10, 9]) for name in ("max", "avg", "avg_pad")]
+    graph = helper.make_graph(nodes, "pools", [info("x", [1, 16, 19, 17])], outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    path = tmp_path / "pools.onnx"
+    onnx.save(model, str(path))
+    pools = [k for k in scheduled_kernels(str(path), dtype) if 'T.sblock("pool_' in k]
+    assert len(pools) == 3 and not any("pad_temp" in k for k in pools), pools
+    x = rng.standard_normal((1, 16, 19, 17)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})
+    amptool.convert(path, dtype=dtype, output=tmp_path / "out")
+    got = amptool.load(tmp_path / "out").run({"x": x})
+    tolerance = 1e-5 if dtype == "float32" else 1e-2
+    for name, expected in zip(("max", "avg", "avg_pad"), want):
+        np.testing.assert_allclose(got[name], expected, rtol=0, atol=tolerance * float(np.abs(expected).max()))

@@ -614,6 +614,8 @@ def tiled_reduction(sch: Any, tiling: Tiling) -> Any | None:
     extents = [_extent(sch, loop) for loop in loops]
     if None in extents or len(stmt.writes) != 1:
         return None
+    if _inline_operand_producers(sch, block):
+        stmt = sch.get(block)
     sizes = [int(e) for e in extents if e is not None]
     vec = next((i for i in reversed(range(spatial)) if sizes[i] > 1), None)
     if vec is None:
@@ -647,6 +649,23 @@ def tiled_reduction(sch: Any, tiling: Tiling) -> Any | None:
     epilogue = _epilogue_at(sch, block, outer[-1])
     _finish(sch, block, epilogue, outer, loops[spatial], unrolled, vi, "inner", tiling)
     return sch
+
+
+def _inline_operand_producers(sch: Any, block: Any) -> bool:
+    """A reduction over a single operand (max or average pooling): its elementwise producers (the
+    padded copy, a cast) inlined into its reads; whether any was.
+
+    Why: the padded copy was a whole pass over the input, written and read again, before a pool
+    that reads each element a few times from cache anyway. ResNet-50's 3×3/2 max pool of
+    112² × 64 (float32, 1 thread, an Ice Lake core): 0.91 → 0.35 ms (onnxruntime 0.22), the
+    average pool 0.75 → 0.29 ms (onnxruntime 0.28). A conv's taps (two operands) keep the copy:
+    the bounds test would sit in its inner loop.
+    """
+    stmt = sch.get(block)
+    output = stmt.writes[0].source
+    if len([r for r in stmt.reads if not r.source.same_as(output)]) != 1:
+        return False
+    return any([try_inline(sch, producer) for producer in sch.get_producers(block)])
 
 
 #: Vectors per row of a ``tiled_reduction`` tile whose operands are converted as they are read
