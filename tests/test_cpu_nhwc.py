@@ -491,3 +491,20 @@ def test_pools_read_their_input_without_a_padded_copy(tmp_path, dtype):
     tolerance = 1e-5 if dtype == "float32" else 1e-2
     for name, expected in zip(("max", "avg", "avg_pad"), want):
         np.testing.assert_allclose(got[name], expected, rtol=0, atol=tolerance * float(np.abs(expected).max()))
+
+
+def test_a_pool_padding_its_contiguous_axis_keeps_the_padded_copy(tmp_path):
+    """A standalone NCHW max pool pads W, its vectorized axis: inlined, the bounds test would run
+    in every lane (a 5×5 pool 0.9 → 4.7 ms), so its padded copy stays; values are onnxruntime's."""
+    pool = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[5, 5], pads=[2, 2, 2, 2])
+    graph = helper.make_graph([pool], "pool", [info("x", [1, 32, 20, 20])], [info("y", [1, 32, 20, 20])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    path = tmp_path / "pool.onnx"
+    onnx.save(model, str(path))
+    kernel = next(k for k in scheduled_kernels(str(path), "float32") if 'T.sblock("pool_' in k)
+    assert "pad_temp" in kernel, kernel
+    x = np.random.default_rng(11).standard_normal((1, 32, 20, 20)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    amptool.convert(path, dtype="float32", output=tmp_path / "out")
+    np.testing.assert_array_equal(amptool.load(tmp_path / "out").run({"x": x})["y"], want)
