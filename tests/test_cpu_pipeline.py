@@ -410,3 +410,32 @@ def test_vector_lanes_follow_the_target_features(spec: dict, lanes: int) -> None
     from amptool.compiler.cpu_kernels import vector_lanes
 
     assert vector_lanes(_tvm.make_target(spec)) == lanes
+
+
+@pytest.mark.parametrize(("op", "gates"), [("LSTM", 4), ("GRU", 3)])
+def test_low_precision_recurrent_steps_keep_the_packed_matmul(tmp_path, op, gates):
+    """A bfloat16 LSTM/GRU step's hidden-state matmul adds the step's input projection, squeezed
+    and cast to float32 first: two side-input steps before the epilogue. Both are inlined, so
+    the step keeps the packed, vectorized matmul; it fell to a scalar dot per output column that
+    converted the whole hidden state again for each (LSTM hidden 256 × 50 steps: 11.3 → 1.4 ms,
+    float32 1.25 ms). Values stay onnxruntime's within bfloat16 rounding."""
+    from tests.onnx_checks import assert_close_to_onnxruntime
+
+    hidden, steps, features = 64, 6, 32
+    rng = np.random.default_rng(12)
+    inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.2).astype(np.float32), n)
+             for n, s in (("w", (1, gates * hidden, features)), ("r", (1, gates * hidden, hidden)),
+                          ("b", (1, 2 * gates * hidden)))]
+    node = helper.make_node(op, ["x", "w", "r", "b"], ["y"], hidden_size=hidden)
+    graph = helper.make_graph([node], "rnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [steps, 1, features])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [steps, 1, 1, hidden])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    model.ir_version = 8
+    path = str(tmp_path / "rnn.onnx")
+    onnx.save(model, path)
+    matmuls = [s for s in scheduled_kernels(path, "bfloat16") if "amp_matmul_update" in s]
+    assert len(matmuls) >= 2, matmuls  # the input projection and the recurrent steps
+    for script in matmuls:
+        update = script.index('T.sblock("amp_matmul_update")')
+        assert "T.vectorized" in script[script.rindex(" for ", 0, update):update], script
+    assert_close_to_onnxruntime(path, {"x": rng.standard_normal((steps, 1, features)).astype(np.float32)}, "bfloat16")

@@ -323,10 +323,18 @@ def _inline_side_inputs(sch: Any, chain: list[Any], block: Any) -> None:
     """Inline the elementwise producers of an epilogue's other inputs (a residual cast to float32
     by ``widen_epilogues``): left at the root, they keep the epilogue from moving under the tile."""
     own = {sch.get(b).name_hint for b in (block, *chain)}
+    refused: set[str] = set()
     for step in chain:
-        for producer in sch.get_producers(step):
-            if sch.get(producer).name_hint not in own:
-                try_inline(sch, producer)  # not inlinable (a reduction): the epilogue stays where it is
+        # Again after each inline: an inlined producer's own producers (a squeeze before a cast,
+        # a bfloat16 RNN step's hidden-state residual) become the step's, and must go too.
+        while True:
+            side = [p for p in sch.get_producers(step) if sch.get(p).name_hint not in own | refused]
+            if not side:
+                break
+            for producer in side:
+                name = sch.get(producer).name_hint
+                if not try_inline(sch, producer):
+                    refused.add(name)  # not inlinable (a reduction): the epilogue stays where it is
 
 
 def _writes_more(sch: Any, consumer: Any, block: Any) -> bool:
