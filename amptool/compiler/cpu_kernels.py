@@ -102,6 +102,7 @@ def legalize_map() -> dict[str, Callable[[Any, Any], Any]]:
         "relax.log": _legalize_log,
         "relax.nn.gelu": _legalize_gelu,
         "relax.nn.gelu_tanh": _legalize_gelu_tanh,
+        "relax.image.grid_sample": _legalize_grid_sample,
     }
 
 
@@ -607,6 +608,12 @@ def _legalize_log(bb: Any, call: Any) -> Any:
     from amptool.compiler.cpu_exp import legalize_log  # noqa: PLC0415
 
     return legalize_log(bb, call, _default)
+
+
+def _legalize_grid_sample(bb: Any, call: Any) -> Any:
+    from amptool.compiler.cpu_grid_sample import legalize_grid_sample  # noqa: PLC0415
+
+    return legalize_grid_sample(bb, call, _default)
 
 
 def _legalize_gelu(bb: Any, call: Any) -> Any:
