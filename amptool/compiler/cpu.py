@@ -40,6 +40,7 @@ from amptool.compiler.cpu_kernels import CONV2D_BF16_BLOCK, CONV2D_BLOCK, MATMUL
 from amptool.compiler.cpu_layout import layout_passes
 from amptool.compiler.cpu_nhwc import CONV2D_NHWC_BF16_BLOCK, CONV2D_NHWC_BLOCK, DEPTHWISE_NHWC_BLOCK
 from amptool.compiler.cpu_row_reduction import vector_row_reduction
+from amptool.compiler.cpu_scan import rewrite_scans
 from amptool.compiler.cpu_schedules import (
     Guarded,
     Tiling,
@@ -99,7 +100,7 @@ def default_rules(tiling: Tiling | None = None) -> list[Any]:
 def stage_passes(target: Any) -> stages.Stages:
     """(stage, passes) in build order, for ``target`` (an LLVM Target): the ``layout`` stage
     (``cpu_layout``), then the stages every backend has."""
-    return [("layout", [_SPLIT_CONV_TRANSPOSE, _CONV1D_AS_CONV2D, *layout_passes()]),
+    return [("layout", [_SPLIT_CONV_TRANSPOSE, _CONV1D_AS_CONV2D, _ROW_SCANS, *layout_passes()]),
             ("epilogues", [_WIDEN_EPILOGUES]),
             *stages.relax_stages(target, cpu_generic, legalize_map(), default_rules())]
 
@@ -111,6 +112,7 @@ def _module_pass(rewrite: Callable[[Any], Any], name: str) -> Any:
 
 _SPLIT_CONV_TRANSPOSE = _module_pass(split_conv_transpose, "SplitConvTranspose")
 _CONV1D_AS_CONV2D = _module_pass(conv1d_as_conv2d, "Conv1dAsConv2d")
+_ROW_SCANS = _module_pass(rewrite_scans, "RowScans")
 _WIDEN_EPILOGUES = _module_pass(widen_epilogues, "WidenEpilogues")
 
 
