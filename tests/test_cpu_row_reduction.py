@@ -116,3 +116,17 @@ def test_softmax_output_step_vectorized_and_shift_inlined(tmp_path: Path) -> Non
     last = next(i for i, line in enumerate(lines) if 'T.sblock("' in line and "norm" in line)
     assert "T.vectorized" in lines[last - 1]
     assert 'T.sblock("softmax_shift")' not in script
+
+
+def test_softmax_divides_once_per_row(tmp_path: Path) -> None:
+    """The normalization multiplies by the row sum's reciprocal: the kernel's only divide is the
+    row's, not one per vector along it; values stay onnxruntime's."""
+    path = _model(tmp_path, [2, 3, 128], "y = Softmax <axis = -1> (x)")
+    (script,) = scheduled_kernels(path, "float32")
+    divides = [line for line in script.splitlines() if " / " in line]
+    # exp × (1 / sum): the reciprocal is loop-invariant along the row (LLVM hoists it); exp / sum is not
+    assert len(divides) == 1 and "(T.float32(1.0) / softmax_exp_red[" in divides[0], divides
+    x = np.random.default_rng(13).standard_normal((2, 3, 128)).astype(np.float32) * 4
+    want = ort.InferenceSession(path).run(None, {"x": x})[0]
+    got = build_model(ConvertConfig(model=path, dtype="float32")).compiled().run({"x": x})["y"]
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7)

@@ -678,7 +678,10 @@ _SOFTMAX_PAD = 16
 
 
 def _softmax_rows(x: Any, dim: int) -> Any:
-    """TOPI's softmax of ``x`` along ``dim``, its exp polynomial NaN-preserving (see _legalize_softmax)."""
+    """TOPI's softmax of ``x`` along ``dim``, its exp polynomial NaN-preserving (see _legalize_softmax),
+    normalized by the row sum's reciprocal: one divide per row, not one per vector (a 16-lane
+    divide is several times a multiply's cost). [12, 128, 128] 0.103 → 0.092 ms, [12, 384, 384]
+    1.21 → 1.19 ms (2 threads, alternated; onnxruntime multiplies by the reciprocal too)."""
     from tvm import te, tirx, topi  # noqa: PLC0415
 
     top = topi.max(x, axis=dim, keepdims=True)
@@ -691,7 +694,8 @@ def _softmax_rows(x: Any, dim: int) -> Any:
     exps = te.compute(x.shape, lambda *i: tirx.Select(tirx.isnan(shifted(*i)), shifted(*i), fast(*i)),
                       name="softmax_exp")
     total = topi.sum(exps, axis=dim, keepdims=True)
-    return te.compute(x.shape, lambda *i: exps(*i) / total(*reduced(i)), name="softmax_norm")
+    inverse = te.compute(total.shape, lambda *i: tirx.const(1.0, "float32") / total(*i), name="softmax_inverse")
+    return te.compute(x.shape, lambda *i: exps(*i) * inverse(*reduced(i)), name="softmax_norm")
 
 
 # --------------------------------------------------------------------------- cosh / sinh
