@@ -52,3 +52,20 @@ def test_a_scan_over_rows_adds_whole_vectors(tmp_path):
     onnx.save(_model(1, 0, 0, TensorProto.FLOAT), str(path))
     (kernel,) = [k for k in scheduled_kernels(str(path), "float32") if "cumsum" in k]
     assert "cumsum_rows" in kernel and "T.vectorized" in kernel, kernel
+
+
+def test_an_empty_scan_builds_and_returns_its_empty_result(tmp_path):
+    """A scan of an empty tensor (an axis of length 0) is its empty result: TOPI's kernel failed to
+    build ("Divide by zero") and the row scan, which stores its first row unconditionally, would
+    write past it."""
+    node = helper.make_node("CumSum", ["x", "axis"], ["y"])
+    graph = helper.make_graph([node], "scan", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 0, 48])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 0, 48])],
+                              [numpy_helper.from_array(np.array(1, np.int64), "axis")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    model.ir_version = 8
+    path = tmp_path / "scan.onnx"
+    onnx.save(model, str(path))
+    amptool.convert(path, dtype="float32", output=tmp_path / "out")
+    got = amptool.load(tmp_path / "out").run({"x": np.zeros((2, 0, 48), np.float32)})["y"]
+    assert got.shape == (2, 0, 48)
