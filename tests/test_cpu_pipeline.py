@@ -427,8 +427,9 @@ def test_low_precision_recurrent_steps_keep_the_packed_matmul(tmp_path, op, gate
              for n, s in (("w", (1, gates * hidden, features)), ("r", (1, gates * hidden, hidden)),
                           ("b", (1, 2 * gates * hidden)))]
     node = helper.make_node(op, ["x", "w", "r", "b"], ["y"], hidden_size=hidden)
-    graph = helper.make_graph([node], "rnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [steps, 1, features])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [steps, 1, 1, hidden])], inits)
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [steps, 1, features])]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [steps, 1, 1, hidden])]
+    graph = helper.make_graph([node], "rnn", inputs, outputs, inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
     model.ir_version = 8
     path = str(tmp_path / "rnn.onnx")

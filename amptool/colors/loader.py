@@ -145,7 +145,7 @@ _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 def _parsed(text: str, label: str) -> Any:
     """``text`` parsed once per process (callers get a copy: ``_resolve`` may not change it)."""
     try:
-        return yaml.load(text, Loader=_SAFE_LOADER)  # noqa: S506 - a safe loader, libyaml's or PyYAML's
+        return yaml.load(text, Loader=_SAFE_LOADER)  # a safe loader: libyaml's or PyYAML's
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""

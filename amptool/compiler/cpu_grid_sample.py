@@ -29,13 +29,13 @@ _PADDINGS = {"zeros", "border"}
 def legalize_grid_sample(bb: Any, call: Any, default: Callable[[Any, Any], Any]) -> Any:
     """The two-step kernel (module docstring) where it applies, else ``default``."""
     attrs = call.attrs
-    shapes = [_static(arg) for arg in call.args]
+    data_shape, grid_shape = (_static(arg) for arg in call.args)
     if (str(attrs.method) not in _MODES or str(attrs.layout) != "NCHW" or str(attrs.padding_mode) not in _PADDINGS
-            or None in shapes or len(shapes[0] or []) != 4):
+            or data_shape is None or grid_shape is None or len(data_shape) != 4):
         return default(bb, call)
     align = bool(attrs.align_corners)
     border = str(attrs.padding_mode) == "border"
-    taps = bb.emit(bb.call_te(lambda grid: _taps(grid, shapes[0], align, border), call.args[1],
+    taps = bb.emit(bb.call_te(lambda grid: _taps(grid, data_shape, align, border), call.args[1],
                               primfunc_name_hint="grid_sample_taps"))
     rows = bb.emit(_item(taps, 0))
     cols = bb.emit(_item(taps, 1))
@@ -116,11 +116,10 @@ def _sample(data: Any, rows: Any, cols: Any, weights: Any) -> Any:
     _, _, out_h, out_w = (int(d) for d in weights.shape)
     dtype = str(data.dtype)
 
+    def tap(n: Any, c: Any, y: Any, x: Any, k: int) -> Any:
+        return weights[n, k, y, x] * data[n, c, rows[n, k // 2, y, x], cols[n, k % 2, y, x]].astype("float32")
+
     def value(n: Any, c: Any, y: Any, x: Any) -> Any:
-        total = None
-        for k in range(4):
-            term = weights[n, k, y, x] * data[n, c, rows[n, k // 2, y, x], cols[n, k % 2, y, x]].astype("float32")
-            total = term if total is None else total + term
-        return total.astype(dtype)
+        return (tap(n, c, y, x, 0) + tap(n, c, y, x, 1) + tap(n, c, y, x, 2) + tap(n, c, y, x, 3)).astype(dtype)
 
     return te.compute((batch, channels, out_h, out_w), value, name="grid_sample")

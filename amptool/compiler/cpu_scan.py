@@ -94,7 +94,7 @@ def legalize_cumsum(bb: Any, call: Any) -> Any:
 def _row_scan(data: Any, axis: int, dtype: str, exclusive: bool) -> Any:
     from tvm import te, tirx  # noqa: PLC0415
     from tvm.script.ir_builder import IRBuilder  # noqa: PLC0415
-    from tvm.script.ir_builder import tirx as T  # noqa: PLC0415, N812 - TVM's own alias
+    from tvm.script.ir_builder import tirx as T  # noqa: PLC0415 - TVM's own alias
 
     shape = [int(d) for d in data.shape]
     before, length, after = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
@@ -114,12 +114,11 @@ def _row_scan(data: Any, axis: int, dtype: str, exclusive: bool) -> Any:
                 base = task // chunks * length * after + task % chunks * chunk
                 with T.vectorized(0, chunk) as lane:
                     out[base + lane] = tirx.const(0, dtype) if exclusive else cast(src[base + lane])
-                with T.serial(1, length) as row:
-                    with T.vectorized(0, chunk) as lane:
-                        here = base + row * after + lane
-                        previous = here - after
-                        added = src[previous] if exclusive else src[here]
-                        out[here] = out[previous] + cast(added)
+                with T.serial(1, length) as row, T.vectorized(0, chunk) as lane:
+                    here = base + row * after + lane
+                    previous = here - after
+                    added = src[previous] if exclusive else src[here]
+                    out[here] = out[previous] + cast(added)
             return ib.get()
 
     out_buf = tirx.decl_buffer(shape, dtype, "out_buf")
