@@ -675,7 +675,17 @@ def _inline_operand_producers(sch: Any, block: Any) -> bool:
     if len([r for r in stmt.reads if not r.source.same_as(output)]) != 1:
         return False
     return any([try_inline(sch, producer) for producer in sch.get_producers(block)
-                if _keeps_innermost_axis(sch.get(producer))])
+                if _keeps_innermost_axis(sch.get(producer)) and _cheap(sch.get(producer))])
+
+
+#: Expression nodes a producer inlined into a pool may have: a pool reads each input element
+#: once per window that covers it (25 times for 5×5 stride 1), so only a pad (32 nodes) or a
+#: cast is recomputed there, never an activation's polynomial.
+CHEAP_PRODUCER = 64
+
+
+def _cheap(stmt: Any) -> bool:
+    return isinstance(stmt.body, tirx.BufferStore) and _size(stmt.body.value) <= CHEAP_PRODUCER
 
 
 def _keeps_innermost_axis(stmt: Any) -> bool:
