@@ -508,3 +508,26 @@ def test_a_pool_padding_its_contiguous_axis_keeps_the_padded_copy(tmp_path):
     want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
     amptool.convert(path, dtype="float32", output=tmp_path / "out")
     np.testing.assert_array_equal(amptool.load(tmp_path / "out").run({"x": x})["y"], want)
+
+
+@pytest.mark.parametrize(("size", "per_row"), [(64, True), (16, False)])
+def test_large_maps_copy_their_padded_input_a_row_band_at_a_time(tmp_path, size, per_row):
+    """A padded conv whose input copy is ≥ ROW_COPY_BYTES (64 channels at 64²: 1.1 MB) makes it
+    under the row loop, three rows per output row, instead of writing the whole padded map out
+    and reading it back; a small map (16²) keeps the whole copy. Values are onnxruntime's."""
+    rng = np.random.default_rng(14)
+    w = numpy_helper.from_array((rng.standard_normal((64, 64, 3, 3)) * 0.05).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])]
+    graph = helper.make_graph(nodes, "conv", [info("x", [1, 64, size, size])], [info("y", [1, 64, size, size])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    path = tmp_path / "conv.onnx"
+    onnx.save(model, str(path))
+    (kernel,) = [k for k in scheduled_kernels(str(path), "float32", "icelake-server") if '"amp_nhwc_pad"' in k]
+    copy_loop = kernel[:kernel.index('T.sblock("amp_nhwc_pad")')].rsplit("T.parallel", 1)[-1]
+    assert ("n_y_fused" in kernel and "T.grid(T.int64(1), T.int64(3)" in copy_loop) == per_row, kernel
+    x = rng.standard_normal((1, 64, size, size)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    amptool.convert(path, dtype="float32", output=tmp_path / "out")
+    got = amptool.load(tmp_path / "out").run({"x": x})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
