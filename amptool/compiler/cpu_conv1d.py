@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from amptool import _tvm
-from amptool.compiler.cpu_kernels import _static_shape
+from amptool.compiler.cpu_kernels import static_shape
 
 
 def conv1d_as_conv2d(mod: Any) -> Any:
@@ -62,4 +62,4 @@ def _takes(call: Any) -> bool:
     data, weight = call.args
     return ((str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout)) == ("NCW", "OIW", "NCW")
             and isinstance(weight, tvm.ir.GenericConst)
-            and _static_shape(data) is not None and _static_shape(weight) is not None)
+            and static_shape(data) is not None and static_shape(weight) is not None)

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from amptool import _tvm
-from amptool.compiler.cpu_kernels import _static_shape
+from amptool.compiler.cpu_kernels import static_shape
 
 #: op name → (data layout, kernel layout) it must have; its conv (conv2d or conv1d) keeps the data layout.
 _TRANSPOSED = {
@@ -89,7 +89,7 @@ def _plan(call: Any, name: str) -> list[_Plan] | None:
         return None
     if not isinstance(weight, tvm.ir.GenericConst):
         return None
-    shape, wshape, out = _static_shape(data), _static_shape(weight), _static_shape(call)
+    shape, wshape, out = static_shape(data), static_shape(weight), static_shape(call)
     if shape is None or wshape is None or out is None:
         return None
     dims = len(shape) - 2
@@ -126,7 +126,7 @@ def _emit(builder: Any, call: Any, plans: list[_Plan]) -> Any:
     padding = [p.pad[0] for p in plans] + [p.pad[1] for p in plans]
     conv = builder.emit(conv_op(data, phased, strides=1, padding=padding, dilation=1, groups=1,
                                 data_layout=layouts[0], kernel_layout="OI" + layouts[0][2:], out_dtype=out_dtype))
-    out = _static_shape(call)
+    out = static_shape(call)
     assert out is not None  # _plan checked
     batch, cout = out[:2]
     conv_rows = [p.conv_rows for p in plans]

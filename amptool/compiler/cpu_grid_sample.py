@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from amptool.compiler.cpu_kernels import static_shape
+
 _MODES = {"bilinear", "linear"}
 _PADDINGS = {"zeros", "border"}
 
@@ -29,7 +31,7 @@ _PADDINGS = {"zeros", "border"}
 def legalize_grid_sample(bb: Any, call: Any, default: Callable[[Any, Any], Any]) -> Any:
     """The two-step kernel (module docstring) where it applies, else ``default``."""
     attrs = call.attrs
-    data_shape, grid_shape = (_static(arg) for arg in call.args)
+    data_shape, grid_shape = (static_shape(arg) for arg in call.args)
     if (str(attrs.method) not in _MODES or str(attrs.layout) != "NCHW" or str(attrs.padding_mode) not in _PADDINGS
             or data_shape is None or grid_shape is None or len(data_shape) != 4):
         return default(bb, call)
@@ -47,13 +49,6 @@ def _item(value: Any, index: int) -> Any:
     from tvm import relax  # noqa: PLC0415
 
     return relax.TupleGetItem(value, index)
-
-
-def _static(expr: Any) -> list[int] | None:
-    try:
-        return [int(d) for d in expr.ty.shape]
-    except (AttributeError, TypeError, ValueError):
-        return None
 
 
 def _taps(grid: Any, data_shape: list[int], align: bool, border: bool) -> list[Any]:

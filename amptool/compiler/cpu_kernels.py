@@ -124,7 +124,8 @@ def _default(bb: Any, call: Any) -> Any:
     return tvm.ir.Op.get(str(call.op.name)).get_attr("FLegalize")(bb, call)
 
 
-def _static_shape(expr: Any) -> list[int] | None:
+def static_shape(expr: Any) -> list[int] | None:
+    """A Relax expression's static shape; None for a symbolic or unknown one."""
     shape = getattr(getattr(expr, "ty", None), "shape", None)
     if shape is None:
         return None
@@ -324,7 +325,7 @@ def _legalize_conv2d(bb: Any, call: Any) -> Any:
     layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout))
     if (
         layouts not in (_NCHW_CONV, _NHWC_CONV)
-        or not isinstance(weight, tvm.ir.GenericConst) or _static_shape(data) is None
+        or not isinstance(weight, tvm.ir.GenericConst) or static_shape(data) is None
         or str(data.ty.dtype) not in _FLOATS or out_dtype not in _FLOATS
     ):
         return _default(bb, call)
@@ -496,7 +497,7 @@ def _legalize_matmul(bb: Any, call: Any) -> Any:
     import tvm  # noqa: PLC0415
 
     a, b = call.args
-    a_shape = _static_shape(a)
+    a_shape = static_shape(a)
     out_dtype = str(call.ty.dtype)
     if (
         not isinstance(b, tvm.ir.GenericConst) or a_shape is None or len(a_shape) < 2
@@ -655,7 +656,7 @@ def _legalize_softmax(bb: Any, call: Any) -> Any:
     ``expf``, each [12, 128, 128] softmax 0.39 ms). The exponent ``x - max`` is ≤ 0, where
     fast_exp needs no overflow guard; below its clamp (-88.4) it returns ~1e-38 where exp
     underflows to 0, negligible next to the row's sum (which holds e^0 = 1)."""
-    if str(call.ty.dtype) != "float32" or _static_shape(call.args[0]) is None:
+    if str(call.ty.dtype) != "float32" or static_shape(call.args[0]) is None:
         return _default(bb, call)
     axis = int(call.attrs.axis)
 

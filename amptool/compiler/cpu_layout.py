@@ -25,7 +25,7 @@ import logging
 from typing import Any
 
 from amptool import _tvm
-from amptool.compiler.cpu_kernels import _static_shape
+from amptool.compiler.cpu_kernels import static_shape
 from amptool.dtypes import DTYPES
 
 log = logging.getLogger(__name__)
@@ -46,8 +46,8 @@ def wants_nhwc(call: Any) -> bool:
         return False
     if not isinstance(weight, tvm.ir.GenericConst):
         return False
-    shape = _static_shape(data)
-    wshape = _static_shape(weight)
+    shape = static_shape(data)
+    wshape = static_shape(weight)
     dtypes = {str(data.ty.dtype), str(weight.ty.dtype), str(call.ty.dtype)}
     if shape is None or wshape is None or len(shape) != 4 or not dtypes <= set(DTYPES):
         return False

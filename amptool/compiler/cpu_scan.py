@@ -23,6 +23,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from amptool.compiler.cpu_kernels import static_shape
+
 #: Elements of the trailing axes one parallel task scans at once (four float32 AVX-512 vectors).
 CHUNK = 64
 #: Tasks below which a chunk is halved (down to one 16-lane vector) so that threads share the scan.
@@ -63,19 +65,13 @@ def rewrite_scans(mod: Any) -> Any:
 
 def _empty(call: Any) -> bool:
     """Whether a ``cumsum``'s input has a static shape with a zero extent."""
-    try:
-        return 0 in [int(d) for d in call.args[0].ty.shape]
-    except (AttributeError, TypeError, ValueError):
-        return False
+    return 0 in (static_shape(call.args[0]) or [])
 
 
 def _scanned_axis(call: Any) -> int | None:
     """The axis of a ``cumsum`` the row scan takes: static shape, an axis, elements after it."""
-    try:
-        shape = [int(d) for d in call.args[0].ty.shape]
-    except (AttributeError, TypeError, ValueError):
-        return None
-    if call.attrs.axis is None or not shape or 0 in shape:
+    shape = static_shape(call.args[0])
+    if shape is None or call.attrs.axis is None or not shape or 0 in shape:
         return None  # (an empty tensor: ``_empty``; the first row's store would write past it)
     axis = int(call.attrs.axis) % len(shape)
     return axis if math.prod(shape[axis + 1:]) > 1 else None
