@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 import amptool
 from amptool import _tvm
 from tests.conftest import scheduled_kernels
-from tests.onnx_checks import info
+from tests.onnx_checks import info, x_to_y_model
 
 TARGET = {"kind": "llvm", "mcpu": _tvm.host_cpu()}
 
@@ -446,9 +446,7 @@ def test_unpadded_convs_read_their_input_in_place_and_mid_weight_convs_chunk(tmp
     nodes = [helper.make_node("Conv", ["x", "w1"], ["a"]),
              helper.make_node("Relu", ["a"], ["r"]),
              helper.make_node("Conv", ["r", "w2"], ["y"], pads=[1, 1, 1, 1])]
-    graph = helper.make_graph(nodes, "pair", [info("x", [1, 64, 14, 14])], [info("y", [1, 64, 14, 14])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
+    model = x_to_y_model(nodes, "pair", [1, 64, 14, 14], inits)
     path = tmp_path / "pair.onnx"
     onnx.save(model, str(path))
     convs = [k for k in scheduled_kernels(str(path), "float32", "icelake-server") if '"amp_conv2d_nhwc_init"' in k]
@@ -497,9 +495,7 @@ def test_a_pool_padding_its_contiguous_axis_keeps_the_padded_copy(tmp_path):
     """A standalone NCHW max pool pads W, its vectorized axis: inlined, the bounds test would run
     in every lane (a 5×5 pool 0.9 → 4.7 ms), so its padded copy stays; values are onnxruntime's."""
     pool = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[5, 5], pads=[2, 2, 2, 2])
-    graph = helper.make_graph([pool], "pool", [info("x", [1, 32, 20, 20])], [info("y", [1, 32, 20, 20])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
+    model = x_to_y_model([pool], "pool", [1, 32, 20, 20])
     path = tmp_path / "pool.onnx"
     onnx.save(model, str(path))
     kernel = next(k for k in scheduled_kernels(str(path), "float32") if 'T.sblock("pool_' in k)
@@ -518,9 +514,7 @@ def test_large_maps_copy_their_padded_input_a_row_band_at_a_time(tmp_path, size,
     rng = np.random.default_rng(14)
     w = numpy_helper.from_array((rng.standard_normal((64, 64, 3, 3)) * 0.05).astype(np.float32), "w")
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])]
-    graph = helper.make_graph(nodes, "conv", [info("x", [1, 64, size, size])], [info("y", [1, 64, size, size])], [w])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
+    model = x_to_y_model(nodes, "conv", [1, 64, size, size], [w])
     path = tmp_path / "conv.onnx"
     onnx.save(model, str(path))
     (kernel,) = [k for k in scheduled_kernels(str(path), "float32", "icelake-server") if '"amp_nhwc_pad"' in k]
