@@ -59,6 +59,7 @@ from amptool._tvm.ir import (  # noqa: F401
     registered_relax_ops,
     relax_functions,
     rewrite_functions,
+    static_shape,
     tensor_dtype,
     var_binding,
     var_name,

@@ -37,6 +37,17 @@ def tensor_dtype(expr: Any) -> str | None:
 _DTYPE_NAMES: dict[int, tuple[Any, str | None]] = {}
 
 
+def static_shape(expr: Any) -> list[int] | None:
+    """A Relax expression's static shape; None for a symbolic or unknown one."""
+    shape = getattr(getattr(expr, "ty", None), "shape", None)
+    if shape is None:
+        return None
+    try:
+        return [int(d) for d in shape]
+    except (TypeError, ValueError):  # symbolic dims
+        return None
+
+
 @functools.cache
 def _relax_tensor_type() -> Any:
     from tvm import relax  # noqa: PLC0415

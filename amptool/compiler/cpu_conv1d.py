@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from amptool import _tvm
-from amptool.compiler.cpu_kernels import static_shape
+from amptool._tvm import static_shape
 
 
 def conv1d_as_conv2d(mod: Any) -> Any:

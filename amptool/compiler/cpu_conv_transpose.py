@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from amptool import _tvm
-from amptool.compiler.cpu_kernels import static_shape
+from amptool._tvm import static_shape
 
 #: op name → (data layout, kernel layout) it must have; its conv (conv2d or conv1d) keeps the data layout.
 _TRANSPOSED = {

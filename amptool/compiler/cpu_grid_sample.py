@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from amptool.compiler.cpu_kernels import static_shape
+from amptool._tvm import static_shape
 
 _MODES = {"bilinear", "linear"}
 _PADDINGS = {"zeros", "border"}

@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from amptool._tvm import static_shape
 from amptool.compiler.cpu_depthwise import DEPTHWISE_BLOCK, depthwise_conv2d, pack_weight
 from amptool.dtypes import DTYPES
 
@@ -124,15 +125,6 @@ def _default(bb: Any, call: Any) -> Any:
     return tvm.ir.Op.get(str(call.op.name)).get_attr("FLegalize")(bb, call)
 
 
-def static_shape(expr: Any) -> list[int] | None:
-    """A Relax expression's static shape; None for a symbolic or unknown one."""
-    shape = getattr(getattr(expr, "ty", None), "shape", None)
-    if shape is None:
-        return None
-    try:
-        return [int(d) for d in shape]
-    except (TypeError, ValueError):  # symbolic dims
-        return None
 
 
 def _block(channels: int, lanes: int) -> int | None:

@@ -25,7 +25,7 @@ import logging
 from typing import Any
 
 from amptool import _tvm
-from amptool.compiler.cpu_kernels import static_shape
+from amptool._tvm import static_shape
 from amptool.dtypes import DTYPES
 
 log = logging.getLogger(__name__)

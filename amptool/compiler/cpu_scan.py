@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from amptool.compiler.cpu_kernels import static_shape
+from amptool._tvm import static_shape
 
 #: Elements of the trailing axes one parallel task scans at once (four float32 AVX-512 vectors).
 CHUNK = 64
