@@ -43,6 +43,15 @@ def amplifier(tmp_path: Path) -> str:
 
 
 @pytest.fixture
+def onnxruntime_folding(monkeypatch: pytest.MonkeyPatch) -> None:
+    """prepare folds through onnxruntime's session even where its own BatchNorm fold would do
+    (``frontend/ort_folding.py``): for tests of that session's path (its check, its reverts)."""
+    from amptool.frontend import prepare
+
+    monkeypatch.setattr(prepare, "folding_needed", lambda _model: "forced by a test")
+
+
+@pytest.fixture
 def run_cli() -> Callable[..., Result]:
     """Run amptool in-process; returns click's Result (exit_code, output)."""
     from amptool.cli.main import cli

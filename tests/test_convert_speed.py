@@ -113,7 +113,7 @@ def test_infer_shapes_matches_onnx(data_prop):
 
 
 @pytest.mark.parametrize("fixed", [False, True])
-def test_prepare_reads_the_reference_from_the_folding_session(monkeypatch, fixed):
+def test_prepare_reads_the_reference_from_the_folding_session(monkeypatch, fixed, onnxruntime_folding):
     model = _model_with_weights()
     model.graph.input.append(helper.make_tensor_value_info("unused", TensorProto.FLOAT, [1]))
     runs = []

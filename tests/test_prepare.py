@@ -200,7 +200,7 @@ def test_diff_with_fixed_input_feeds_the_value_to_the_reference(tmp_path, run_cl
         assert result.exit_code == 0, result.output
 
 
-def test_folding_that_changes_numerics_is_reverted(monkeypatch):
+def test_folding_that_changes_numerics_is_reverted(monkeypatch, onnxruntime_folding):
     from amptool.frontend import prepare
     from amptool.testing import model_zoo
 
@@ -224,7 +224,7 @@ def test_folding_that_changes_numerics_is_reverted(monkeypatch):
 
 
 @pytest.mark.parametrize("corrupt", [False, True])
-def test_deferred_numerics_check_settles_before_anything_is_built(monkeypatch, tmp_path, corrupt):
+def test_deferred_numerics_check_settles_before_anything_is_built(monkeypatch, tmp_path, corrupt, onnxruntime_folding):
     """rewrite_model runs check-numerics beside import and the passes: a folding it rejects is
     undone and everything after prepare redone from the unfolded model; its files are removed."""
     from amptool.app.convert import rewrite_model
@@ -261,7 +261,7 @@ def test_deferred_numerics_check_settles_before_anything_is_built(monkeypatch, t
     assert workdirs and not any(os.path.exists(w) for w in workdirs)
 
 
-def test_honest_folding_passes_the_numerics_check():
+def test_honest_folding_passes_the_numerics_check(onnxruntime_folding):
     from amptool.frontend import prepare
     from amptool.frontend.signature import graph_inputs
     from amptool.testing import model_zoo
@@ -282,7 +282,7 @@ def test_numerics_check_compares_sequence_outputs_element_by_element():
     assert _first_mismatch({"s": seq}, {"s": changed}).startswith("'s[1]'")
 
 
-def test_calibration_reads_the_numerics_checks_run_when_it_ran_on_the_same_inputs(monkeypatch):
+def test_calibration_reads_the_numerics_checks_run_when_it_ran_on_the_same_inputs(monkeypatch, onnxruntime_folding):
     """prepare's check-numerics runs the folded model on the seed-0 inputs calibration uses: with
     ``expose_tensors`` it keeps every tensor, and calibration built from them equals calibration's
     own run (no session of its own is opened). Other inputs get nothing: calibration runs itself."""

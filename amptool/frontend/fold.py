@@ -146,7 +146,7 @@ def infer_shapes(model: onnx.ModelProto, *, data_prop: bool = False) -> onnx.Mod
     for holder, source, skip in ((model, inferred, "graph"), (model.graph, inferred.graph, "initializer")):
         for name in [fd.name for fd in source.DESCRIPTOR.fields if fd.name != skip]:
             holder.ClearField(name)
-        _copy_fields(source, holder, skip)
+        copy_fields(source, holder, skip)
     return model
 
 
@@ -160,8 +160,8 @@ def inferred_shapes(model: onnx.ModelProto, *, data_prop: bool = False) -> onnx.
     if not hidden:
         return onnx.shape_inference.infer_shapes(model, data_prop=data_prop)
     light = onnx.ModelProto()
-    _copy_fields(model, light, skip="graph")
-    _copy_fields(graph, light.graph, skip="initializer")
+    copy_fields(model, light, skip="graph")
+    copy_fields(graph, light.graph, skip="initializer")
     for index, weight in enumerate(graph.initializer):
         if index not in hidden:
             light.graph.initializer.append(weight)
@@ -172,7 +172,7 @@ def inferred_shapes(model: onnx.ModelProto, *, data_prop: bool = False) -> onnx.
     return onnx.shape_inference.infer_shapes(light, data_prop=data_prop)
 
 
-def _copy_fields(source: Any, target: Any, skip: str) -> None:
+def copy_fields(source: Any, target: Any, skip: str) -> None:
     """Copy every set field of ``source`` but ``skip`` into ``target`` (a message of its type)."""
     for field_desc, value in source.ListFields():
         if field_desc.name == skip:

@@ -7,6 +7,10 @@ the same pass folds BatchNorm into the preceding Conv *in fp32* — which defuse
 classic fp16 trap of a running variance of ~1e8. Basic-level rewrites are exact up to fp32
 rounding and stay within the standard ONNX domain (extended levels add contrib ops).
 
+When amptool's own folding (constants, Shapes, Ifs, then each Conv → BatchNorm pair) leaves only
+plain ops, onnxruntime's session would change nothing that matters and is not opened
+(``ort_folding``): ~1 s and a check-numerics' two sessions less on a ResNet-50.
+
 Each step is recorded by name in ``PreparedModel.steps`` (and then in manifest.json).
 A step that fails is skipped and recorded as ``<step>-skipped`` with the reason, because
 the un-prepared model may still import.
@@ -29,10 +33,12 @@ import numpy as np
 import onnx
 
 from amptool.errors import error_summary
+from amptool.frontend.conv_batchnorm import fold_conv_batchnorm
 from amptool.frontend.fold import fold_model, infer_shapes
 from amptool.frontend.gradient import fold_protected, has_gradients
 from amptool.frontend.graph import default_opset
 from amptool.frontend.load import name_nodes
+from amptool.frontend.ort_folding import folding_needed
 from amptool.frontend.signature import TensorSpec
 from amptool.runtime.onnxruntime_runner import exposable_tensors
 
@@ -203,6 +209,8 @@ def prepare_model(
         # onnxruntime's own If inlining gets wrong on nested branches (seen: silero-vad with
         # a fixed sample rate — an invalid graph, at times a segfault).
         _try(prepared, "fold-subgraphs", lambda m: _fold_everywhere(m, prepared.notes))
+        subgraphs_folded = prepared.model is not unfolded
+        plain = _without_onnxruntime_folding(prepared.model)
         # The onnxruntime session that folds computes the original model when nothing before it
         # changed the graph (only shapes pinned): check-numerics then reads its reference from it.
         as_original = (not fixed_inputs and prepared.steps == ["pin-shapes", "fold-subgraphs"]
@@ -210,7 +218,11 @@ def prepare_model(
         workdir: str | None = tempfile.mkdtemp(prefix="amptool-prepare-")
         try:
             _FOLDING.session = _FOLDING.path = None
-            _try(prepared, "onnxruntime-fold", lambda m: _onnxruntime_basic_optimize(m, str(workdir)))
+            if plain is not None:
+                prepared.model = plain[0]
+                prepared.steps.extend(["fold-batchnorm"] * bool(plain[1]) + ["onnxruntime-fold-unneeded"])
+            else:
+                _try(prepared, "onnxruntime-fold", lambda m: _onnxruntime_basic_optimize(m, str(workdir)))
             reference, _FOLDING.session = _FOLDING.session, None
             saved = prepared.model, _FOLDING.path
             if prepared.steps[-1] == "onnxruntime-fold":
@@ -218,7 +230,10 @@ def prepare_model(
                 # into their bodies, whose Shape arithmetic and Scans it leaves unfolded: our folder,
                 # again, folds those and unrolls the Scans the TVM frontend cannot take.
                 _try(prepared, "fold-expanded", lambda m: _fold_everywhere(m, prepared.notes, "fold-expanded"))
-            if prepared.model is not unfolded:
+            # Without onnxruntime's session, check-numerics runs when our folder changed the graph: the
+            # BatchNorm fold alone is arithmetic that tests/test_conv_batchnorm.py pins against
+            # onnxruntime, and checking it here cost a ResNet-50 convert two sessions (~1.1-1.8 s wall).
+            if (subgraphs_folded if plain is not None else prepared.model is not unfolded):
                 # The file onnxruntime wrote, when it is still the model: a session opens a path
                 # ~0.1 s faster than the 100 MB of a ResNet-50 serialised again (measured). Bytes
                 # otherwise, taken now: the model is changed below while a deferred check runs.
@@ -403,6 +418,22 @@ def _first_mismatch(before: Mapping[str, np.ndarray], after: Mapping[str, np.nda
             if err > NUMERICS_RTOL * scale + 1e-6:
                 return f"'{name}' (max |Δ| {err:.3g} vs max |ref| {scale:.3g})"
     return None
+
+
+def _without_onnxruntime_folding(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int] | None:
+    """``model`` with its Conv → BatchNorm pairs folded and how many, when that leaves nothing for
+    onnxruntime's folding session to change (``ort_folding``); None when the session is still needed
+    (then it folds the BatchNorms too, as before)."""
+    try:
+        folded, count = fold_conv_batchnorm(model)
+        reason = folding_needed(folded)
+    except Exception as err:  # noqa: BLE001 - onnxruntime's folding, as before, decides
+        log.info("own BatchNorm folding not used: %s", error_summary(err, limit=200))
+        return None
+    if reason is not None:
+        log.debug("onnxruntime folding needed: %s", reason)
+        return None
+    return folded, count
 
 
 def _fold_everywhere(model: onnx.ModelProto, notes: list[str], step: str = "fold-subgraphs") -> onnx.ModelProto:
