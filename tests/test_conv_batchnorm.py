@@ -142,3 +142,27 @@ def test_prepare_still_folds_through_onnxruntime_when_a_graph_needs_it():
     prepared = prepare.prepare_model(model, graph_inputs(model))
     assert "onnxruntime-fold" in prepared.steps and "check-numerics" in prepared.steps
     assert "fold-batchnorm" not in prepared.steps
+
+
+def test_plain_path_turns_constant_nodes_into_initializers():
+    """TVM's importer reads a Constant's ``value`` only; onnxruntime's saved model had every Constant as
+    an initializer, and so does the plain path (``value_ints`` feeding a Reshape, as in exporters)."""
+    from amptool.frontend import prepare
+    from amptool.frontend.ort_folding import constants_as_initializers
+    from amptool.frontend.signature import graph_inputs
+
+    nodes = [helper.make_node("Constant", [], ["shape"], value_ints=[1, -1]),
+             helper.make_node("Reshape", ["x", "shape"], ["y"])]
+    graph = helper.make_graph(nodes, "reshape", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    assert folding_needed(model) is None
+    prepared = prepare.prepare_model(model, graph_inputs(model))
+    assert "onnxruntime-fold-unneeded" in prepared.steps
+    assert [n.op_type for n in prepared.model.graph.node] == ["Reshape"]
+    np.testing.assert_array_equal(numpy_helper.to_array(prepared.model.graph.initializer[0]), [1, -1])
+    assert [n.op_type for n in model.graph.node] == ["Constant", "Reshape"]  # the original is untouched
+    plain, _ = fold_conv_batchnorm(_conv_bn())
+    assert constants_as_initializers(plain) is plain  # nothing to convert: no copy
+    sparse = helper.make_node("Constant", [], ["s"], sparse_value=onnx.SparseTensorProto())
+    assert "sparse or string" in folding_needed(_with_node(plain, sparse))

@@ -17,6 +17,9 @@ from __future__ import annotations
 from collections import Counter
 
 import onnx
+from onnx import numpy_helper
+
+from amptool.frontend.unroll_body import constant_value
 
 #: Standard ops that onnxruntime runs with a kernel of its own (never expanded as a function) and that
 #: its basic level rewrites only for its own speed. Control flow, shape ops (Shape, Size,
@@ -57,6 +60,8 @@ def folding_needed(model: onnx.ModelProto) -> str | None:
         label = f"{node.op_type} node {node.name or (node.output[0] if node.output else '')}".rstrip()
         if node.domain not in ("", "ai.onnx") or node.op_type not in PLAIN_OPS:
             return label
+        if node.op_type == "Constant" and constant_value(node) is None:
+            return f"{label} (a sparse or string value)"
         if node.op_type != "Constant" and node.input and all(name in constants for name in node.input if name):
             return f"{label} (constant inputs left unfolded)"
         if _scales_weights(node, producers, readers, constants):
@@ -76,3 +81,25 @@ def _scales_weights(node: onnx.NodeProto, producers: dict[str, onnx.NodeProto], 
         if all(other in constants for other in others):
             return True
     return False
+
+
+def constants_as_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with each Constant node of its main graph an initializer, as onnxruntime's saved model
+    has them (TVM's importer takes a Constant's ``value`` only: ``value_ints``, ``value_float`` … are
+    refused); ``model`` itself when it has none, else a copy. Call after ``folding_needed`` said None
+    (every Constant's value is then readable)."""
+    if not any(node.op_type == "Constant" for node in model.graph.node):
+        return model
+    converted = onnx.ModelProto()
+    converted.CopyFrom(model)
+    graph = converted.graph
+    kept = []
+    for node in graph.node:
+        value = constant_value(node) if node.op_type == "Constant" else None
+        if value is None:
+            kept.append(node)
+        else:
+            graph.initializer.append(numpy_helper.from_array(value, node.output[0]))
+    del graph.node[:]
+    graph.node.extend(kept)
+    return converted

@@ -38,7 +38,7 @@ from amptool.frontend.fold import fold_model, infer_shapes
 from amptool.frontend.gradient import fold_protected, has_gradients
 from amptool.frontend.graph import default_opset
 from amptool.frontend.load import name_nodes
-from amptool.frontend.ort_folding import folding_needed
+from amptool.frontend.ort_folding import constants_as_initializers, folding_needed
 from amptool.frontend.signature import TensorSpec
 from amptool.runtime.onnxruntime_runner import exposable_tensors
 
@@ -433,7 +433,7 @@ def _without_onnxruntime_folding(model: onnx.ModelProto) -> tuple[onnx.ModelProt
     if reason is not None:
         log.debug("onnxruntime folding needed: %s", reason)
         return None
-    return folded, count
+    return constants_as_initializers(folded), count
 
 
 def _fold_everywhere(model: onnx.ModelProto, notes: list[str], step: str = "fold-subgraphs") -> onnx.ModelProto:
