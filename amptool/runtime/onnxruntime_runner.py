@@ -1,7 +1,8 @@
 """Every onnxruntime session amptool opens: the fp32 reference, calibration and per-layer
 probes (every tensor exposed), prepare's folding and checks, and bench's worker.
 
-One owner (:func:`session`) for the options — optimisation level, threads, providers, log level —
+One owner (:func:`session`) for the options — optimisation level, threads, providers, log level,
+a large model's initializers passed as arrays rather than serialised (``APART_MODEL_BYTES``) —
 so a change to how amptool talks to onnxruntime is made once.
 
 onnxruntime's Python API takes and gives numpy arrays only of numpy's own types. bfloat16 and
