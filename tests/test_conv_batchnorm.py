@@ -166,3 +166,19 @@ def test_plain_path_turns_constant_nodes_into_initializers():
     assert constants_as_initializers(plain) is plain  # nothing to convert: no copy
     sparse = helper.make_node("Constant", [], ["s"], sparse_value=onnx.SparseTensorProto())
     assert "sparse or string" in folding_needed(_with_node(plain, sparse))
+
+
+def test_plain_path_still_checks_what_the_constant_folder_changed():
+    """Skipping onnxruntime skips check-numerics only for the BatchNorm fold: a graph amptool's own
+    constant folder changed (here two initializers added) is still checked before and after."""
+    from amptool.frontend import prepare
+    from amptool.frontend.signature import graph_inputs
+
+    a, b = (numpy_helper.from_array(np.full(4, v, np.float32), n) for v, n in ((1.5, "a"), (2.0, "b")))
+    nodes = [helper.make_node("Add", ["a", "b"], ["ab"]), helper.make_node("Mul", ["x", "ab"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])], [a, b])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    prepared = prepare.prepare_model(model, graph_inputs(model))
+    assert "onnxruntime-fold-unneeded" in prepared.steps and "check-numerics" in prepared.steps
+    assert [n.op_type for n in prepared.model.graph.node] == ["Mul"]
