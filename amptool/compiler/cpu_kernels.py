@@ -125,8 +125,6 @@ def _default(bb: Any, call: Any) -> Any:
     return tvm.ir.Op.get(str(call.op.name)).get_attr("FLegalize")(bb, call)
 
 
-
-
 def _block(channels: int, lanes: int) -> int | None:
     """The packing block: one SIMD vector of channels, or 8; None when neither divides."""
     for block in (lanes, 8):

@@ -21,7 +21,7 @@ import onnx
 from onnx import numpy_helper
 
 from amptool.frontend.fold import copy_fields
-from amptool.frontend.graph import Names
+from amptool.frontend.graph import STANDARD_DOMAINS, Names, all_names, iter_nodes
 from amptool.frontend.unroll_body import attr_int, constant_value
 
 
@@ -33,7 +33,7 @@ def fold_conv_batchnorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     graph = model.graph
     constants = _Constants(graph)
     producers = {out: node for node in graph.node for out in node.output}
-    uses = Counter(name for node in graph.node for name in _all_inputs(node))
+    uses = Counter(name for node in iter_nodes(graph) for name in node.input)  # subgraphs read too
     uses.update(out.name for out in graph.output)
     pairs = [(producers[bn.input[0]], bn) for bn in graph.node
              if bn.op_type == "BatchNormalization" and bn.input and bn.input[0] in producers
@@ -44,7 +44,7 @@ def fold_conv_batchnorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     copy_fields(model, folded, skip="graph")
     copy_fields(graph, folded.graph, skip="initializer")
     by_output = {node.output[0]: node for node in folded.graph.node if node.output}
-    names = Names(_all_names(graph))
+    names = Names(all_names(graph))
     for conv, bn in pairs:
         weight, bias = _folded_parameters(conv, bn, constants)
         weight_name = names.fresh(f"{conv.input[1]}_bn")
@@ -63,10 +63,13 @@ def _drop_folded(graph: onnx.GraphProto, batchnorms: set[str], initializers: Any
     """Remove the folded BatchNorm nodes (by output) from ``graph``, and the Constant nodes nothing reads
     any more; copy into it the ``initializers`` (the original's) that are still read."""
     kept = [node for node in graph.node if not (node.op_type == "BatchNormalization" and node.output[0] in batchnorms)]
-    read = {name for node in kept for name in _all_inputs(node)} | {out.name for out in graph.output}
-    kept = [node for node in kept if node.op_type != "Constant" or any(out in read for out in node.output)]
     del graph.node[:]
     graph.node.extend(kept)
+    read = {name for node in iter_nodes(graph) for name in node.input} | {out.name for out in graph.output}
+    for index in reversed(range(len(graph.node))):
+        node = graph.node[index]
+        if node.op_type == "Constant" and not any(out in read for out in node.output):
+            del graph.node[index]
     graph.initializer.extend(init for init in initializers if init.name in read)
 
 
@@ -97,7 +100,7 @@ def _folded_parameters(conv: onnx.NodeProto, bn: onnx.NodeProto,
 def _foldable(conv: onnx.NodeProto, bn: onnx.NodeProto, constants: _Constants, uses: Counter[str]) -> bool:
     """A Conv whose only reader is an inference-mode, per-channel BatchNorm, all parameters float32
     constants of matching sizes."""
-    if conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx") or bn.domain not in ("", "ai.onnx"):
+    if conv.op_type != "Conv" or conv.domain not in STANDARD_DOMAINS or bn.domain not in STANDARD_DOMAINS:
         return False
     if len(conv.output) != 1 or uses[conv.output[0]] != 1 or len(bn.output) != 1 or len(bn.input) != 5:
         return False
@@ -120,7 +123,7 @@ class _Constants:
         self._tensors = {init.name: init for init in graph.initializer
                          if init.data_location != onnx.TensorProto.EXTERNAL}
         for node in graph.node:
-            if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.output) == 1:
+            if node.op_type == "Constant" and node.domain in STANDARD_DOMAINS and len(node.output) == 1:
                 value = constant_value(node)
                 if value is not None:
                     self._tensors[node.output[0]] = numpy_helper.from_array(value, node.output[0])
@@ -137,20 +140,3 @@ class _Constants:
 
     def __getitem__(self, name: str) -> np.ndarray:
         return numpy_helper.to_array(self._tensors[name])
-
-
-def _all_inputs(node: onnx.NodeProto) -> list[str]:
-    """The tensors ``node`` reads, those its subgraphs read from outside included."""
-    names = list(node.input)
-    for attr in node.attribute:
-        subgraphs = [attr.g] if attr.HasField("g") else list(attr.graphs)
-        for sub in subgraphs:
-            for inner in sub.node:
-                names.extend(_all_inputs(inner))
-    return names
-
-
-def _all_names(graph: onnx.GraphProto) -> set[str]:
-    names = {init.name for init in graph.initializer} | {v.name for v in graph.input}
-    names.update(out for node in graph.node for out in node.output)
-    return names

@@ -22,7 +22,7 @@ index and shape arithmetic (and into nested `If` conditions, or nested loops' tr
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,23 +153,31 @@ def infer_shapes(model: onnx.ModelProto, *, data_prop: bool = False) -> onnx.Mod
 def inferred_shapes(model: onnx.ModelProto, *, data_prop: bool = False) -> onnx.ModelProto:
     """``model`` after onnx's shape inference, its large float initializers replaced by stubs
     (see ``infer_shapes``): for reading shapes. ``model`` itself when it had nothing to stub."""
-    graph = model.graph
-    hidden = {i for i, t in enumerate(graph.initializer)
+    hidden = {t.name for t in model.graph.initializer
               if t.data_type in _FLOAT_TYPES and t.data_location != onnx.TensorProto.EXTERNAL
               and int(np.prod(t.dims, dtype=np.int64)) >= _HIDDEN_MIN_ELEMENTS}
     if not hidden:
         return onnx.shape_inference.infer_shapes(model, data_prop=data_prop)
+    light = stubbed_copy(model, hidden, "amptool-shape-inference-stub")
+    return onnx.shape_inference.infer_shapes(light, data_prop=data_prop)
+
+
+def stubbed_copy(model: onnx.ModelProto, stubbed: Collection[str], location: str) -> onnx.ModelProto:
+    """A copy of ``model`` in which the initializers named in ``stubbed`` keep only their name, type
+    and dims, marked as external data at ``location``: for a reader that needs no values of them
+    (shape inference; an onnxruntime session given them as arrays). The rest is copied."""
+    graph = model.graph
     light = onnx.ModelProto()
     copy_fields(model, light, skip="graph")
     copy_fields(graph, light.graph, skip="initializer")
-    for index, weight in enumerate(graph.initializer):
-        if index not in hidden:
+    for weight in graph.initializer:
+        if weight.name not in stubbed:
             light.graph.initializer.append(weight)
             continue
         stub = light.graph.initializer.add(name=weight.name, data_type=weight.data_type, dims=weight.dims,
                                            data_location=onnx.TensorProto.EXTERNAL)
-        stub.external_data.add(key="location", value="amptool-shape-inference-stub")
-    return onnx.shape_inference.infer_shapes(light, data_prop=data_prop)
+        stub.external_data.add(key="location", value=location)
+    return light
 
 
 def copy_fields(source: Any, target: Any, skip: str) -> None:

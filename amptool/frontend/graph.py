@@ -28,6 +28,20 @@ def iter_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
                 yield from iter_nodes(sub)
 
 
+def all_names(graph: onnx.GraphProto) -> set[str]:
+    """Every name ``graph`` uses — values, initializers, nodes and node outputs, nested subgraphs
+    included: what a fresh name (``Names``) must avoid."""
+    names = {v.name for v in list(graph.input) + list(graph.output) + list(graph.value_info)}
+    names.update(init.name for init in graph.initializer)
+    for node in graph.node:
+        names.add(node.name)
+        names.update(node.output)
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
+                names |= all_names(sub)
+    return names
+
+
 def default_opset(model: onnx.ModelProto) -> int:
     for imp in model.opset_import:
         if imp.domain in STANDARD_DOMAINS:

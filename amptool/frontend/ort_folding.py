@@ -19,6 +19,7 @@ from collections import Counter
 import onnx
 from onnx import numpy_helper
 
+from amptool.frontend.graph import STANDARD_DOMAINS
 from amptool.frontend.unroll_body import constant_value
 
 #: Standard ops that onnxruntime runs with a kernel of its own (never expanded as a function) and that
@@ -58,7 +59,7 @@ def folding_needed(model: onnx.ModelProto) -> str | None:
     readers.update(out.name for out in graph.output)
     for node in graph.node:
         label = f"{node.op_type} node {node.name or (node.output[0] if node.output else '')}".rstrip()
-        if node.domain not in ("", "ai.onnx") or node.op_type not in PLAIN_OPS:
+        if node.domain not in STANDARD_DOMAINS or node.op_type not in PLAIN_OPS:
             return label
         if node.op_type == "Constant" and constant_value(node) is None:
             return f"{label} (a sparse or string value)"

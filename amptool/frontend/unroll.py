@@ -38,7 +38,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from amptool.errors import error_summary
-from amptool.frontend.graph import Names, iter_nodes
+from amptool.frontend.graph import Names, all_names, iter_nodes
 from amptool.frontend.unroll_body import (
     BodyCopier,
     attr_graph,
@@ -86,7 +86,7 @@ class _Walker:
     def __init__(self, model: onnx.ModelProto, rewrite: bool) -> None:
         self.model, self.rewrite = model, rewrite
         self.opset = next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
-        self.names = Names(_all_names(model.graph))
+        self.names = Names(all_names(model.graph))
         self.unrolled = 0
         self.refused: dict[str, str] = {}
         self._shapes: dict[str, tuple[int, ...]] | None = None
@@ -311,18 +311,6 @@ def _optional_input(node: onnx.NodeProto, index: int) -> str:
 
 def _count_nodes(graph: onnx.GraphProto) -> int:
     return sum(1 for _ in iter_nodes(graph))
-
-
-def _all_names(graph: onnx.GraphProto) -> set[str]:
-    names = {v.name for v in list(graph.input) + list(graph.output) + list(graph.value_info)}
-    names.update(init.name for init in graph.initializer)
-    for node in graph.node:
-        names.add(node.name)
-        names.update(node.output)
-        for attr in node.attribute:
-            for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
-                names |= _all_names(sub)
-    return names
 
 
 def _static_shapes(graph: onnx.GraphProto) -> dict[str, tuple[int, ...]]:

@@ -95,7 +95,7 @@ def _initializers_apart(model: onnx.ModelProto,
     names, their arrays), or None for a model too small to gain from it."""
     from onnx import numpy_helper  # noqa: PLC0415
 
-    from amptool.frontend.fold import copy_fields  # noqa: PLC0415
+    from amptool.frontend.fold import stubbed_copy  # noqa: PLC0415
 
     graph = model.graph
     sizes = {init.name: _nbytes(init) for init in graph.initializer
@@ -103,15 +103,7 @@ def _initializers_apart(model: onnx.ModelProto,
     large = [init for init in graph.initializer if sizes.get(init.name, 0) >= APART_TENSOR_BYTES]
     if sum(sizes[init.name] for init in large) < APART_MODEL_BYTES:
         return None
-    light = onnx.ModelProto()
-    copy_fields(model, light, skip="graph")
-    copy_fields(graph, light.graph, skip="initializer")
-    apart = {init.name for init in large}
-    light.graph.initializer.extend(init for init in graph.initializer if init.name not in apart)
-    for init in large:
-        stub = light.graph.initializer.add(name=init.name, data_type=init.data_type, dims=init.dims,
-                                           data_location=_T.EXTERNAL)
-        stub.external_data.add(key="location", value="amptool-initializers-passed-apart")
+    light = stubbed_copy(model, {init.name for init in large}, "amptool-initializers-passed-apart")
     light.graph.output.extend(onnx.ValueInfoProto(name=name) for name in outputs)
     return light.SerializeToString(), [init.name for init in large], [numpy_helper.to_array(init) for init in large]
 
