@@ -149,11 +149,13 @@ def column_tile(width: int, cap: int) -> int | None:
     return next((d for d in range(cap + 1, 2 * cap - 1) if width % d == 0), None)
 
 
-def tile_vectors(blocks: int, lanes: int, width: int) -> int:
+def tile_vectors(blocks: int, lanes: int, width: int, output_dominated: bool = False) -> int:
     """Vectors of output channels in one NHWC register tile, for a conv of ``blocks`` vectors and
     ``width`` output columns: of the divisors of ``blocks`` up to 4 (AVX-512) or 2 (AVX2), the one
     whose tile (``nhwc_columns``) does the most useful FMAs per broadcast input; the fewer vectors
-    on a tie.
+    on a tie. For an ``output_dominated`` conv (more output elements than input elements), the one
+    whose tile, wasting no columns, does the most useful FMAs per load (broadcasts and weight
+    vectors together).
 
     Why: with one vector per tile every FMA needs its own broadcast input load, and a core that
     issues two FMAs per cycle (Intel's AVX-512 server cores) waits on its load ports. Measured on
@@ -162,14 +164,28 @@ def tile_vectors(blocks: int, lanes: int, width: int) -> int:
     256 → 256 at 56² 1.15×; 512 channels at 7² faster as 2 vectors × 7 columns than as 4 × 7 (a
     register spilled); AVX2 code on the same core (``-mattr=-avx512f``, 8 lanes), two vectors:
     ResNet-50 126.2 → 84.7 ms.
+
+    Why the other measure where the output dominates: each channel block's pass over a row
+    writes (and reads the residual of) ``vectors`` × 64 bytes per column, one stride of the whole
+    channel count apart; a conv that writes more than it reads waits on those trips past L2, and
+    fewer, wider passes take them in longer runs. ResNet-50's such convs (the stem, the 1×1
+    expansions and their 56² shortcut), float32 on an Ice Lake core, per-kernel minima of 25
+    alternated runs: 4 vectors × 4 columns instead of 2 × 14 were 9–17% faster at one thread and
+    3–13% at two. Its convs that read more than they write (3×3, reductions, strided shortcuts)
+    were 3–14% slower at two threads as 4 × 4 (their weight panels outgrow L1), so they keep the
+    accumulator measure.
     """
     most = 4 if lanes >= 16 else 2
+    candidates = [v for v in range(1, min(most, blocks) + 1) if blocks % v == 0]
 
     def useful(vectors: int) -> float:
         tile = nhwc_columns(width, lanes, vectors)
         return vectors * tile * width / (-(-width // tile) * tile)
 
-    return max((v for v in range(1, min(most, blocks) + 1) if blocks % v == 0), key=lambda v: (useful(v), -v))
+    if not output_dominated:
+        return max(candidates, key=lambda v: (useful(v), -v))
+    exact = [v for v in candidates if width % nhwc_columns(width, lanes, v) == 0] or candidates
+    return max(exact, key=lambda v: (useful(v) / (nhwc_columns(width, lanes, v) + v), -v))
 
 
 def _vector_registers(lanes: int) -> int:
@@ -382,11 +398,19 @@ def _legalize_conv2d_nhwc(bb: Any, call: Any, w: np.ndarray, geometry: dict[str,
         block = lanes
         w = _zero_filters(w, block)
     if block == lanes:
-        vectors = tile_vectors(w.shape[0] // lanes, lanes, out_w)
+        vectors = tile_vectors(w.shape[0] // lanes, lanes, out_w,
+                               output_dominated=_writes_more_than_reads(call, data))
         block, columns = lanes * vectors, nhwc_columns(out_w, lanes, vectors)
     return bb.call_te(cpu_nhwc.conv2d_nhwc, data, _constant(cpu_nhwc.pack_conv_weight(w, block)), **geometry,
                       columns=columns, out_dtype=out_dtype, out_channels=out_channels,
                       primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BLOCK)
+
+
+def _writes_more_than_reads(call: Any, data: Any) -> bool:
+    """Whether ``call``'s output has more elements than its input ``data`` (False when either
+    shape is symbolic): ``tile_vectors``'s ``output_dominated``."""
+    out, into = static_shape(call), static_shape(data)
+    return out is not None and into is not None and math.prod(out) > math.prod(into)
 
 
 def _zero_filters(w: np.ndarray, multiple: int) -> np.ndarray:
