@@ -170,10 +170,10 @@ def tile_vectors(blocks: int, lanes: int, width: int, output_dominated: bool = F
     channel count apart; a conv that writes more than it reads waits on those trips past L2, and
     fewer, wider passes take them in longer runs. ResNet-50's such convs (the stem, the 1×1
     expansions and their 56² shortcut), float32 on an Ice Lake core, per-kernel minima of 25
-    alternated runs: 4 vectors × 4 columns instead of 2 × 14 were 9–17% faster at one thread and
-    3–13% at two. Its convs that read more than they write (3×3, reductions, strided shortcuts)
-    were 3–14% slower at two threads as 4 × 4 (their weight panels outgrow L1), so they keep the
-    accumulator measure.
+    alternated runs: 4 vectors × 4 columns instead of 2 × 14 were 2–20% faster at one thread and
+    8–18% at two (the stem 13% at one, unchanged at two). Its convs that read more than they write
+    (3×3, reductions, strided shortcuts) were 3–14% slower at two threads as 4 × 4 (their weight
+    panels outgrow L1), so they keep the accumulator measure.
     """
     most = 4 if lanes >= 16 else 2
     candidates = [v for v in range(1, min(most, blocks) + 1) if blocks % v == 0]
