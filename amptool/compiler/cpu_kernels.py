@@ -176,16 +176,16 @@ def tile_vectors(blocks: int, lanes: int, width: int, output_dominated: bool = F
     panels outgrow L1), so they keep the accumulator measure.
     """
     most = 4 if lanes >= 16 else 2
-    candidates = [v for v in range(1, min(most, blocks) + 1) if blocks % v == 0]
+    tiles = {v: nhwc_columns(width, lanes, v) for v in range(1, min(most, blocks) + 1) if blocks % v == 0}
 
     def useful(vectors: int) -> float:
-        tile = nhwc_columns(width, lanes, vectors)
+        tile = tiles[vectors]
         return vectors * tile * width / (-(-width // tile) * tile)
 
     if not output_dominated:
-        return max(candidates, key=lambda v: (useful(v), -v))
-    exact = [v for v in candidates if width % nhwc_columns(width, lanes, v) == 0] or candidates
-    return max(exact, key=lambda v: (useful(v) / (nhwc_columns(width, lanes, v) + v), -v))
+        return max(tiles, key=lambda v: (useful(v), -v))
+    exact = [v for v, tile in tiles.items() if width % tile == 0] or list(tiles)
+    return max(exact, key=lambda v: (useful(v) / (tiles[v] + v), -v))
 
 
 def _vector_registers(lanes: int) -> int:

@@ -84,7 +84,7 @@ def _copy_rows_at(sch: Any, conv: Any, y: Any, tiling: Tiling) -> bool:
     copy = sch.get(pad).writes[0].source
     try:
         channels = int(copy.shape[-1])
-        size = math.prod(int(d) for d in copy.shape) * copy.dtype.bits // 8
+        size = _buffer_bytes(copy)
     except TypeError:  # a symbolic shape
         return False
     if size < ROW_COPY_BYTES or channels % tiling.lanes:
@@ -143,15 +143,16 @@ def _weights_dominate(sch: Any, conv: Any, ratio: float = WEIGHTS_DOMINATE) -> b
     2.62 ms); the whole run's difference is within this machine's noise.
     """
     weight = sch.get(conv).reads[1].source
-
-    def size(buffer: Any) -> int:
-        return math.prod(int(d) for d in buffer.shape) * buffer.dtype.bits // 8
-
     try:
-        rest = sum(size(b) for b in sch.mod["main"].params if not b.same_as(weight))  # params are buffers
-        return size(weight) > ratio * rest
+        rest = sum(_buffer_bytes(b) for b in sch.mod["main"].params if not b.same_as(weight))  # params are buffers
+        return _buffer_bytes(weight) > ratio * rest
     except TypeError:  # a symbolic shape: keep rows outermost
         return False
+
+
+def _buffer_bytes(buffer: Any) -> int:
+    """A TIR buffer's bytes; TypeError for a symbolic shape."""
+    return math.prod(int(d) for d in buffer.shape) * buffer.dtype.bits // 8
 
 
 def nhwc_conv2d(sch: Any, tiling: Tiling) -> Any | None:
