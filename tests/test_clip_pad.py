@@ -48,25 +48,23 @@ CLIPS = {
 }
 
 
-def _run(model, feeds, dtype):
-    import os
-    import tempfile
-
-    path = os.path.join(tempfile.mkdtemp(prefix="amptool-test-"), "model.onnx")
+def _run(model, feeds, dtype, workdir):
+    """Build and run ``model``; its file lives in pytest's ``tmp_path`` (the manifest hashes it later)."""
+    path = str(workdir / f"model-{dtype}.onnx")
     onnx.save(model, path)
     build = build_model(ConvertConfig(model=path, dtype=dtype))
     return build, build.compiled().run(feeds)["y"]
 
 
 @pytest.mark.parametrize("case", list(CLIPS))
-def test_clip_matches_onnxruntime(case):
+def test_clip_matches_onnxruntime(case, tmp_path):
     inputs, inits, opset, attrs = CLIPS[case]
     model = _conv_clip_conv(inputs, inits, opset, **attrs)
     x = np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype(np.float32) * 3
     want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
-    _, got32 = _run(model, {"x": x}, "float32")
+    _, got32 = _run(model, {"x": x}, "float32", tmp_path)
     np.testing.assert_allclose(got32, want, atol=1e-5, rtol=1e-5)
-    _, got16 = _run(model, {"x": x}, "float16")
+    _, got16 = _run(model, {"x": x}, "float16", tmp_path)
     np.testing.assert_allclose(got16, want, atol=2e-2, rtol=2e-2)
 
 
@@ -79,13 +77,13 @@ def test_relu6_computes_in_float16_between_convs(tmp_path):
     assert clip and all(d.relax_op == "relax.clip" and d.dtype == "float16" for d in clip)
 
 
-def test_clip_with_runtime_bounds():
+def test_clip_with_runtime_bounds(tmp_path):
     bounds = [helper.make_tensor_value_info(n, TensorProto.FLOAT, []) for n in ("lo", "hi")]
     model = _model([helper.make_node("Clip", ["x", "lo", "hi"], ["y"], name="Clip")], [], [2, 5], 13, bounds)
     x = np.linspace(-3, 3, 10, dtype=np.float32).reshape(2, 5)
     feeds = {"x": x, "lo": np.array(-1, np.float32), "hi": np.array(np.nan, np.float32)}
     want = ort.InferenceSession(model.SerializeToString()).run(None, feeds)[0]
-    _, got = _run(model, feeds, "float32")
+    _, got = _run(model, feeds, "float32", tmp_path)
     np.testing.assert_array_equal(got, want)
 
 
@@ -99,7 +97,7 @@ PADS = [
 
 
 @pytest.mark.parametrize(("mode", "pads", "axes", "value"), PADS)
-def test_pad_matches_onnxruntime(mode, pads, axes, value):
+def test_pad_matches_onnxruntime(mode, pads, axes, value, tmp_path):
     inits = [numpy_helper.from_array(np.array(pads, dtype=np.int64), "pads")]
     names = ["x", "pads"]
     if value is not None:
@@ -113,16 +111,16 @@ def test_pad_matches_onnxruntime(mode, pads, axes, value):
     model = _model([helper.make_node("Pad", names, ["y"], name="Pad", mode=mode)], inits, [1, 2, 4, 5], 18)
     x = np.random.default_rng(2).standard_normal((1, 2, 4, 5)).astype(np.float32)
     want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
-    build, got = _run(model, {"x": x}, "float32")
+    build, got = _run(model, {"x": x}, "float32", tmp_path)
     np.testing.assert_array_equal(got, want)
     ops = build.manifest()["ops_by_dtype"]
     assert "relax.nn.pad" in ops  # a colourable op, not an opaque call_tir
 
 
-def test_negative_pads_fall_back_to_tvm():
+def test_negative_pads_fall_back_to_tvm(tmp_path):
     inits = [numpy_helper.from_array(np.array([0, 0, -1, 0, 0, 0, 0, -1], dtype=np.int64), "pads")]
     model = _model([helper.make_node("Pad", ["x", "pads"], ["y"], name="Pad")], inits, [1, 2, 4, 5], 13)
     x = np.random.default_rng(3).standard_normal((1, 2, 4, 5)).astype(np.float32)
     want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
-    _, got = _run(model, {"x": x}, "float32")
+    _, got = _run(model, {"x": x}, "float32", tmp_path)
     np.testing.assert_array_equal(got, want)
