@@ -71,7 +71,7 @@ def test_stage_order_is_pinned() -> None:
 
     assert cpu.STAGES == (
         "layout", "epilogues", "library dispatch", "legalize", "annotate patterns", "fold constants", "fuse ops",
-        "fuse tir", "schedule", "lower dataflow", "finalize",
+        "fuse tir", "schedule", "in place", "lower dataflow", "finalize",
     )
     assert tuple(name for name, _ in cpu.stage_passes(_tvm.make_target({"kind": "llvm"}))) == cpu.STAGES
 

@@ -9,6 +9,7 @@
     fold constants       packed weights and other constant-only kernels evaluated once
     fuse ops, fuse tir   conv/matmul + bias + residual add + activation + cast → one kernel
     schedule             amptool.compiler.cpu_schedules: tiled, vectorized, parallel
+    in place             residual adds' kernels write over the residual when nothing reads it after (in_place)
     lower dataflow, finalize   TVM's own passes (memory planning, VM lowering)
     codegen              TIR lowering and LLVM, the kernels split over one thread per CPU (split_codegen),
                          without TIR's argument asserts (``_without_kernel_asserts``)
@@ -54,12 +55,14 @@ from amptool.compiler.cpu_schedules import (
     tiled_reduction,
 )
 from amptool.compiler.cpu_schedules_nhwc import nhwc_conv2d, nhwc_depthwise
+from amptool.compiler.in_place import write_in_place
 from amptool.compiler.kernel_cache import KernelCache
 from amptool.compiler.schedule_fallback import codegen_or_fall_back
 from amptool.compiler.split_codegen import codegen
 from amptool.compiler.widen_epilogues import widen_epilogues
 
-STAGES = ("layout", "epilogues", *stages.STAGES)
+_SCHEDULED = stages.STAGES.index("schedule") + 1
+STAGES = ("layout", "epilogues", *stages.STAGES[:_SCHEDULED], "in place", *stages.STAGES[_SCHEDULED:])
 
 
 def _bf16_rule(name: str, block: str) -> Callable[[Any, Tiling], Any | None]:
@@ -100,9 +103,10 @@ def default_rules(tiling: Tiling | None = None) -> list[Any]:
 def stage_passes(target: Any) -> stages.Stages:
     """(stage, passes) in build order, for ``target`` (an LLVM Target): the ``layout`` stage
     (``cpu_layout``), then the stages every backend has."""
+    shared = stages.relax_stages(target, cpu_generic, legalize_map(), default_rules())
     return [("layout", [_SPLIT_CONV_TRANSPOSE, _CONV1D_AS_CONV2D, _ROW_SCANS, *layout_passes()]),
             ("epilogues", [_WIDEN_EPILOGUES]),
-            *stages.relax_stages(target, cpu_generic, legalize_map(), default_rules())]
+            *shared[:_SCHEDULED], ("in place", [_IN_PLACE]), *shared[_SCHEDULED:]]
 
 
 def _module_pass(rewrite: Callable[[Any], Any], name: str) -> Any:
@@ -114,6 +118,7 @@ _SPLIT_CONV_TRANSPOSE = _module_pass(split_conv_transpose, "SplitConvTranspose")
 _CONV1D_AS_CONV2D = _module_pass(conv1d_as_conv2d, "Conv1dAsConv2d")
 _ROW_SCANS = _module_pass(rewrite_scans, "RowScans")
 _WIDEN_EPILOGUES = _module_pass(widen_epilogues, "WidenEpilogues")
+_IN_PLACE = _module_pass(write_in_place, "WriteInPlace")
 
 
 def lower(mod: Any, target: Any, on_stage: Callable[[str], None] | None = None,

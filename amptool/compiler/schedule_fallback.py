@@ -82,17 +82,33 @@ def _failing_kernels(mod: Any, target: Any) -> dict[str, str]:
 
 def _replace(lowered: Any, unscheduled: Any, failing: dict[str, str], target: Any, plain_rule: Any) -> Any | None:
     """``lowered`` with each failing kernel's body from ``unscheduled``, scheduled by ``plain_rule``
-    (its attributes, the symbol the VM calls included, kept); None if one has no unscheduled twin."""
+    (its attributes, the symbol the VM calls included, kept); None if one has no unscheduled twin.
+    A kernel made to write in place after scheduling (``in_place``) is made so again from its
+    twin's plain schedule — None if that one does not qualify."""
     from tvm.s_tir import dlight  # noqa: PLC0415
 
+    from amptool.compiler.in_place import IN_PLACE_OF, in_place_kernel  # noqa: PLC0415
+
     before = {gv.name_hint: (gv, f) for gv, f in unscheduled.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
-    if any(name not in before for name in failing):
-        return None
-    picked = tvm.IRModule({before[name][0]: before[name][1] for name in failing})
+    current = {gv.name_hint: f for gv, f in lowered.functions_items()}
+    twins: dict[str, tuple[str, int | None]] = {}  # failing kernel → (its unscheduled twin, the input it writes)
+    for name in failing:
+        if name in before:
+            twins[name] = (name, None)
+        elif IN_PLACE_OF in current[name].attrs:
+            origin, index = current[name].attrs[IN_PLACE_OF]
+            twins[name] = (str(origin), int(index))
+        if name not in twins or twins[name][0] not in before:
+            return None
+    picked = tvm.IRModule({before[origin][0]: before[origin][1] for origin, _ in twins.values()})
     with target:
         plain = dlight.ApplyDefaultSchedule(plain_rule)(picked)
     out = lowered.clone()
     for gv, func in lowered.functions_items():
         if gv.name_hint in failing:
-            out.update_func(gv, plain[gv.name_hint].with_attrs(dict(func.attrs)))
+            origin, index = twins[gv.name_hint]
+            kernel = plain[origin] if index is None else in_place_kernel(plain[origin], index, origin)
+            if kernel is None:
+                return None
+            out.update_func(gv, kernel.with_attrs(dict(func.attrs)))
     return out
