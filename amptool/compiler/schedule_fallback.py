@@ -95,7 +95,7 @@ def _replace(lowered: Any, unscheduled: Any, failing: dict[str, str], target: An
     for name in failing:
         if name in before:
             twins[name] = (name, None)
-        elif IN_PLACE_OF in current[name].attrs:
+        elif IN_PLACE_OF in (current[name].attrs or {}):
             origin, index = current[name].attrs[IN_PLACE_OF]
             twins[name] = (str(origin), int(index))
         if name not in twins or twins[name][0] not in before:
