@@ -30,6 +30,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from amptool.frontend.graph import STANDARD_DOMAINS, iter_nodes
 from amptool.frontend.unroll import unroll_loops
 from amptool.frontend.unroll_body import constant_value
 
@@ -110,7 +111,7 @@ def _may_fold(graph: onnx.GraphProto, outer: frozenset[str]) -> bool:
         if node.op_type == "Constant":
             known.update(node.output)
             continue
-        if node.domain not in ("", "ai.onnx"):
+        if node.domain not in STANDARD_DOMAINS:
             continue
         if node.op_type == "Shape" or (node.op_type == "If" and node.input[0] in known):
             return True
@@ -244,17 +245,8 @@ def _fold_graph(
 def _drop_unused_initializers(graph: onnx.GraphProto) -> None:
     """Initializers nothing reads any more (their consumers were folded), graph outputs kept."""
     used = {o.name for o in graph.output} | {i.name for i in graph.input}
-
-    def collect(g: onnx.GraphProto) -> None:
-        for node in g.node:
-            used.update(node.input)
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    collect(attr.g)
-                for sub in attr.graphs:
-                    collect(sub)
-
-    collect(graph)
+    for node in iter_nodes(graph):
+        used.update(node.input)
     kept = [init for init in graph.initializer if init.name in used]
     if len(kept) != len(graph.initializer):
         del graph.initializer[:]
@@ -274,7 +266,7 @@ def _fold_node(
         if value is not None:
             known[node.output[0]] = value
         return [node]
-    if node.domain not in ("", "ai.onnx"):
+    if node.domain not in STANDARD_DOMAINS:
         return [node]
     if node.op_type == "If" and node.input[0] in known:
         branch = "then_branch" if bool(np.asarray(known[node.input[0]]).reshape(-1)[0]) else "else_branch"

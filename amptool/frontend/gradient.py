@@ -37,7 +37,7 @@ import onnx
 from onnx import helper
 
 from amptool.errors import UserError
-from amptool.frontend.graph import TRAINING_DOMAIN, iter_nodes
+from amptool.frontend.graph import STANDARD_DOMAINS, TRAINING_DOMAIN, iter_nodes
 
 _FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
                           onnx.TensorProto.BFLOAT16})
@@ -190,7 +190,7 @@ def fold_protected(model: onnx.ModelProto,
     graph = held.graph
     values = {t.name: t for t in graph.initializer if t.name in protected}
     for node in graph.node:
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and node.output[0] in protected:
+        if node.op_type == "Constant" and node.domain in STANDARD_DOMAINS and node.output[0] in protected:
             from amptool.frontend.unroll_body import constant_value  # noqa: PLC0415
 
             value = constant_value(node)

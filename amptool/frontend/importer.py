@@ -31,7 +31,7 @@ from amptool.frontend.converters import CONVERTERS
 from amptool.frontend.detection import name_unknown_dims, shape_value_producers
 from amptool.frontend.gradient import check_gradients, is_gradient
 from amptool.frontend.gradient_lower import lower_gradient
-from amptool.frontend.graph import Names, default_opset, identifier, iter_nodes
+from amptool.frontend.graph import STANDARD_DOMAINS, Names, default_opset, identifier, iter_nodes
 from amptool.frontend.narrow_casts import check_narrow_types
 from amptool.frontend.shape_inputs import SHAPE_OPERANDS, fixed_input_hint, inputs_deciding_node
 from amptool.frontend.signature import TensorSpec
@@ -67,7 +67,7 @@ def check_supported(model: onnx.ModelProto) -> None:
     missing: dict[str, list[str]] = collections.defaultdict(list)
     for node in iter_nodes(model.graph):
         if node.op_type not in supported and not is_gradient(node):  # Gradient: lowered by gradient.py
-            label = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+            label = node.op_type if node.domain in STANDARD_DOMAINS else f"{node.domain}::{node.op_type}"
             missing[label].append(node.name)
     if missing:
         parts = []

@@ -44,6 +44,7 @@ import onnx
 
 from amptool import _tvm
 from amptool.errors import UserError
+from amptool.frontend.graph import STANDARD_DOMAINS
 
 
 @dataclass(frozen=True)
@@ -368,7 +369,7 @@ def check_narrow_types(model: onnx.ModelProto) -> None:
                 if attr.HasField("t") and attr.t.data_type in stored:
                     raise UserError(f"Constant '{node.name}' is {stored[attr.t.data_type]}, which amptool cannot "
                                     "convert", _UNSUPPORTED_HINT)
-        if node.op_type == "Cast" and node.domain in ("", "ai.onnx"):
+        if node.op_type == "Cast" and node.domain in STANDARD_DOMAINS:
             to = next((int(a.i) for a in node.attribute if a.name == "to"), None)
             if to in UNSUPPORTED:
                 raise UserError(f"Cast '{node.name}' converts to {UNSUPPORTED[to]}, which amptool cannot convert",

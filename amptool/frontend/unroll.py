@@ -38,7 +38,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from amptool.errors import error_summary
-from amptool.frontend.graph import Names, all_names, iter_nodes
+from amptool.frontend.graph import STANDARD_DOMAINS, Names, all_names, iter_nodes
 from amptool.frontend.unroll_body import (
     BodyCopier,
     attr_graph,
@@ -85,7 +85,7 @@ class _Walker:
 
     def __init__(self, model: onnx.ModelProto, rewrite: bool) -> None:
         self.model, self.rewrite = model, rewrite
-        self.opset = next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+        self.opset = next((int(o.version) for o in model.opset_import if o.domain in STANDARD_DOMAINS), 1)
         self.names = Names(all_names(model.graph))
         self.unrolled = 0
         self.refused: dict[str, str] = {}
