@@ -25,6 +25,9 @@ When not (each keeps the plain call):
     read other than (a) by loop nests that finish before the one writing the output starts or (b)
     by the writing block itself, at exactly the element it writes, with a single store for a body.
 
+Where: the CPU pipeline (``compiler.cpu``'s stage ``in place``); GPU builds keep separate
+outputs until their kernels are measured with it.
+
 Preserves: every value (each output element is computed from the same operands).
 """
 
