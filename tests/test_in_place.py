@@ -15,6 +15,7 @@ from amptool import _tvm
 from amptool.app.convert import ConvertConfig, build_model, rewrite_model
 from amptool.compiler import cpu
 from amptool.compiler.in_place import IN_PLACE_OF, in_place_kernel, write_in_place
+from tests.onnx_checks import assert_close_to_onnxruntime
 
 tvm = pytest.importorskip("tvm")
 T = pytest.importorskip("tvm.script.tirx")
@@ -38,10 +39,10 @@ def _save(tmp_path: Path, outputs: str, body: str, inputs: str = "float[1, 16, 8
     return str(path)
 
 
-def _in_place_kernels(path: str) -> list[str]:
-    """Names of the kernels the CPU pipeline made write in place, for ``path`` in float32."""
+def _in_place_kernels(path: str, dtype: str = "float32") -> list[str]:
+    """Names of the kernels the CPU pipeline made write in place, for ``path`` in ``dtype``."""
     target = _tvm.make_target({"kind": "llvm", "mcpu": _tvm.host_cpu()})
-    lowered = cpu.lower(rewrite_model(ConvertConfig(model=path, dtype="float32")).passes.mod, target)
+    lowered = cpu.lower(rewrite_model(ConvertConfig(model=path, dtype=dtype)).passes.mod, target)
     return [gv.name_hint for gv, f in lowered.functions_items()
             if isinstance(f, tvm.tirx.PrimFunc) and IN_PLACE_OF in f.attrs]
 
@@ -76,6 +77,21 @@ def test_a_residual_block_writes_over_its_dead_residual(tmp_path: Path) -> None:
         y = Relu(s)""")
     assert len([k for k in _in_place_kernels(path) if "conv2d" in k and "add" in k]) == 1
     _check_against_onnxruntime(path, _X)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_low_precision_residual_block_writes_in_place_too(tmp_path: Path, dtype: str) -> None:
+    """The residual is a low-precision tensor and the kernel's epilogue casts: the same rule holds."""
+    path = _save(tmp_path, "float[1, 16, 8, 8] y", """
+        c = Conv <pads = [1, 1, 1, 1]> (x, w1)
+        a = Relu(c)
+        d = Conv (a, w2)
+        b = Relu(d)
+        e = Conv (b, w2)
+        s = Add(e, a)
+        y = Relu(s)""")
+    assert len([k for k in _in_place_kernels(path, dtype) if "conv2d" in k and "add" in k]) == 1
+    assert_close_to_onnxruntime(path, _X, dtype)
 
 
 def test_a_residual_the_kernel_also_convolves_is_not_written_over(tmp_path: Path) -> None:
