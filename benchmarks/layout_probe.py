@@ -8,9 +8,9 @@ Both variants: a pre-padded input, 2 output vectors (32 channels) × 14 columns 
 reduction over taps and input channels in the same order, rows in parallel, no epilogue. Only the
 layout differs: NHWC puts a tile's 14 columns a whole channel count apart (1 KB at 256 channels),
 NCHW16c puts them 64 bytes apart. The calls alternate in one process, an 8 MB buffer touched before
-each (the input arrives from memory, as in a network); minima are printed, and the NCHW16c minimum
-as a ratio of the NHWC one. A probe for the pipeline's next step, not amptool's kernels (those add
-the padded-row copy and the fused epilogue).
+each (the input arrives from memory, as in a network), after checking both give the same output;
+minima are printed, and the NCHW16c minimum as a ratio of the NHWC one. A probe for the pipeline's
+next step, not amptool's kernels (those add the padded-row copy and the fused epilogue).
 """
 
 from __future__ import annotations
@@ -67,6 +67,29 @@ def _conv(layout: str, cin: int, cout: int, size: int, kernel: int) -> tuple[obj
     return sch.mod, shapes
 
 
+def _operands(cin: int, cout: int, size: int, kernel: int) -> dict[str, list[np.ndarray]]:
+    """Seeded input and weights in NHWC, and the same values in NCHW16c."""
+    rng = np.random.default_rng(0)
+    padded = size + kernel - 1
+    data = rng.standard_normal((1, padded, padded, cin)).astype("float32")
+    weight = rng.standard_normal((cout // TILE_CHANNELS, kernel, kernel, cin, TILE_CHANNELS)).astype("float32")
+    blocked_data = data.reshape(1, padded, padded, cin // LANES, LANES).transpose(0, 3, 1, 2, 4)
+    blocked_weight = weight.reshape(cout // TILE_CHANNELS, kernel, kernel, cin // LANES, LANES,
+                                    TILE_CHANNELS).transpose(0, 3, 1, 2, 4, 5)
+    blocked = [np.ascontiguousarray(blocked_data), np.ascontiguousarray(blocked_weight)]
+    return {"nhwc": [data, weight], "nchw16c": blocked}
+
+
+def _check_same_result(kernels: dict[str, tuple[object, list[object]]], size: int, cout: int) -> None:
+    """Both kernels compute the same conv (a probe timing two different things would say nothing)."""
+    outputs = {}
+    for layout, (function, tensors) in kernels.items():
+        function(*tensors)
+        outputs[layout] = tensors[-1].numpy()
+    blocked = outputs["nchw16c"].transpose(0, 2, 3, 1, 4).reshape(1, size, size, cout)
+    np.testing.assert_allclose(blocked, outputs["nhwc"], rtol=1e-4, atol=1e-3)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--in", dest="cin", type=int, default=64)
@@ -79,14 +102,15 @@ def main() -> None:
     if args.size % TILE_COLUMNS or args.cin % LANES or args.cout % TILE_CHANNELS:
         parser.error(f"--size must be a multiple of {TILE_COLUMNS}, --in of {LANES}, --out of {TILE_CHANNELS}")
     target = tvm.target.Target({"kind": "llvm", "mcpu": args.mcpu})
-    rng = np.random.default_rng(0)
+    values = _operands(args.cin, args.cout, args.size, args.kernel)
     kernels = {}
     for layout in ("nhwc", "nchw16c"):
         mod, shapes = _conv(layout, args.cin, args.cout, args.size, args.kernel)
         with tvm.transform.PassContext(opt_level=3, config={"tirx.disable_assert": True}):
             library = tvm.compile(mod, target=target)
-        tensors = [tvm.runtime.tensor(rng.standard_normal(s).astype("float32")) for s in shapes]
+        tensors = [tvm.runtime.tensor(v) for v in values[layout]] + [tvm.runtime.empty(shapes[2], "float32")]
         kernels[layout] = (library["main"], tensors)
+    _check_same_result(kernels, args.size, args.cout)
     flush = np.ones(8 << 20, np.float32)
     times: dict[str, list[float]] = {layout: [] for layout in kernels}
     for _ in range(args.calls):
