@@ -37,8 +37,11 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _start(args: list[str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", *args], start_new_session=True,
+def _start(args: list[str], workdir: Path | None = None) -> subprocess.Popen[bytes]:
+    """``python -m ARGS`` in a process group of its own; ``workdir``: its TMPDIR (a server keeps its
+    uploads in a temporary directory that a killed server never removes: pytest's then)."""
+    env = None if workdir is None else {**os.environ, "TMPDIR": str(workdir)}
+    return subprocess.Popen([sys.executable, "-m", *args], start_new_session=True, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -53,12 +56,12 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
                 time.sleep(0.2)  # let the group's children go too
 
 
-def _server(port: int, tracker: int | None = None) -> subprocess.Popen[bytes]:
+def _server(port: int, workdir: Path, tracker: int | None = None) -> subprocess.Popen[bytes]:
     args = ["tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(port), "--port-end", str(port + 1),
             "--silent"]
     if tracker is not None:
         args += ["--tracker", f"127.0.0.1:{tracker}", "--key", KEY]
-    return _start(args)
+    return _start(args, workdir)
 
 
 def _wait_listening(port: int, process: subprocess.Popen[bytes]) -> None:
@@ -85,14 +88,14 @@ def _wait_registered(tracker: int, count: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def tracker() -> Iterator[int]:
+def tracker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     """A tracker with two servers under KEY; yields the tracker's port."""
     port = _free_port()
     processes = [_start(["tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port),
                          "--port-end", str(port + 1), "--silent"])]
     try:
         _wait_listening(port, processes[0])
-        processes += [_server(_free_port(), tracker=port) for _ in range(2)]
+        processes += [_server(_free_port(), tmp_path_factory.mktemp("rpc-server"), tracker=port) for _ in range(2)]
         _wait_registered(port, 2)
         yield port
     finally:
@@ -101,10 +104,10 @@ def tracker() -> Iterator[int]:
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[int]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     """One server without a tracker (for --rpc-server); yields its port."""
     port = _free_port()
-    process = _server(port)
+    process = _server(port, tmp_path_factory.mktemp("rpc-server"))
     try:
         _wait_listening(port, process)
         yield port
@@ -187,7 +190,7 @@ def test_a_server_killed_mid_run_exits_3_within_the_timeout(artifact, tmp_path):
     """diff runs many input sets on the device, one RPC call each; the server dies among them."""
     model, outdir, _ = artifact
     port = _free_port()
-    process = _server(port)
+    process = _server(port, tmp_path)
     try:
         _wait_listening(port, process)
         timeout_s = 30
