@@ -63,18 +63,22 @@ def _check_against_onnxruntime(path: str, feeds: dict[str, np.ndarray]) -> None:
 _X = {"x": np.random.default_rng(0).normal(size=(1, 16, 8, 8)).astype(np.float32)}
 
 
-def test_a_residual_block_writes_over_its_dead_residual(tmp_path: Path) -> None:
-    """``a`` feeds the second conv and then only the add after the third: the fused conv + add + relu
-    kernel writes over it. (Added to the conv's own input it could not: other channels of the pixel
-    are read after a channel is written.)"""
-    path = _save(tmp_path, "float[1, 16, 8, 8] y", """
+#: ``a`` feeds the second conv and then only the add after the third (a ResNet block's shape).
+_RESIDUAL_BLOCK = """
         c = Conv <pads = [1, 1, 1, 1]> (x, w1)
         a = Relu(c)
         d = Conv (a, w2)
         b = Relu(d)
         e = Conv (b, w2)
         s = Add(e, a)
-        y = Relu(s)""")
+        y = Relu(s)"""
+
+
+def test_a_residual_block_writes_over_its_dead_residual(tmp_path: Path) -> None:
+    """``a`` feeds the second conv and then only the add after the third: the fused conv + add + relu
+    kernel writes over it. (Added to the conv's own input it could not: other channels of the pixel
+    are read after a channel is written.)"""
+    path = _save(tmp_path, "float[1, 16, 8, 8] y", _RESIDUAL_BLOCK)
     assert len([k for k in _in_place_kernels(path) if "conv2d" in k and "add" in k]) == 1
     _check_against_onnxruntime(path, _X)
 
@@ -82,14 +86,7 @@ def test_a_residual_block_writes_over_its_dead_residual(tmp_path: Path) -> None:
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_a_low_precision_residual_block_writes_in_place_too(tmp_path: Path, dtype: str) -> None:
     """The residual is a low-precision tensor and the kernel's epilogue casts: the same rule holds."""
-    path = _save(tmp_path, "float[1, 16, 8, 8] y", """
-        c = Conv <pads = [1, 1, 1, 1]> (x, w1)
-        a = Relu(c)
-        d = Conv (a, w2)
-        b = Relu(d)
-        e = Conv (b, w2)
-        s = Add(e, a)
-        y = Relu(s)""")
+    path = _save(tmp_path, "float[1, 16, 8, 8] y", _RESIDUAL_BLOCK)
     assert len([k for k in _in_place_kernels(path, dtype) if "conv2d" in k and "add" in k]) == 1
     assert_close_to_onnxruntime(path, _X, dtype)
 
