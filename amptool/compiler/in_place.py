@@ -41,6 +41,7 @@ import tvm_ffi
 from tvm import relax
 
 from amptool import _tvm
+from amptool.compiler.cpu_schedules import SPATIAL
 
 #: PrimFunc attribute of an in-place kernel: [the kernel it was made from, the input it writes].
 IN_PLACE_OF = "amptool.in_place_of"
@@ -63,7 +64,7 @@ def write_in_place(mod: Any) -> Any:
 
     rebind = Rebind(mod)
     kernels: dict[tuple[str, int], Any] = {}  # (kernel, input) → the in-place kernel's GlobalVar
-    functions = [(gv, f) for gv, f in mod.functions_items() if isinstance(f, relax.Function)]
+    functions = _tvm.relax_functions(mod)
     callees = _Callees(mod)
     for _gv, func in functions:
         for block in _blocks(func.body):
@@ -162,7 +163,7 @@ def _plain_arguments(callees: _Callees, binding: Any) -> list[Any] | None:
     if not isinstance(binding, relax.VarBinding):
         return None
     call = binding.value
-    if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.call_tir"):
+    if _tvm.op_name(call) != "relax.call_tir":
         return None
     if len(call.args) != 2 or not isinstance(call.args[1], relax.Tuple):
         return None
@@ -184,12 +185,10 @@ def _vars_in(expr: Any) -> list[Any]:
 
 
 def _same_relax_type(a: Any, b: Any) -> bool:
-    ta, tb = a.ty, b.ty
-    if not (isinstance(ta, relax.TensorType) and isinstance(tb, relax.TensorType)) or ta.dtype != tb.dtype:
-        return False
-    if not (isinstance(ta.shape, relax.ShapeExpr) and isinstance(tb.shape, relax.ShapeExpr)):
-        return False
-    return _static(ta.shape.values) is not None and _static(ta.shape.values) == _static(tb.shape.values)
+    """Both tensors of one dtype and one static shape."""
+    dtype, shape = _tvm.tensor_dtype(a), _tvm.static_shape(a)
+    return (dtype is not None and dtype == _tvm.tensor_dtype(b)
+            and shape is not None and shape == _tvm.static_shape(b))
 
 
 def _static(dims: Iterable[Any]) -> list[int] | None:
@@ -243,7 +242,7 @@ def _reads_where_it_writes(block: Any, reads: list[Any], output: Any) -> bool:
     (regions of the source) only at the single element it writes."""
     if block.init is not None or not isinstance(block.body, tvm.tirx.BufferStore):
         return False
-    if not block.body.buffer.same_as(output) or any(int(v.iter_type) != 0 for v in block.iter_vars):
+    if not block.body.buffer.same_as(output) or any(int(v.iter_type) != SPATIAL for v in block.iter_vars):
         return False
     writes = [w for w in block.writes if w.source.same_as(output)]
     if len(writes) != 1:
@@ -265,7 +264,7 @@ def _is_one(expr: Any) -> bool:
 def _unreferenced_kernels(mod: Any, names: set[str]) -> list[Any]:
     """The GlobalVars among ``names`` no Relax function calls any more."""
     used: set[str] = set()
-    for _gv, func in [(gv, f) for gv, f in mod.functions_items() if isinstance(f, relax.Function)]:
+    for _gv, func in _tvm.relax_functions(mod):
         relax.analysis.post_order_visit(
             func, lambda e: used.add(e.name_hint) if isinstance(e, tvm.ir.GlobalVar) else None)
     return [gv for gv in mod.get_global_vars() if gv.name_hint in names and gv.name_hint not in used]
