@@ -57,6 +57,7 @@ PAIRS_BLOCK = "amp_pairs"
 CROP_BLOCK = "amp_crop"
 CAST_BLOCK = "amp_cast"
 PAD_BLOCK = "amp_pad"
+PACK_BLOCK = "amp_pack"
 
 _FLOATS = DTYPES
 
@@ -202,24 +203,50 @@ def matmul_row_cap(lanes: int, vectors: int) -> int:
     return (_vector_registers(lanes) - vectors - 1) // vectors
 
 
-def matmul_vectors(rows: int, blocks: int, lanes: int) -> int:
-    """Column vectors of a packed-matmul register tile, for ``rows`` rows and ``blocks`` vectors of
-    columns: of the divisors of ``blocks`` up to 4 (AVX-512) or 2 (AVX2), the one whose tile of
-    rows (the largest divisor of ``rows`` within ``matmul_row_cap``) holds the most accumulators;
-    the more vectors on a tie (fewer broadcasts per FMA).
+#: A matmul computes padded rows (a multiple of a register tile that does not divide them, then
+#: crops) when that tile holds at least this many times the accumulators of the best exact one.
+PAD_ROWS_GAIN = 1.5
 
-    Why: two vectors × 8 rows left 16 accumulators and one broadcast per two FMAs; BERT-base's
-    128-row projections as 3 vectors × 8 rows: fp32 153.9 → 140.6 ms (2 threads, Emerald Rapids,
-    alternated in one process).
+
+def _exact_rows(rows: int, vectors: int, lanes: int) -> int:
+    """Rows of the largest tile of ``vectors`` column vectors that divides ``rows``."""
+    cap = matmul_row_cap(lanes, vectors)
+    return next(d for d in range(min(cap, rows), 0, -1) if rows % d == 0)
+
+
+def _padded_rows(rows: int, vectors: int, lanes: int) -> tuple[int, float]:
+    """``rows`` rounded up to the fewest tiles the registers allow (each as narrow as that count
+    permits), and the tile's useful accumulators."""
+    tiles = -(-rows // matmul_row_cap(lanes, vectors))
+    return tiles * -(-rows // tiles), vectors * rows / tiles
+
+
+def matmul_tile(rows: int, blocks: int, lanes: int) -> tuple[int, int]:
+    """(column vectors, rows computed) of a packed-matmul register tile for ``rows`` rows and
+    ``blocks`` vectors of columns. Vectors: of the divisors of ``blocks`` up to 4 (AVX-512) or 2
+    (AVX2), the one whose tile of rows (a divisor of ``rows`` within ``matmul_row_cap``) holds the
+    most accumulators, the more vectors on a tie (fewer broadcasts per FMA). Rows: ``rows``, unless
+    padding them (``PAD_ROWS_GAIN``) fills the tile; the kernel then crops.
+
+    Why the vectors: two vectors × 8 rows left 16 accumulators and one broadcast per two FMAs;
+    BERT-base's 128-row projections as 3 vectors × 8 rows: fp32 153.9 → 140.6 ms (2 threads,
+    Emerald Rapids, alternated in one process). Why the padding: a prime row count has no
+    divisor: ViT-B/16's 197 tokens took one row per tile, one FMA per broadcast (fc1 17.6 ms
+    against onnxruntime's 7.5 at one thread); as 198 rows, 3 vectors × 9, one row in 198 is wasted.
     """
     most = 4 if lanes >= 16 else 2
-
-    def accumulators(vectors: int) -> int:
-        cap = matmul_row_cap(lanes, vectors)
-        return vectors * next(d for d in range(min(cap, rows), 0, -1) if rows % d == 0)
-
     candidates = [v for v in range(1, min(most, blocks) + 1) if blocks % v == 0]
-    return max(candidates, key=lambda v: (accumulators(v), v))
+    exact = max(candidates, key=lambda v: (v * _exact_rows(rows, v, lanes), v))
+    padded = max(candidates, key=lambda v: (_padded_rows(rows, v, lanes)[1], v))
+    padded_rows, useful = _padded_rows(rows, padded, lanes)
+    if useful >= PAD_ROWS_GAIN * exact * _exact_rows(rows, exact, lanes):
+        return padded, padded_rows
+    return exact, rows
+
+
+def matmul_vectors(rows: int, blocks: int, lanes: int) -> int:
+    """The column vectors of ``matmul_tile``."""
+    return matmul_tile(rows, blocks, lanes)[0]
 
 
 def nhwc_columns(width: int, lanes: int, vectors: int = 1) -> int:
@@ -513,11 +540,10 @@ def _legalize_matmul(bb: Any, call: Any) -> Any:
     a, b = call.args
     a_shape = static_shape(a)
     out_dtype = str(call.ty.dtype)
-    if (
-        not isinstance(b, tvm.ir.GenericConst) or a_shape is None or len(a_shape) < 2
-        or str(a.ty.dtype) not in _FLOATS or out_dtype not in _FLOATS
-    ):
+    if a_shape is None or len(a_shape) < 2 or str(a.ty.dtype) not in _FLOATS or out_dtype not in _FLOATS:
         return _default(bb, call)
+    if not isinstance(b, tvm.ir.GenericConst):
+        return _legalize_matmul_of_activations(bb, call, a_shape)
     w = np.asarray(b.value.numpy())
     if w.ndim != 2:
         return _default(bb, call)
@@ -530,27 +556,93 @@ def _legalize_matmul(bb: Any, call: Any) -> Any:
     block = _block(n, lanes)
     if block is None:
         return _default(bb, call)
+    rows = a_shape[-2]
     if block == lanes:
-        block *= matmul_vectors(a_shape[-2], n // lanes, lanes)
+        vectors, rows = matmul_tile(rows, n // lanes, lanes)
+        block *= vectors
     packed = w.reshape(k, n // block, block).transpose(1, 0, 2)
-    return bb.call_te(_matmul_packed, a, _constant(packed), n=n, out_dtype=out_dtype,
+    return bb.call_te(_matmul_packed, a, _constant(packed), n=n, out_dtype=out_dtype, rows=rows,
                       primfunc_name_hint=MATMUL_BLOCK)
 
 
-def _matmul_packed(a: Any, packed: Any, *, n: int, out_dtype: str) -> Any:
+def _matmul_packed(a: Any, packed: Any, *, n: int, out_dtype: str, rows: int) -> Any:
     """``a @ w`` over a ``[N/B, K, B]`` weight; leading dims of ``a`` are batch dims."""
+    block = int(packed.shape[-1])
+    return _packed_product(a, lambda lead, k, j: packed[j // block, k, j % block], n=n, out_dtype=out_dtype,
+                           rows=rows, columns=n)
+
+
+def _packed_product(a: Any, weight: Callable[[list[Any], Any, Any], Any], *, n: int, out_dtype: str, rows: int,
+                    columns: int) -> Any:
+    """``MATMUL_BLOCK``: ``a @ w`` with ``w[k, j]`` = ``weight(batch index, k, j)`` read from a
+    packed ``[…, N/B, K, B]`` buffer; computed over ``rows`` ≥ ``a``'s rows (``matmul_tile``; the
+    extra ones read its last row) and ``columns`` ≥ ``n``, then cropped."""
     from tvm import te  # noqa: PLC0415
 
     *batch, m, k = (int(d) for d in a.shape)
-    block = int(packed.shape[-1])
     src = _cast_input(a, out_dtype)
     rk = te.reduce_axis((0, k), "rk")
 
     def body(*index: Any) -> Any:
-        *lead, j = index
-        return te.sum(src(*lead, rk) * packed[j // block, rk, j % block].astype(out_dtype), axis=[rk])
+        *lead, i, j = index
+        row = i if rows == m else te.min(i, m - 1)
+        return te.sum(src(*lead, row, rk) * weight(lead, rk, j).astype(out_dtype), axis=[rk])
 
-    return te.compute((*batch, m, n), body, name=MATMUL_BLOCK)
+    wide = te.compute((*batch, rows, columns), body, name=MATMUL_BLOCK)
+    if (rows, columns) == (m, n):
+        return wide
+    return te.compute((*batch, m, n), lambda *i: wide(*i), name=CROP_BLOCK)
+
+
+def _legalize_matmul_of_activations(bb: Any, call: Any, a_shape: list[int]) -> Any:
+    """A matmul of two computed tensors (attention's Q·Kᵀ and P·V) whose shape TVM's schedule for
+    it handles badly — a column count no vector divides, a row count without a divisor from 4 up
+    to the accumulator budget —
+    as ``MATMUL_BLOCK`` over the right operand packed at run time (zero columns padding it to
+    whole blocks); any other keeps TVM's legalization.
+
+    Why: ViT-B/16's 197 tokens gave Q·Kᵀ a scalar dot per output (20 ms a layer at one thread,
+    onnxruntime 0.8) and P·V one row per tile (1.9 ms, onnxruntime 0.55).
+    """
+    b = call.args[1]
+    b_shape = static_shape(b)
+    out_dtype = str(call.ty.dtype)
+    lanes = _current_lanes()
+    if b_shape is None or len(b_shape) < 2 or str(b.ty.dtype) not in _FLOATS or b_shape[-1] < lanes:
+        return _default(bb, call)
+    if tuple(a_shape[:-2]) != np.broadcast_shapes(tuple(a_shape[:-2]), tuple(b_shape[:-2])):
+        return _default(bb, call)  # the left operand broadcast along a batch dim: rare, left to TVM
+    m, n = a_shape[-2], b_shape[-1]
+    if n % lanes == 0 and any(m % d == 0 for d in range(4, accumulator_budget(lanes) + 1)):
+        # TVM's own tiles these well: BERT-base's (128 tokens) ran 0.35 ms packed at 0.55
+        return _default(bb, call)
+    blocks = -(-n // lanes)
+    vectors, rows = matmul_tile(m, blocks, lanes)
+    return bb.call_te(_matmul_of_activations, call.args[0], b, block=vectors * lanes, rows=rows, out_dtype=out_dtype,
+                      primfunc_name_hint=MATMUL_BLOCK)
+
+
+def _matmul_of_activations(a: Any, b: Any, *, block: int, rows: int, out_dtype: str) -> Any:
+    """``a @ b`` with ``b`` packed to ``[…, N/block, K, block]`` (``PACK_BLOCK``) in the kernel;
+    ``b``'s batch dims broadcast against ``a``'s as numpy's."""
+    from tvm import te, tirx  # noqa: PLC0415
+
+    *b_batch, k, n = (int(d) for d in b.shape)
+    offset = len(a.shape) - len(b.shape)
+    blocks = -(-n // block)
+
+    def pack(*index: Any) -> Any:
+        *lead, jb, kk, jj = index
+        j = jb * block + jj
+        return te.if_then_else(j < n, b(*lead, kk, tirx.min(j, n - 1)), tirx.const(0, b.dtype))
+
+    packed = te.compute((*b_batch, blocks, k, block), pack, name=PACK_BLOCK)
+
+    def weight(lead: list[Any], kk: Any, j: Any) -> Any:
+        own = [0 if size == 1 else lead[offset + i] for i, size in enumerate(b_batch)]
+        return packed[(*own, j // block, kk, j % block)]
+
+    return _packed_product(a, weight, n=n, out_dtype=out_dtype, rows=rows, columns=blocks * block)
 
 
 def _matmul_bf16(a: Any, packed: Any, *, n: int) -> Any:

@@ -1,0 +1,100 @@
+"""Matmuls whose shapes have no register tile: a prime row count (ViT's 197 tokens) is padded to
+whole tiles and cropped, and a product of two computed tensors whose columns no vector divides
+is packed at run time into the same tuned kernel. Values against onnxruntime."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx.parser
+import pytest
+
+from amptool.compiler.cpu_kernels import matmul_row_cap, matmul_tile
+from tests.conftest import scheduled_kernels
+from tests.onnx_checks import onnxruntime_and_amptool
+
+tvm = pytest.importorskip("tvm")
+
+
+def _save(tmp_path: Path, text: str) -> str:
+    path = str(tmp_path / "model.onnx")
+    onnx.save(onnx.parser.parse_model(text), path)
+    return path
+
+
+def _values(count: int, seed: int) -> str:
+    return ", ".join(f"{v:.6f}" for v in np.random.default_rng(seed).normal(0.0, 0.1, count))
+
+
+@pytest.mark.parametrize("lanes", [16, 8])
+def test_prime_row_counts_are_padded_and_others_are_not(lanes: int) -> None:
+    """197 rows (a prime) had a one-row tile; padded, the tile fills (ViT-B/16's projections 2.4×
+    faster). Row counts with a good divisor keep it: BERT's 128 rows stay 3 vectors × 8 exactly."""
+    for rows in (197, 577, 257):
+        vectors, computed = matmul_tile(rows, 48, lanes)
+        tile = next(d for d in range(matmul_row_cap(lanes, vectors), 0, -1) if computed % d == 0)
+        assert computed >= rows and computed - rows < tile and vectors * tile >= (12 if lanes == 16 else 6)
+    for rows in (1, 8, 128, 196, 384, 1500):
+        assert matmul_tile(rows, 48, lanes)[1] == rows
+    if lanes == 16:
+        assert matmul_tile(197, 48, 16) == (3, 198)
+        assert matmul_tile(128, 48, 16) == (3, 128)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_a_prime_row_count_matches_onnxruntime(tmp_path: Path, batch: int) -> None:
+    """197 rows computed as 198 and cropped, with a bias and GELU-like epilogue; two items must not
+    share a tile (each item's rows are padded on their own)."""
+    path = _save(tmp_path, f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[{batch}, 197, 64] x) => (float[{batch}, 197, 96] y)
+          <float[64, 96] w = {{{_values(64 * 96, 1)}}}, float[96] b = {{{_values(96, 2)}}}> {{
+            m = MatMul(x, w)
+            s = Add(m, b)
+            y = Tanh(s)
+        }}""")
+    text = "\n".join(scheduled_kernels(path, "float32"))
+    assert "T.int64(198)" in text  # the padded rows
+    x = np.random.default_rng(3).standard_normal((batch, 197, 64)).astype(np.float32)
+    want, got = onnxruntime_and_amptool(path, {"x": x})
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("a_shape", "b_shape"), [
+    ([1, 3, 197, 32], [1, 3, 32, 197]),  # attention's Q·Kᵀ at 197 tokens
+    ([1, 3, 197, 197], [1, 3, 197, 64]),  # and P·V: rows padded, columns whole
+    ([2, 3, 37, 24], [3, 24, 40]),  # the right operand broadcast along the first batch dim
+    ([2, 3, 37, 24], [1, 3, 24, 40]),  # and along a dim of size 1
+])
+def test_products_of_two_inputs_with_awkward_shapes_match_onnxruntime(tmp_path: Path, a_shape: list[int],
+                                                                      b_shape: list[int]) -> None:
+    """Packed at run time (``amp_pack``) and tiled like a weight matmul; Q·Kᵀ at 197 tokens was a
+    scalar dot per output (20 ms a layer in ViT-B/16, onnxruntime 0.8)."""
+    out = [*np.broadcast_shapes(tuple(a_shape[:-2]), tuple(b_shape[:-2])), a_shape[-2], b_shape[-1]]
+    path = _save(tmp_path, f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float{a_shape} a, float{b_shape} b) => (float{out} y) {{
+            y = MatMul(a, b)
+        }}""")
+    text = "\n".join(scheduled_kernels(path, "float32"))
+    assert 'T.sblock("amp_pack")' in text
+    rng = np.random.default_rng(4)
+    feeds = {"a": rng.standard_normal(a_shape).astype(np.float32), "b": rng.standard_normal(b_shape).astype(np.float32)}
+    want, got = onnxruntime_and_amptool(path, feeds)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_left_operand_broadcast_along_batch_keeps_tvms_matmul(tmp_path: Path) -> None:
+    """A left operand with fewer batch dims than the result is left to TVM's legalization (still
+    correct)."""
+    path = _save(tmp_path, """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[37, 24] a, float[2, 24, 40] b) => (float[2, 37, 40] y) {
+            y = MatMul(a, b)
+        }""")
+    assert 'T.sblock("amp_pack")' not in "\n".join(scheduled_kernels(path, "float32"))
+    rng = np.random.default_rng(5)
+    feeds = {"a": rng.standard_normal((37, 24)).astype(np.float32), "b": rng.standard_normal((2, 24, 40)).astype(np.float32)}
+    want, got = onnxruntime_and_amptool(path, feeds)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
