@@ -95,6 +95,7 @@ def test_a_left_operand_broadcast_along_batch_keeps_tvms_matmul(tmp_path: Path) 
         }""")
     assert 'T.sblock("amp_pack")' not in "\n".join(scheduled_kernels(path, "float32"))
     rng = np.random.default_rng(5)
-    feeds = {"a": rng.standard_normal((37, 24)).astype(np.float32), "b": rng.standard_normal((2, 24, 40)).astype(np.float32)}
+    feeds = {"a": rng.standard_normal((37, 24)).astype(np.float32),
+             "b": rng.standard_normal((2, 24, 40)).astype(np.float32)}
     want, got = onnxruntime_and_amptool(path, feeds)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
