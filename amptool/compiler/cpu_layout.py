@@ -32,12 +32,16 @@ log = logging.getLogger(__name__)
 
 #: Channels a depthwise conv needs for its channel blocks (one AVX2 vector).
 CHANNEL_MULTIPLE = 8
+#: Output channels per group a grouped conv needs for the NHWC conv kernel: whole AVX-512
+#: vectors, so each register tile's channels lie in one group.
+GROUP_CHANNELS = 16
 
 
 def wants_nhwc(call: Any) -> bool:
     """An NCHW/OIHW ``relax.nn.conv2d`` with static shapes, a constant weight and float dtypes
     that the NHWC kernels cover: one group (any output channel count: the kernels pad their
-    filters to whole vectors), or depthwise (channel multiplier 1) over a multiple of 8 channels."""
+    filters to whole vectors), groups of a multiple of ``GROUP_CHANNELS`` output channels each
+    (RegNet's), or depthwise (channel multiplier 1) over a multiple of 8 channels."""
     import tvm  # noqa: PLC0415
 
     attrs = call.attrs
@@ -52,7 +56,7 @@ def wants_nhwc(call: Any) -> bool:
     if shape is None or wshape is None or len(shape) != 4 or not dtypes <= set(DTYPES):
         return False
     groups, out_channels, in_channels = int(attrs.groups), wshape[0], shape[1]
-    if groups == 1:
+    if groups == 1 or (out_channels % groups == 0 and (out_channels // groups) % GROUP_CHANNELS == 0):
         return True
     return groups == in_channels == out_channels and wshape[1] == 1 and out_channels % CHANNEL_MULTIPLE == 0
 

@@ -124,14 +124,16 @@ def _subsampled(data: Any, sh: int, sw: int, out_h: int, out_w: int, wide: int, 
 
 
 def conv2d_nhwc(data: Any, packed: Any, *, strides: list[int], padding: list[int], dilation: list[int],
-                columns: int, out_dtype: str, out_channels: int | None = None) -> Any:
-    """NHWC conv2d over a ``[OC/B, KH, KW, IC, B]`` weight, ``columns`` output columns per tile
-    (``cpu_kernels.nhwc_columns``). ``out_channels``: fewer than the weights' (zero filters
-    padding them to whole blocks): cropped."""
+                columns: int, out_dtype: str, out_channels: int | None = None, groups: int = 1) -> Any:
+    """NHWC conv2d over a ``[OC/B, KH, KW, IC/groups, B]`` weight, ``columns`` output columns per
+    tile (``cpu_kernels.nhwc_columns``). ``out_channels``: fewer than the weights' (zero filters
+    padding them to whole blocks): cropped. ``groups``: each block of ``B`` output channels lies
+    in one group (``B`` divides the group's channels) and reads that group's input channels."""
     from tvm import te  # noqa: PLC0415
 
-    batch, height, width, in_channels = (int(d) for d in data.shape)
-    blocks, kh, kw, _, block = (int(d) for d in packed.shape)
+    batch, height, width, _ = (int(d) for d in data.shape)
+    blocks, kh, kw, in_channels, block = (int(d) for d in packed.shape)
+    blocks_per_group = blocks // groups
     out_h, out_w, wide, extra = _geometry(height, width, kh, kw, padding, strides, dilation, columns)
     top, left, bottom, right = padding
     (sh, sw), (dh, dw) = strides, dilation
@@ -145,10 +147,15 @@ def conv2d_nhwc(data: Any, packed: Any, *, strides: list[int], padding: list[int
     ry = te.reduce_axis((0, kh), "ry")
     rx = te.reduce_axis((0, kw), "rx")
     rc = te.reduce_axis((0, in_channels), "rc")
+    def channel(c: Any) -> Any:
+        """The input channel ``rc`` of ``c``'s group: from the block index, so a tile's broadcast
+        input does not depend on its vector lane."""
+        return rc if groups == 1 else c // block // blocks_per_group * in_channels + rc
+
     conv = te.compute(
         (batch, out_h, wide, blocks * block),
         lambda n, y, x, c: te.sum(
-            src[n, y * sh + ry * dh, x * sw + rx * dw, rc]
+            src[n, y * sh + ry * dh, x * sw + rx * dw, channel(c)]
             * packed[c // block, ry, rx, rc, c % block].astype(out_dtype),
             axis=[ry, rx, rc],
         ),
