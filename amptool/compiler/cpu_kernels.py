@@ -792,6 +792,7 @@ def _legalize_softmax(bb: Any, call: Any) -> Any:
     if str(call.ty.dtype) != "float32" or static_shape(call.args[0]) is None:
         return _default(bb, call)
     axis = int(call.attrs.axis)
+    lanes = _current_lanes()
 
     def compute(x: Any) -> Any:
         from tvm import te, tirx  # noqa: PLC0415
@@ -799,13 +800,15 @@ def _legalize_softmax(bb: Any, call: Any) -> Any:
         rank = len(x.shape)
         dim = axis % rank
         length = int(x.shape[dim])
-        if length % 4 and dim == rank - 1 and length > _SOFTMAX_PAD:
+        if length % lanes and dim == rank - 1 and length > lanes:
             # A row no vector width divides (ViT's 197 tokens, CLIP's 77) gets no vectorized
-            # reduction (cpu_row_reduction), and TVM's scalar one took 15x onnxruntime's time at 197:
-            # pad it with -inf to whole vectors (fast_exp gives ~1e-38 there: nothing next to the
-            # row's sum, which holds e^0 = 1), crop the result.
+            # reduction (cpu_row_reduction), and TVM's scalar one took 15x onnxruntime's time at 197;
+            # one only a shorter vector divides runs its exp polynomial at that width (Whisper's 1500
+            # scores, 4 lanes: 24.2 ms a layer at one thread, padded 20.5). Pad it with -inf to whole
+            # vectors (fast_exp gives ~1e-38 there: nothing next to the row's sum, which holds
+            # e^0 = 1), crop the result.
             inf = tirx.const(float("-inf"), "float32")
-            padded = _SOFTMAX_PAD * -(-length // _SOFTMAX_PAD)
+            padded = lanes * -(-length // lanes)
             wide = te.compute((*x.shape[:-1], padded), lambda *i: tirx.if_then_else(
                 i[-1] < length, x(*i[:-1], tirx.min(i[-1], length - 1)), inf), name="softmax_pad")
             norm = _softmax_rows(wide, dim)
@@ -813,10 +816,6 @@ def _legalize_softmax(bb: Any, call: Any) -> Any:
         return _softmax_rows(x, dim)
 
     return bb.call_te(compute, call.args[0], primfunc_name_hint="softmax")
-
-
-#: Lanes a softmax row is padded to a multiple of when no vector width divides it.
-_SOFTMAX_PAD = 16
 
 
 def _softmax_rows(x: Any, dim: int) -> Any:
