@@ -51,6 +51,8 @@ from amptool._tvm.ir import (  # noqa: F401
     dataflow_scoped_mutator,
     fold_constant,
     is_constant,
+    is_inf,
+    is_nan,
     is_tuple_expr,
     is_tuple_type,
     module_script,

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from amptool import _tvm
 from amptool.dtypes import DTYPES
 
 #: Inputs are clamped to this range first: below it every exp rounds to 0, above it to inf.
@@ -57,7 +58,7 @@ def exp_f32(x: Any) -> Any:
     whole = n.astype("int32")
     half = whole >> 1  # ⌊n/2⌋; n − ⌊n/2⌋ is the rest: n in [−150, 128], both halves normal powers of two
     value = p * _power_of_two(half) * _power_of_two(whole - half)
-    return tirx.Select(tirx.isnan(x), x, value)
+    return tirx.Select(_tvm.is_nan(x), x, value)
 
 
 def _f32(value: float) -> Any:
@@ -104,7 +105,7 @@ def log_f32(x: Any) -> Any:
     value = m + (poly * m * z + e * _f32(_C2) - _f32(0.5) * z) + e * _f32(_C1)
     value = tirx.Select(x == _f32(0.0), _f32(-float("inf")), value)
     value = tirx.Select(x < _f32(0.0), _f32(float("nan")), value)
-    return tirx.Select(x == _f32(float("inf")), x, tirx.Select(tirx.isnan(x), x, value))
+    return tirx.Select(x == _f32(float("inf")), x, tirx.Select(_tvm.is_nan(x), x, value))
 
 
 def sigmoid_f32(x: Any) -> Any:

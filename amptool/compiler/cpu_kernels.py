@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from amptool import _tvm
 from amptool._tvm import static_shape
 from amptool.compiler.cpu_depthwise import DEPTHWISE_BLOCK, depthwise_conv2d, pack_weight
 from amptool.dtypes import DTYPES
@@ -721,7 +722,7 @@ def _legalize_unary(bb: Any, call: Any, fast: Callable[[Any], Any], name: str) -
         y = fast(x32)
         return te.compute(
             x.shape,
-            lambda *i: tirx.Select(tirx.isnan(x32(*i)), x32(*i), y(*i)).astype(dtype),
+            lambda *i: tirx.Select(_tvm.is_nan(x32(*i)), x32(*i), y(*i)).astype(dtype),
             name=name,
         )
 
@@ -832,7 +833,7 @@ def _softmax_rows(x: Any, dim: int) -> Any:
 
     shifted = te.compute(x.shape, lambda *i: x(*i) - top(*reduced(i)), name="softmax_shift")
     fast = topi.fast_exp(shifted)
-    exps = te.compute(x.shape, lambda *i: tirx.Select(tirx.isnan(shifted(*i)), shifted(*i), fast(*i)),
+    exps = te.compute(x.shape, lambda *i: tirx.Select(_tvm.is_nan(shifted(*i)), shifted(*i), fast(*i)),
                       name="softmax_exp")
     total = topi.sum(exps, axis=dim, keepdims=True)
     inverse = te.compute(total.shape, lambda *i: tirx.const(1.0, "float32") / total(*i), name="softmax_inverse")

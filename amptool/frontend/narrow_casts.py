@@ -313,8 +313,8 @@ def _encode_float8(value: Any, fmt: Float8) -> Any:
         nan_code, inf_code = _i32(0x80), _i32(0x80)
     else:
         nan_code, inf_code = _i32(0x7F), (sign << _i32(7)) | _i32(0x7C)  # inf only exists in E5M2
-    code = tirx.Select(tirx.isinf(value), inf_code, code)
-    code = tirx.Select(tirx.isnan(value), nan_code, code)
+    code = tirx.Select(_tvm.is_inf(value), inf_code, code)
+    code = tirx.Select(_tvm.is_nan(value), nan_code, code)
     return tirx.reinterpret(fmt.dtype, code.astype("uint8"))
 
 
@@ -325,7 +325,7 @@ def _round_bfloat16(x: Any) -> Any:
     bits = tirx.reinterpret("uint32", x)
     lsb = (bits >> tirx.const(16, "uint32")) & tirx.const(1, "uint32")
     kept = (bits + tirx.const(0x7FFF, "uint32") + lsb) & tirx.const(0xFFFF0000, "uint32")
-    return tirx.Select(tirx.isnan(x), x, tirx.reinterpret("float32", kept))
+    return tirx.Select(_tvm.is_nan(x), x, tirx.reinterpret("float32", kept))
 
 
 def _int4(value: Any, dtype: str, *, signed: bool) -> Any:
