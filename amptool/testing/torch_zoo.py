@@ -250,15 +250,31 @@ ALL_CASES: dict[str, Callable[[], TorchCase]] = {
 }
 
 
+def hf_case(config_cls: str, model_cls: str, inputs: dict[str, Any], outputs: tuple[str, ...],
+            part: str | None = None, **config: Any) -> TorchCase:
+    """A transformers model built from ``config_cls(**config)`` with seeded random weights — or
+    the module its method ``part`` returns ('get_encoder') — called with ``inputs`` (ONNX input
+    name → tensor, passed by keyword) and returning ``outputs``."""
+    names = tuple(inputs)
+    model = _hf(config_cls, model_cls, **config)
+    if part is not None:
+        model = getattr(model, part)()
+    return TorchCase(_Unwrap.wrap(model, outputs, names), tuple(inputs.values()), names, outputs)
+
+
 def export(name: str, exporter: str, path: str) -> None:
     """Export case ``name`` to ``path`` with the TorchScript or dynamo exporter."""
+    export_case(ALL_CASES[name](), exporter, path)
+
+
+def export_case(case: TorchCase, exporter: str, path: str) -> None:
+    """Export ``case`` to ``path`` with the TorchScript or dynamo exporter."""
     if exporter not in EXPORTERS:
         raise ValueError(f"unknown exporter {exporter!r}; choose one of {EXPORTERS}")
     torch = _torch()
     import logging  # noqa: PLC0415
 
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
-    case = ALL_CASES[name]()
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
             contextlib.redirect_stderr(io.StringIO()):
         warnings.simplefilter("ignore")
