@@ -1,6 +1,6 @@
 """CPU speed across architectures people ship, at realistic sizes: ``amptool bench`` per model.
 
-cpu_speed.py times three models well; this sweep times many once, to find the architecture whose
+cpu_speed.py times three models well; this sweep times seventeen once, to find the architecture whose
 shapes a schedule misses (ViT's 197 tokens had a one-row matmul tile and a scalar attention
 product: 2.28× onnxruntime before the fix). PyTorch modules with seeded random weights (transformers
 configs, nothing downloaded), exported with the TorchScript exporter at opset 18; each then runs
@@ -38,10 +38,12 @@ def _torch() -> Any:
     return torch
 
 
-def _text(config_cls: str, model_cls: str, tokens: int, **config: Any) -> TorchCase:
+def _text(config_cls: str, model_cls: str, tokens: int, mask: bool = True, **config: Any) -> TorchCase:
+    """Token ids (and an all-ones attention mask, with ``mask``) into a text model."""
     torch = _torch()
-    inputs = {"input_ids": torch.randint(0, 1000, (1, tokens)),
-              "attention_mask": torch.ones(1, tokens, dtype=torch.int64)}
+    inputs = {"input_ids": torch.randint(0, 1000, (1, tokens))}
+    if mask:
+        inputs["attention_mask"] = torch.ones(1, tokens, dtype=torch.int64)
     return hf_case(config_cls, model_cls, inputs, ("last_hidden_state",), vocab_size=1000, **config)
 
 
@@ -76,9 +78,19 @@ MODELS: dict[str, tuple[str, Callable[[], TorchCase]]] = {
     "bert384": ("BERT-base layer ×2, 384 tokens",
                 lambda: _text("BertConfig", "BertModel", 384, hidden_size=768, num_hidden_layers=2,
                               num_attention_heads=12, intermediate_size=3072)),
+    "distilbert": ("DistilBERT ×2 layers, 128 tokens",
+                   lambda: _text("DistilBertConfig", "DistilBertModel", 128, n_layers=2)),
+    "t5": ("T5 encoder ×2, d 512, relative position bias, 128 tokens",
+           lambda: _text("T5Config", "T5EncoderModel", 128, num_layers=2, d_model=512, d_ff=2048, num_heads=8,
+                         mask=False)),
+    "clip_text": ("CLIP text encoder ×2 layers, 77 tokens",
+                  lambda: _text("CLIPTextConfig", "CLIPTextModel", 77, num_hidden_layers=2, mask=False)),
     "vit": ("ViT-B/16 ×2 layers, 224² (197 tokens)",
             lambda: _image("ViTConfig", "ViTModel", "last_hidden_state", hidden_size=768, num_hidden_layers=2,
                            num_attention_heads=12, intermediate_size=3072, add_pooling_layer=False)),
+    "yolos": ("YOLOS ×2 layers, d 384, 224² (197 tokens + 100 detection tokens)",
+              lambda: _image("YolosConfig", "YolosModel", "last_hidden_state", image_size=[224, 224],
+                             num_hidden_layers=2, hidden_size=384, num_attention_heads=6, intermediate_size=1536)),
     "swin": ("Swin-T depths 2-2-2-2, 224²", lambda: _image("SwinConfig", "SwinModel", depths=[2, 2, 2, 2])),
     "convnext": ("ConvNeXt-T depths 2-2-2-2, 224²",
                  lambda: _image("ConvNextConfig", "ConvNextModel", depths=[2, 2, 2, 2])),
