@@ -120,3 +120,22 @@ def test_other_products_of_two_inputs_keep_tvms_matmul(tmp_path: Path, a_shape: 
     feeds = {"a": rng.standard_normal(a_shape).astype(np.float32), "b": rng.standard_normal(b_shape).astype(np.float32)}
     want, got = onnxruntime_and_amptool(path, feeds)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("body", [
+    "<float[32, 16] w = {" + ", ".join(["0.5"] * 512) + "}> { y = MatMul(a, w) }",
+    "{ y = MatMul(a, b) }",
+])
+def test_empty_products_convert_and_run(tmp_path: Path, body: str) -> None:
+    """A product with zero rows has no register tile to plan: it stays with TVM's legalization (it
+    was an internal error, 'TVM failed to compile', before)."""
+    inputs = "float[0, 32] a" if "w =" in body else "float[2, 0, 32] a, float[2, 32, 197] b"
+    out = "float[0, 16] y" if "w =" in body else "float[2, 0, 197] y"
+    path = _save(tmp_path, f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g ({inputs}) => ({out}) {body}""")
+    feeds = {"a": np.zeros((0, 32) if "w =" in body else (2, 0, 32), np.float32)}
+    if "w =" not in body:
+        feeds["b"] = np.ones((2, 32, 197), np.float32)
+    want, got = onnxruntime_and_amptool(path, feeds)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

@@ -235,6 +235,8 @@ def matmul_tile(rows: int, blocks: int, lanes: int) -> tuple[int, int]:
     divisor: ViT-B/16's 197 tokens took one row per tile, one FMA per broadcast (fc1 17.6 ms
     against onnxruntime's 7.5 at one thread); as 198 rows, 3 vectors × 9, one row in 198 is wasted.
     """
+    if rows < 1 or blocks < 1:
+        return 1, rows
     most = 4 if lanes >= 16 else 2
     candidates = [v for v in range(1, min(most, blocks) + 1) if blocks % v == 0]
     exact = max(candidates, key=lambda v: (v * _exact_rows(rows, v, lanes), v))
@@ -566,6 +568,8 @@ def _legalize_matmul(bb: Any, call: Any) -> Any:
     out_dtype = str(call.ty.dtype)
     if a_shape is None or len(a_shape) < 2 or str(a.ty.dtype) not in _FLOATS or out_dtype not in _FLOATS:
         return _default(bb, call)
+    if 0 in a_shape or 0 in (static_shape(b) or [0]):
+        return _default(bb, call)  # an empty product: no tiles to plan
     if not isinstance(b, tvm.ir.GenericConst):
         return _legalize_matmul_of_activations(bb, call, a_shape)
     w = np.asarray(b.value.numpy())
