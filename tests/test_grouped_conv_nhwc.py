@@ -65,3 +65,18 @@ def test_narrow_groups_keep_the_grouped_kernel(tmp_path: Path) -> None:
     path = tmp_path / "narrow.onnx"
     onnx.save(_grouped(4, 8, 8, 1), str(path))
     assert '"amp_depthwise' in "\n".join(scheduled_kernels(str(path), "float32"))
+
+
+def test_an_empty_map_keeps_the_grouped_kernel(tmp_path: Path) -> None:
+    """A zero-width map has no register tile to plan (the NHWC kernel's split divided by zero):
+    it stays with the grouped NCHW kernel, which builds it and returns an empty result."""
+    w = numpy_helper.from_array(np.full((32, 16, 3, 3), 0.1, np.float32), "w")
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], group=2, pads=[1, 1, 1, 1])], "empty",
+                              [info("x", [1, 32, 8, 0])], [info("y", [1, 32, 8, 0])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    path = tmp_path / "empty.onnx"
+    onnx.save(model, str(path))
+    amptool.convert(path, dtype="float32", output=tmp_path / "out")
+    got = amptool.load(tmp_path / "out").run({"x": np.zeros((1, 32, 8, 0), np.float32)})["y"]
+    assert np.asarray(got).shape == (1, 32, 8, 0)

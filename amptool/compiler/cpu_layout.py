@@ -53,8 +53,8 @@ def wants_nhwc(call: Any) -> bool:
     shape = static_shape(data)
     wshape = static_shape(weight)
     dtypes = {str(data.ty.dtype), str(weight.ty.dtype), str(call.ty.dtype)}
-    if shape is None or wshape is None or len(shape) != 4 or not dtypes <= set(DTYPES):
-        return False
+    if shape is None or wshape is None or len(shape) != 4 or not dtypes <= set(DTYPES) or 0 in shape:
+        return False  # (an empty map has no tiles to plan: TVM's legalization takes it)
     groups, out_channels, in_channels = int(attrs.groups), wshape[0], shape[1]
     if groups == 1 or (out_channels % groups == 0 and (out_channels // groups) % GROUP_CHANNELS == 0):
         return True
