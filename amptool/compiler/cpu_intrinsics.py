@@ -25,6 +25,8 @@ from typing import Any
 from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 
+from amptool import _tvm
+
 DOT_BF16 = "amptool_dot_16x2_bf16"
 _FUNCTION = "amptool_dpbf16"
 
@@ -77,8 +79,7 @@ def bf16_bits(value: Any) -> Any:
     odd = tirx.bitwise_and(tirx.shift_right(wide, u32(16)), u32(1))
     rounded = tirx.shift_right(wide + u32(0x7FFF) + odd, u32(16))
     quiet_nan = tirx.bitwise_or(tirx.shift_right(wide, u32(16)), u32(0x0040))
-    is_nan = tirx.bitwise_and(wide, u32(0x7FFFFFFF)) > u32(0x7F800000)
-    return tirx.if_then_else(is_nan, quiet_nan, rounded)
+    return tirx.if_then_else(_tvm.is_nan(value.astype("float32")), quiet_nan, rounded)
 
 
 def pack_pair(low: Any, high: Any | None) -> Any:

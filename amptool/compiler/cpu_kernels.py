@@ -568,10 +568,11 @@ def _legalize_matmul(bb: Any, call: Any) -> Any:
     out_dtype = str(call.ty.dtype)
     if a_shape is None or len(a_shape) < 2 or str(a.ty.dtype) not in _FLOATS or out_dtype not in _FLOATS:
         return _default(bb, call)
-    if 0 in a_shape or 0 in (static_shape(b) or [0]):
-        return _default(bb, call)  # an empty product: no tiles to plan
+    b_shape = static_shape(b)
+    if b_shape is None or 0 in a_shape or 0 in b_shape:
+        return _default(bb, call)  # a symbolic right operand, or an empty product: no tiles to plan
     if not isinstance(b, tvm.ir.GenericConst):
-        return _legalize_matmul_of_activations(bb, call, a_shape)
+        return _legalize_matmul_of_activations(bb, call, a_shape, b_shape)
     w = np.asarray(b.value.numpy())
     if w.ndim != 2:
         return _default(bb, call)
@@ -622,7 +623,7 @@ def _packed_product(a: Any, weight: Callable[[list[Any], Any, Any], Any], *, n: 
     return te.compute((*batch, m, n), lambda *i: wide(*i), name=CROP_BLOCK)
 
 
-def _legalize_matmul_of_activations(bb: Any, call: Any, a_shape: list[int]) -> Any:
+def _legalize_matmul_of_activations(bb: Any, call: Any, a_shape: list[int], b_shape: list[int]) -> Any:
     """A matmul of two computed tensors (attention's Q·Kᵀ and P·V) whose shape TVM's schedule for
     it handles badly — a column count no vector from 4 lanes up divides, a row count without a
     divisor from 4 up to the accumulator budget —
@@ -633,10 +634,9 @@ def _legalize_matmul_of_activations(bb: Any, call: Any, a_shape: list[int]) -> A
     onnxruntime 0.8) and P·V one row per tile (1.9 ms, onnxruntime 0.55).
     """
     b = call.args[1]
-    b_shape = static_shape(b)
     out_dtype = str(call.ty.dtype)
     lanes = _current_lanes()
-    if b_shape is None or len(b_shape) < 2 or str(b.ty.dtype) not in _FLOATS or b_shape[-1] < lanes:
+    if len(b_shape) < 2 or str(b.ty.dtype) not in _FLOATS or b_shape[-1] < lanes:
         return _default(bb, call)
     if tuple(a_shape[:-2]) != np.broadcast_shapes(tuple(a_shape[:-2]), tuple(b_shape[:-2])):
         return _default(bb, call)  # the left operand broadcast along a batch dim: rare, left to TVM
