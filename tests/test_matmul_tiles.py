@@ -23,6 +23,19 @@ def _save(tmp_path: Path, text: str) -> str:
     return path
 
 
+def _product(tmp_path: Path, a_shape: list[int], b_shape: list[int], seed: int) -> tuple[str, dict[str, np.ndarray]]:
+    """A model of ``MatMul(a, b)`` over two inputs, and seeded inputs for it."""
+    out = [*np.broadcast_shapes(tuple(a_shape[:-2]), tuple(b_shape[:-2])), a_shape[-2], b_shape[-1]]
+    path = _save(tmp_path, f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float{a_shape} a, float{b_shape} b) => (float{out} y) {{
+            y = MatMul(a, b)
+        }}""")
+    rng = np.random.default_rng(seed)
+    feeds = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in (("a", a_shape), ("b", b_shape))}
+    return path, feeds
+
+
 def _values(count: int, seed: int) -> str:
     return ", ".join(f"{v:.6f}" for v in np.random.default_rng(seed).normal(0.0, 0.1, count))
 
@@ -71,16 +84,8 @@ def test_products_of_two_inputs_with_awkward_shapes_match_onnxruntime(tmp_path: 
                                                                       b_shape: list[int]) -> None:
     """Packed at run time (``amp_pack``) and tiled like a weight matmul; Q·Kᵀ at 197 tokens was a
     scalar dot per output (20 ms a layer in ViT-B/16, onnxruntime 0.8)."""
-    out = [*np.broadcast_shapes(tuple(a_shape[:-2]), tuple(b_shape[:-2])), a_shape[-2], b_shape[-1]]
-    path = _save(tmp_path, f"""
-        <ir_version: 8, opset_import: ["" : 17]>
-        g (float{a_shape} a, float{b_shape} b) => (float{out} y) {{
-            y = MatMul(a, b)
-        }}""")
-    text = "\n".join(scheduled_kernels(path, "float32"))
-    assert 'T.sblock("amp_pack")' in text
-    rng = np.random.default_rng(4)
-    feeds = {"a": rng.standard_normal(a_shape).astype(np.float32), "b": rng.standard_normal(b_shape).astype(np.float32)}
+    path, feeds = _product(tmp_path, a_shape, b_shape, seed=4)
+    assert 'T.sblock("amp_pack")' in "\n".join(scheduled_kernels(path, "float32"))
     want, got = onnxruntime_and_amptool(path, feeds)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
@@ -89,11 +94,7 @@ def test_padded_columns_are_cropped_after_the_product_in_whole_vectors(tmp_path:
     """The 197 × 197 scores: the crop of the padded columns runs after the product, rows in
     parallel, 192 columns as vectors and 5 alone; under the product's tiles, a bounds test on the
     last block's lanes made TVM scalarize it (ViT: 3.3 → 1.5 ms a layer at one thread)."""
-    path = _save(tmp_path, """
-        <ir_version: 8, opset_import: ["" : 17]>
-        g (float[1, 3, 197, 32] a, float[1, 3, 32, 197] b) => (float[1, 3, 197, 197] y) {
-            y = MatMul(a, b)
-        }""")
+    path, _ = _product(tmp_path, [1, 3, 197, 32], [1, 3, 32, 197], seed=0)
     text = "\n".join(scheduled_kernels(path, "float32"))
     lanes = 16 if "T.vectorized(T.int64(16))" in text else 8
     crop = text[text.index('T.sblock("amp_crop_'):]
@@ -103,21 +104,14 @@ def test_padded_columns_are_cropped_after_the_product_in_whole_vectors(tmp_path:
 
 @pytest.mark.parametrize(("a_shape", "b_shape"), [
     ([37, 24], [2, 24, 40]),  # the left operand broadcast along a batch dim: rare
-    ([1, 2, 37, 24], [1, 2, 24, 60]),  # 60 columns: 15-lane vectors, where the packed crop is scalar
+    ([1, 2, 37, 24], [1, 2, 24, 60]),  # 60 columns: 15-lane vectors, where packed needs a crop pass
 ])
 def test_other_products_of_two_inputs_keep_tvms_matmul(tmp_path: Path, a_shape: list[int],
                                                       b_shape: list[int]) -> None:
     """Left to TVM's legalization (still correct): Whisper's 1500 × 1500 scores ran 28.9 ms there
     and 37.4 ms packed, its crop a pass of its own through 54 MB."""
-    out = [*np.broadcast_shapes(tuple(a_shape[:-2]), tuple(b_shape[:-2])), a_shape[-2], b_shape[-1]]
-    path = _save(tmp_path, f"""
-        <ir_version: 8, opset_import: ["" : 17]>
-        g (float{a_shape} a, float{b_shape} b) => (float{out} y) {{
-            y = MatMul(a, b)
-        }}""")
+    path, feeds = _product(tmp_path, a_shape, b_shape, seed=5)
     assert 'T.sblock("amp_pack")' not in "\n".join(scheduled_kernels(path, "float32"))
-    rng = np.random.default_rng(5)
-    feeds = {"a": rng.standard_normal(a_shape).astype(np.float32), "b": rng.standard_normal(b_shape).astype(np.float32)}
     want, got = onnxruntime_and_amptool(path, feeds)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
