@@ -69,7 +69,7 @@ def test_narrow_groups_keep_the_grouped_kernel(tmp_path: Path) -> None:
 
 def test_an_empty_map_keeps_the_grouped_kernel(tmp_path: Path) -> None:
     """A zero-width map has no register tile to plan (the NHWC kernel's split divided by zero):
-    it stays with the grouped NCHW kernel, which builds it and returns an empty result."""
+    it stays NCHW, and its empty result is a kernel that writes nothing (tests/test_empty_tensors.py)."""
     w = numpy_helper.from_array(np.full((32, 16, 3, 3), 0.1, np.float32), "w")
     graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], group=2, pads=[1, 1, 1, 1])], "empty",
                               [info("x", [1, 32, 8, 0])], [info("y", [1, 32, 8, 0])], [w])

@@ -121,8 +121,8 @@ def test_other_products_of_two_inputs_keep_tvms_matmul(tmp_path: Path, a_shape: 
     "{ y = MatMul(a, b) }",
 ])
 def test_empty_products_convert_and_run(tmp_path: Path, body: str) -> None:
-    """A product with zero rows has no register tile to plan: it stays with TVM's legalization (it
-    was an internal error, 'TVM failed to compile', before)."""
+    """A product with zero rows has no register tile to plan: its empty result is a kernel that
+    writes nothing (it was an internal error, 'TVM failed to compile', before)."""
     inputs = "float[0, 32] a" if "w =" in body else "float[2, 0, 32] a, float[2, 32, 197] b"
     out = "float[0, 16] y" if "w =" in body else "float[2, 0, 197] y"
     path = _save(tmp_path, f"""

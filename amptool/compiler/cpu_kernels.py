@@ -98,8 +98,9 @@ _X86_WITHOUT: dict[tuple[str, str], bool] = {}
 
 
 def legalize_map() -> dict[str, Callable[[Any, Any], Any]]:
-    """Op name → legalization for ``relax.transform.LegalizeOps(customize_legalize_map=…)``."""
-    return {
+    """Op name → legalization for ``relax.transform.LegalizeOps(customize_legalize_map=…)``; a call
+    over an empty tensor keeps TVM's (``_unless_empty``)."""
+    return {name: _unless_empty(legalization) for name, legalization in {
         "relax.nn.conv2d": _legalize_conv2d,
         "relax.matmul": _legalize_matmul,
         "relax.erf": _legalize_erf,
@@ -114,10 +115,58 @@ def legalize_map() -> dict[str, Callable[[Any, Any], Any]]:
         "relax.nn.gelu": _legalize_gelu,
         "relax.nn.gelu_tanh": _legalize_gelu_tanh,
         "relax.image.grid_sample": _legalize_grid_sample,
-    }
+    }.items()}
+
+
+#: Ops whose result is a sum over their arguments' dims: with an empty argument and a non-empty
+#: result, that sum runs over nothing.
+_SUMS = ("relax.nn.conv2d", "relax.matmul")
+
+
+def _unless_empty(legalization: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """``legalization``, except for calls over empty tensors (a zero-size dim): an empty result is
+    a kernel that writes nothing, and a conv or matmul whose sum runs over nothing (zero input
+    channels or a zero-length inner dim) is a constant of zeros.
+
+    Why: the kernels here plan register tiles from the shapes and divide by them (a 3×3 conv over a
+    zero-width map, padded to 2 columns, has zero output columns); TVM's conv legalization rejects
+    an empty result ("negative output shape"); and a TIR reduction initialises its output inside
+    the reduction loop, so one over zero iterations leaves the memory as it found it (measured:
+    NaN and Inf from a float16 conv over zero channels). One guard serves every op here."""
+
+    def legalize(bb: Any, call: Any) -> Any:
+        shape = static_shape(call)
+        if shape is not None and 0 in shape:
+            return bb.call_te(_nothing, call.args[0], shape=shape, dtype=str(call.ty.dtype), primfunc_name_hint="empty")
+        if shape is not None and str(call.op.name) in _SUMS and any(0 in (static_shape(a) or ()) for a in call.args):
+            return _zeros(bb, shape, str(call.ty.dtype))
+        return legalization(bb, call)
+
+    return legalize
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def _nothing(source: Any, shape: list[int], dtype: str) -> Any:
+    """An empty tensor (``_unless_empty``): a kernel over nothing. It takes the call's first
+    argument, which it never reads, so that constant folding leaves it a kernel: an empty constant
+    would be written into the library, and TVM's loader rejects a zero-size tensor there."""
+    import tvm  # noqa: PLC0415
+    from tvm import te  # noqa: PLC0415
+
+    del source
+    return te.compute(shape, lambda *_: tvm.tirx.const(0, dtype), name="empty")
+
+
+def _zeros(bb: Any, shape: list[int], dtype: str) -> Any:
+    """Zeros of ``shape`` and ``dtype`` as a constant (``_unless_empty``); bfloat16's cast from
+    float32 is TVM's (numpy has no bfloat16), folded with the other constants. Not a kernel: a
+    fused cast of a broadcast zero to bfloat16 fails TVM's bfloat16 legalization."""
+    from tvm import relax  # noqa: PLC0415
+
+    zeros = _constant(np.zeros(shape, np.float32))
+    return zeros if dtype == "float32" else _default(bb, bb.normalize(relax.op.astype(zeros, dtype)))
 
 
 def _default(bb: Any, call: Any) -> Any:
@@ -569,8 +618,8 @@ def _legalize_matmul(bb: Any, call: Any) -> Any:
     if a_shape is None or len(a_shape) < 2 or str(a.ty.dtype) not in _FLOATS or out_dtype not in _FLOATS:
         return _default(bb, call)
     b_shape = static_shape(b)
-    if b_shape is None or 0 in a_shape or 0 in b_shape:
-        return _default(bb, call)  # a symbolic right operand, or an empty product: no tiles to plan
+    if b_shape is None:
+        return _default(bb, call)  # a symbolic right operand (an empty product never gets here: _unless_empty)
     if not isinstance(b, tvm.ir.GenericConst):
         return _legalize_matmul_of_activations(bb, call, a_shape, b_shape)
     w = np.asarray(b.value.numpy())
