@@ -47,6 +47,8 @@ import numpy as np
 from amptool import _tvm
 from amptool._tvm import static_shape
 from amptool.compiler.cpu_depthwise import DEPTHWISE_BLOCK, depthwise_conv2d, pack_weight
+from amptool.compiler.cpu_tail_reduction import REDUCTIONS
+from amptool.compiler.cpu_tail_reduction import legalization as tail_reduction
 from amptool.dtypes import DTYPES
 
 #: Block names the schedule rules look for.
@@ -115,6 +117,7 @@ def legalize_map() -> dict[str, Callable[[Any, Any], Any]]:
         "relax.nn.gelu": _legalize_gelu,
         "relax.nn.gelu_tanh": _legalize_gelu_tanh,
         "relax.image.grid_sample": _legalize_grid_sample,
+        **dict.fromkeys(REDUCTIONS, tail_reduction(_default, _current_lanes)),
     }.items()}
 
 

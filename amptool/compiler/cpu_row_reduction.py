@@ -14,7 +14,9 @@ the reductions are factored before anything moves under the row loop.
 
 When not: a reduction over an axis that is not contiguous in its inputs (softmax over channels
 of NCHW), over fewer than two vectors, or of a length no power-of-two vector width ≥ 4 divides:
-the rule passes and dlight's takes the kernel.
+the rule passes and dlight's takes the kernel. (A kernel may hold a reduction shorter than a
+vector, left scalar, beside one it factors: ``cpu_tail_reduction`` splits lengths no vector
+divides so.)
 
 Preserves: values up to float rounding — ``lanes`` partial sums added together at the end are
 a different order of additions from one chain (max and min are exact).
@@ -27,7 +29,7 @@ from typing import Any
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 
 from amptool.compiler.cpu_schedules import SPATIAL as _SPATIAL
-from amptool.compiler.cpu_schedules import Tiling, _extent, _parallel, _stride, try_inline
+from amptool.compiler.cpu_schedules import Tiling, _extent, _parallel, _partition, _stride, try_inline
 
 #: Vector widths tried for a reduction's partial results, widest first (float32 lanes ≤ target's).
 _WIDTHS = (16, 8, 4)
@@ -45,10 +47,11 @@ def vector_row_reduction(sch: Any, tiling: Tiling) -> Any | None:
     if rows == 0:
         return None
     widths = [_plan(sch, info, tiling) for info in reductions]
-    if None in widths or not _rows_shared(sch, infos, rows):
+    if None in widths or not any(widths) or not _rows_shared(sch, infos, rows):
         return None
     for info, width in zip(reductions, widths, strict=True):
-        _factor(sch, info, int(width or 0))
+        if width:
+            _factor(sch, info, width)
     return _schedule_rows(sch, rows, tiling)
 
 
@@ -73,7 +76,9 @@ def _leading_spatial(kinds: str) -> int:
 def _plan(sch: Any, info: Any, tiling: Tiling) -> int | None:
     """The vector width for one reduction block, or None if it cannot be factored:
     its reduction axes must trail its spatial ones and the innermost be contiguous (or
-    broadcast) in every input, with a length a vector width divides at least twice."""
+    broadcast) in every input, with a length a vector width divides at least twice. 0 for a
+    reduction of fewer values than a vector, left a scalar loop: the tail of a longer one
+    (``cpu_tail_reduction``), when another reduction of the kernel is factored."""
     kinds = info.dom_kind()
     spatial = _leading_spatial(kinds)
     if spatial == len(kinds) or set(kinds[spatial:]) != {"R"}:
@@ -88,6 +93,8 @@ def _plan(sch: Any, info: Any, tiling: Tiling) -> int | None:
         return None
     length = int(extents[-1] or 0)
     width = next((w for w in _WIDTHS if w <= tiling.lanes and length % w == 0 and length >= 2 * w), None)
+    if width is None and len(kinds) - spatial == 1 and length < tiling.lanes:
+        return 0
     return width
 
 
@@ -108,12 +115,12 @@ def _schedule_rows(sch: Any, rows: int, tiling: Tiling) -> Any:
     # (a kernel ending in its reduction ends combining lanes; one ending in a value per row has no columns)
     columns = len(sch.get_loops(last)) > rows and all(iv.iter_type == _SPATIAL for iv in sch.get(last).iter_vars)
     row_loop = _parallel(sch, sch.get_loops(last)[:rows], tiling)
-    if columns:
-        _vectorize_innermost(sch, last, tiling)
     for block in reversed(earlier):
         sch.compute_at(block, row_loop, preserve_unit_loops=True)
     for block in earlier:
         _schedule_block(sch, block, tiling)
+    if columns:  # (last: a loop partition wraps the block, and nothing could move under it after)
+        _vectorize_innermost(sch, last, tiling)
     return sch
 
 
@@ -163,6 +170,10 @@ def _vectorize_innermost(sch: Any, block: Any, tiling: Tiling) -> None:
         return
     width = next((w for w in (4 * tiling.lanes, 2 * tiling.lanes, tiling.lanes, 8, 4) if extent % w == 0), None)
     if width is None:
+        if extent >= tiling.lanes:  # whole vectors, then a scalar tail (a bounds test in the vector scalarizes it)
+            head = _partition(sch, loops[-1], extent // tiling.lanes * tiling.lanes, extent)[0]
+            _, lanes = sch.split(head, [None, tiling.lanes])
+            sch.vectorize(lanes)
         return
     if width < extent:
         _, loops_inner = sch.split(loops[-1], [None, width])
