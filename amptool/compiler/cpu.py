@@ -34,6 +34,7 @@ import tvm
 from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 
 from amptool.compiler import stages
+from amptool.compiler.cpu_attention import SCORES_BLOCK, attention, fuse_attention
 from amptool.compiler.cpu_conv1d import conv1d_as_conv2d
 from amptool.compiler.cpu_conv_transpose import split_conv_transpose
 from amptool.compiler.cpu_depthwise import DEPTHWISE_BLOCK
@@ -92,10 +93,10 @@ def default_rules(tiling: Tiling | None = None) -> list[Any]:
     requires = {
         nhwc_conv2d: CONV2D_NHWC_BLOCK, nhwc_depthwise: DEPTHWISE_NHWC_BLOCK, nhwc_conv2d_bf16: CONV2D_NHWC_BF16_BLOCK,
         packed_conv2d: CONV2D_BLOCK, depthwise_conv2d: DEPTHWISE_BLOCK, packed_matmul: MATMUL_BLOCK,
-        packed_conv2d_bf16: CONV2D_BF16_BLOCK, packed_matmul_bf16: MATMUL_BF16_BLOCK,
+        packed_conv2d_bf16: CONV2D_BF16_BLOCK, packed_matmul_bf16: MATMUL_BF16_BLOCK, attention: SCORES_BLOCK,
     }
     return [Guarded(fn, tiling, requires.get(fn)) for fn in (
-        nhwc_conv2d, nhwc_depthwise, nhwc_conv2d_bf16, packed_conv2d, depthwise_conv2d, packed_matmul,
+        attention, nhwc_conv2d, nhwc_depthwise, nhwc_conv2d_bf16, packed_conv2d, depthwise_conv2d, packed_matmul,
         packed_conv2d_bf16, packed_matmul_bf16, tiled_reduction, injective, vector_row_reduction, row_reduction,
         parallel_outer)]
 
@@ -104,7 +105,7 @@ def stage_passes(target: Any) -> stages.Stages:
     """(stage, passes) in build order, for ``target`` (an LLVM Target): the ``layout`` stage
     (``cpu_layout``), then the stages every backend has."""
     shared = stages.relax_stages(target, cpu_generic, legalize_map(), default_rules())
-    return [("layout", [_SPLIT_CONV_TRANSPOSE, _CONV1D_AS_CONV2D, _ROW_SCANS, *layout_passes()]),
+    return [("layout", [_FUSE_ATTENTION, _SPLIT_CONV_TRANSPOSE, _CONV1D_AS_CONV2D, _ROW_SCANS, *layout_passes()]),
             ("epilogues", [_WIDEN_EPILOGUES]),
             *shared[:_SCHEDULED], ("in place", [_IN_PLACE]), *shared[_SCHEDULED:]]
 
@@ -114,6 +115,7 @@ def _module_pass(rewrite: Callable[[Any], Any], name: str) -> Any:
     return tvm.transform.module_pass(lambda mod, _ctx: rewrite(mod), opt_level=0, name=f"amptool.{name}")
 
 
+_FUSE_ATTENTION = _module_pass(fuse_attention, "FuseAttention")
 _SPLIT_CONV_TRANSPOSE = _module_pass(split_conv_transpose, "SplitConvTranspose")
 _CONV1D_AS_CONV2D = _module_pass(conv1d_as_conv2d, "Conv1dAsConv2d")
 _ROW_SCANS = _module_pass(rewrite_scans, "RowScans")

@@ -1,0 +1,366 @@
+"""Attention as one CPU kernel: scores, softmax and the product with V per block of query rows.
+
+What: ``matmul(softmax(chain(matmul(q, kᵀ)), axis=-1), v)`` — ``chain`` a run of elementwise
+adds, subtracts, multiplies and divides by constants or tensors broadcast to the scores (a scale,
+an attention mask, a causal mask) — becomes one kernel (``attention``): for each block of ``R``
+query rows, the rows' scores (a register tile of ``R`` rows × whole vectors of keys), their max,
+exponentials and sum, and their product with ``v`` (a register tile of ``R`` rows × ``v``'s
+columns) — all within one task, the scores never leaving the cache. A key count no vector
+divides reads ``kᵀ`` padded with zero columns (a small kernel of its own), the padded scores
+masked to −inf.
+
+Why: as three kernels the scores make four trips through memory (written, read and written by
+the softmax, read by the product). Whisper's encoder (6 heads × 1500 × 1500 scores, 54 MB a
+layer) spent ~76 ms a layer on them at one thread, onnxruntime ~42; this kernel ~38 (measured
+in benchmarks/README.md, thirteenth session).
+
+When not: fewer than ``MIN_KEYS`` keys (the scores stay in cache between the three kernels);
+shapes that are not static; any dtype but float32; ``v`` columns no vector divides; a query row
+count with no block from 2 to 6 rows; an intermediate (the scores, the probabilities) used
+elsewhere, e.g. returned as attention weights; batch dims that differ between ``q``, ``kᵀ`` and ``v``.
+
+Preserves: softmax's values up to float rounding (sums in another order, the project's exp
+polynomial); an all −inf row gives NaN, as the softmax does.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from amptool import _tvm
+from amptool._tvm import static_shape
+
+#: Keys from which attention is one kernel: below, the scores stay in cache between the kernels.
+MIN_KEYS = 256
+
+#: Block names of the kernel (the schedule finds it by ``SCORES_BLOCK``).
+SCORES_BLOCK = "amp_attention_scores"
+_MAX, _EXP, _SUM, _PRODUCT, _OUT = ("amp_attention_max", "amp_attention_exp", "amp_attention_sum",
+                                    "amp_attention_product", "amp_attention_out")
+
+_LANES = 16  # float32 lanes of the key blocks (AVX-512); narrower targets split each block
+_CHAIN_OPS = {"relax.add": "add", "relax.subtract": "subtract", "relax.multiply": "multiply",
+              "relax.divide": "divide"}
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One elementwise step between the scores and the softmax: ``op`` with ``operand``, the scores
+    on the left unless ``scores_right``."""
+
+    op: str
+    operand: Any
+    scores_right: bool
+
+
+@dataclass(frozen=True)
+class _Match:
+    q: Any
+    kt: Any
+    v: Any
+    steps: tuple[_Step, ...]
+    fused: frozenset[Any]  # the bindings the kernel replaces (scores, steps, probabilities)
+    nan_to_zero: bool  # rows whose probabilities are NaN (all keys masked) give zeros
+
+
+def fuse_attention(mod: Any) -> Any:
+    """``mod`` with each attention ``_match`` accepts computed by one kernel (module docstring)."""
+    from tvm.relax.expr_functor import PyExprMutator, mutator  # noqa: PLC0415
+
+    matches: dict[Any, _Match] = {}
+    for _gv, func in _tvm.relax_functions(mod):
+        matches.update(_matches(func))
+    if not matches:
+        return mod
+    skipped = frozenset().union(*(m.fused for m in matches.values()))
+
+    @mutator
+    class _Attention(PyExprMutator):
+        def visit_var_binding_(self, binding: Any) -> None:
+            if binding.var in skipped:
+                return
+            match = matches.get(binding.var)
+            if match is None:
+                super().visit_var_binding_(binding)
+                return
+            out = _emit(self.builder_, match, self.visit_expr)
+            self.set_var_remap(binding.var, self.builder_.emit(out, name_hint=_tvm.var_name(binding.var)))
+
+    return _tvm.rewrite_functions(mod, _Attention(mod))
+
+
+def _matches(func: Any) -> dict[Any, _Match]:
+    """The attention outputs of ``func`` (the product's binding var) and what each replaces."""
+    from tvm import relax  # noqa: PLC0415
+
+    graph = _Graph(func)
+    found: dict[Any, _Match] = {}
+    for var, value in graph.values.items():
+        if not isinstance(value, relax.Call) or _tvm.op_name(value) != "relax.matmul":
+            continue
+        probabilities, v = value.args
+        fused = []
+        unzeroed = graph.nan_zeroed(probabilities)
+        if unzeroed is not None:  # where(isnan(p), 0, p): PyTorch's SDPA export zeroes fully masked rows
+            fused += [probabilities, graph.values[probabilities].args[0]]
+            probabilities = unzeroed
+        softmax: Any = graph.values.get(probabilities)
+        wanted_uses = 1 if unzeroed is None else 2
+        if (not isinstance(probabilities, relax.DataflowVar) or _tvm.op_name(softmax) != "relax.nn.softmax"
+                or graph.uses.get(probabilities) != wanted_uses):
+            continue
+        fused.append(probabilities)
+        walked = graph.steps_from(softmax.args[0])
+        if walked is None:
+            continue
+        scores, steps, chain = walked
+        q, kt = graph.values[scores].args
+        match = _Match(q, kt, v, steps, frozenset([*fused, *chain, scores]), unzeroed is not None)
+        if _accepts(match, softmax, graph.values[scores], value):
+            found[var] = match
+    return found
+
+
+class _Graph:
+    """A Relax function's bindings (var → value) and how often each var is used."""
+
+    def __init__(self, func: Any) -> None:
+        from tvm import relax  # noqa: PLC0415
+
+        self.values: dict[Any, Any] = {}
+        self.uses: dict[Any, int] = {}
+
+        def count(expr: Any) -> None:
+            if isinstance(expr, relax.Var):
+                self.uses[expr] = self.uses.get(expr, 0) + 1
+
+        for block in func.body.blocks:
+            for binding in block.bindings:
+                if isinstance(binding, relax.VarBinding):
+                    self.values[binding.var] = binding.value
+                    relax.analysis.post_order_visit(binding.value, count)
+        relax.analysis.post_order_visit(func.body.body, count)
+
+    def single(self, var: Any, ops: tuple[str, ...]) -> Any | None:
+        """``var``'s value when ``var`` is a dataflow var used once, bound to a call of one of ``ops``."""
+        from tvm import relax  # noqa: PLC0415
+
+        value = self.values.get(var)
+        if not isinstance(var, relax.DataflowVar) or self.uses.get(var) != 1 or _tvm.op_name(value) not in ops:
+            return None
+        return value
+
+    def nan_zeroed(self, var: Any) -> Any | None:
+        """For ``var = where(isnan(p), 0, p)`` (used once, its test too), ``p``; else None."""
+        where = self.single(var, ("relax.where",))
+        if where is None:
+            return None
+        test, zero, p = where.args
+        isnan = self.single(test, ("relax.isnan",))
+        if isnan is None or not isnan.args[0].same_as(p) or not _tvm.is_constant(zero):
+            return None
+        if _tvm.constant_numpy(zero).any():
+            return None
+        return p
+
+    def steps_from(self, var: Any) -> tuple[Any, tuple[_Step, ...], list[Any]] | None:
+        """From the softmax's input back to the scores' matmul: (the scores' var, the steps in
+        order, the steps' vars); None when something else is in between or is used elsewhere."""
+        steps: list[_Step] = []
+        chain: list[Any] = []
+        carried = (*_CHAIN_OPS, "relax.matmul")
+        while (value := self.single(var, carried)) is not None:
+            name = str(_tvm.op_name(value))
+            if name == "relax.matmul":
+                return var, tuple(reversed(steps)), chain
+            # The argument carrying the scores: the one that is itself a step or the scores' matmul.
+            carriers = [i for i, arg in enumerate(value.args) if self.single(arg, carried) is not None]
+            if len(carriers) != 1:
+                return None
+            scores_right = carriers[0] == 1
+            steps.append(_Step(_CHAIN_OPS[name], value.args[0 if scores_right else 1], scores_right))
+            chain.append(var)
+            var = value.args[carriers[0]]
+        return None
+
+
+def _accepts(match: _Match, softmax: Any, scores: Any, product: Any) -> bool:
+    """The kernel's conditions (module docstring, "When not")."""
+    shapes = [static_shape(x) or [] for x in (match.q, match.kt, match.v, scores, product)]
+    if any(len(shape) < 2 for shape in shapes):
+        return False
+    q, kt, v, z, _ = shapes
+    tensors = (match.q, match.kt, match.v, scores, softmax, product)
+    if any(_tvm.tensor_dtype(x) != "float32" for x in tensors):
+        return False
+    rank = len(z)
+    if int(softmax.attrs.axis) % rank != rank - 1 or not len(q) == len(kt) == len(v) == rank:
+        return False
+    if not q[:-2] == kt[:-2] == v[:-2] or kt[-1] != v[-2] or kt[-2] != q[-1]:
+        return False
+    keys, columns = kt[-1], v[-1]
+    if keys < MIN_KEYS or columns % _LANES or _row_block(q[-2], columns) is None:
+        return False
+    for step in match.steps:
+        operand = static_shape(step.operand)
+        if operand is None or _tvm.tensor_dtype(step.operand) != "float32" or len(operand) > rank:
+            return False
+        if any(d not in (1, full) for d, full in zip(reversed(operand), reversed(z), strict=False)):
+            return False
+    return True
+
+
+def _row_block(rows: int, columns: int) -> int | None:
+    """Query rows per task: the largest divisor of ``rows`` from 2 to 6 whose product tile (rows ×
+    ``columns / 16`` accumulators) fits 24 of the 32 vector registers."""
+    cap = min(6, 24 // max(1, columns // _LANES))
+    return next((r for r in range(cap, 1, -1) if rows % r == 0), None)
+
+
+def _emit(bb: Any, match: _Match, remap: Any) -> Any:
+    """The kernel's call (and ``kᵀ``'s padded copy when the keys need one)."""
+    q, kt, v = (remap(x) for x in (match.q, match.kt, match.v))
+    operands = [remap(step.operand) for step in match.steps]
+    keys = (static_shape(match.kt) or [0])[-1]
+    padded = _LANES * math.ceil(keys / _LANES)
+    if padded != keys:
+        kt = bb.emit(bb.call_te(_pad_columns, kt, padded=padded, primfunc_name_hint="amp_attention_pad_keys"))
+    return bb.call_te(_attention, q, kt, v, *operands, keys=keys, steps=[(s.op, s.scores_right) for s in match.steps],
+                      nan_to_zero=match.nan_to_zero, primfunc_name_hint="attention")
+
+
+def _pad_columns(x: Any, padded: int) -> Any:
+    from tvm import te, tirx  # noqa: PLC0415
+
+    *lead, width = (int(d) for d in x.shape)
+    return te.compute((*lead, padded), lambda *i: tirx.if_then_else(
+        i[-1] < width, x(*i[:-1], tirx.min(i[-1], width - 1)), tirx.const(0.0, "float32")), name="pad_keys")
+
+
+def _attention(q: Any, kt: Any, v: Any, *operands: Any, keys: int, steps: list[tuple[str, bool]],
+               nan_to_zero: bool) -> Any:
+    from tvm import te, tirx  # noqa: PLC0415
+
+    from amptool.compiler.cpu_exp import exp_f32  # noqa: PLC0415
+
+    *batch, rows, depth = (int(d) for d in q.shape)
+    padded = int(kt.shape[-1])
+    columns = int(v.shape[-1])
+    rank = len(batch) + 2
+    d = te.reduce_axis((0, depth), name="d")
+    scores = te.compute((*batch, rows, padded), lambda *i: te.sum(q(*i[:-1], d) * kt(*i[:-2], d, i[-1]), axis=d),
+                        name=SCORES_BLOCK)
+
+    def broadcast(operand: Any, index: tuple[Any, ...]) -> Any:
+        shape = [int(s) for s in operand.shape]
+        own = index[rank - len(shape):]
+        return operand(*(0 if s == 1 else i for s, i in zip(shape, own, strict=True)))
+
+    def stepped(*i: Any) -> Any:
+        value = scores(*i)
+        for (op, scores_right), operand in zip(steps, operands, strict=True):
+            other = broadcast(operand, i)
+            a, b = (other, value) if scores_right else (value, other)
+            value = {"add": a + b, "subtract": a - b, "multiply": a * b, "divide": a / b}[op]
+        return tirx.Select(i[-1] < keys, value, tirx.const(float("-inf"), "float32"))
+
+    masked = te.compute((*batch, rows, padded), stepped, name="amp_attention_masked")
+    c1 = te.reduce_axis((0, padded), name="c1")
+    top = te.compute((*batch, rows), lambda *i: te.max(masked(*i, c1), axis=c1), name=_MAX)
+    exps = te.compute((*batch, rows, padded), lambda *i: exp_f32(masked(*i) - top(*i[:-1])), name=_EXP)
+    c2 = te.reduce_axis((0, padded), name="c2")
+    total = te.compute((*batch, rows), lambda *i: te.sum(exps(*i, c2), axis=c2), name=_SUM)
+    c3 = te.reduce_axis((0, keys), name="c3")
+    product = te.compute((*batch, rows, columns),
+                         lambda *i: te.sum(exps(*i[:-1], c3) * v(*i[:-2], c3, i[-1]), axis=c3), name=_PRODUCT)
+    def normalized(*i: Any) -> Any:
+        value = product(*i) / total(*i[:-1])
+        if not nan_to_zero:
+            return value
+        # A row whose keys are all masked sums to 0 here (the max starts from float32's lowest, not
+        # -inf) and to NaN where a score is NaN: zeros for both, as where(isnan(p), 0, p) gives.
+        return tirx.Select(total(*i[:-1]) > tirx.const(0.0, "float32"), value, tirx.const(0.0, "float32"))
+
+    return te.compute((*batch, rows, columns), normalized, name=_OUT)
+
+
+def attention(sch: Any, tiling: Any) -> Any | None:
+    """Schedule rule for ``attention`` (module docstring): tasks of ``R`` query rows in parallel;
+    in each, the scores' register tile (``R`` rows × ``CV`` key vectors over the depth), the max
+    and sum as vector partial results, the exponentials vectorized, the product's register tile
+    (``R`` rows × ``v``'s columns over the keys)."""
+    from amptool.compiler.cpu_schedules import _extent, _parallel  # noqa: PLC0415
+
+    lanes = tiling.lanes
+    for name in (_MAX, _SUM):  # (rfactor wants the block first under its loops: before compute_at)
+        inner = sch.get_loops(sch.get_sblock(name))[-1]
+        _, lane = sch.split(inner, [None, lanes])
+        sch.rfactor(lane, factor_axis=len(sch.get(sch.get_sblock(name)).writes[0].region))
+    out = sch.get_sblock(_OUT)
+    *batch, rows_loop, columns_loop = sch.get_loops(out)
+    columns = _extent(sch, columns_loop) or 0
+    block = _row_block(_extent(sch, rows_loop) or 0, columns)
+    if block is None:
+        return None
+    row_blocks, rows = sch.split(rows_loop, [None, block])
+    task = _parallel(sch, [*batch, row_blocks], tiling)
+    for name in (_PRODUCT, _SUM, _SUM + "_rf", _EXP, _MAX, _MAX + "_rf", "amp_attention_masked", SCORES_BLOCK):
+        sch.compute_at(sch.get_sblock(name), task, preserve_unit_loops=True)  # (consumers first)
+    sch.compute_inline(sch.get_sblock("amp_attention_masked"))
+    _score_tile(sch, sch.get_sblock(SCORES_BLOCK), block, lanes)
+    for name in (_MAX + "_rf", _SUM + "_rf"):
+        _partial_lanes(sch, sch.get_sblock(name), lanes)
+    exp_loop = sch.get_loops(sch.get_sblock(_EXP))[-1]
+    _, exp_lanes = sch.split(exp_loop, [None, lanes])
+    sch.vectorize(exp_lanes)
+    _product_tile(sch, sch.get_sblock(_PRODUCT), lanes)
+    out_lanes = sch.split(sch.get_loops(out)[-1], [None, lanes])[1]
+    sch.vectorize(out_lanes)
+    return sch
+
+
+def _score_tile(sch: Any, scores: Any, block: int, lanes: int) -> None:
+    """``block`` rows × as many key vectors as keep ~16 accumulators, over the depth."""
+    from amptool.compiler.cpu_schedules import _divisor  # noqa: PLC0415
+
+    rows, keys, depth = sch.get_loops(scores)[-3:]
+    vectors = _divisor(int(sch.get(keys).extent) // lanes, max(1, 16 // block)) or 1
+    key_blocks, key_tile = sch.split(keys, [None, vectors * lanes])
+    sch.reorder(key_blocks, depth, rows, key_tile)
+    tile = sch.cache_write(scores, 0, "local")
+    sch.reverse_compute_at(tile, key_blocks)
+    sch.vectorize(sch.get_loops(tile)[-1])
+    steps, key_lanes = sch.split(key_tile, [None, lanes])
+    sch.unroll(steps)
+    sch.vectorize(key_lanes)
+    sch.unroll(rows)
+    init = sch.decompose_reduction(scores, depth)
+    sch.vectorize(sch.get_loops(init)[-1])
+
+
+def _partial_lanes(sch: Any, rf: Any, lanes: int) -> None:
+    """An rfactor block's lanes innermost and vectorized (one vector of partial results a row)."""
+    stmt = sch.get(rf)
+    loops = sch.get_loops(rf)[-len(stmt.iter_vars):]
+    lane_var = stmt.writes[0].region[-1].min
+    lane = next(loop for loop, iv in zip(loops, stmt.iter_vars, strict=True) if iv.var.same_as(lane_var))
+    reductions = [loop for loop, iv in zip(loops, stmt.iter_vars, strict=True) if int(iv.iter_type) != 0]
+    sch.reorder(*reductions, lane)
+    sch.vectorize(lane)
+    init = sch.decompose_reduction(rf, reductions[0])
+    sch.vectorize(sch.get_loops(init)[-1])
+
+
+def _product_tile(sch: Any, product: Any, lanes: int) -> None:
+    """The block's rows × ``v``'s columns (whole vectors) accumulated over the keys."""
+    rows, columns, keys = sch.get_loops(product)[-3:]
+    sch.reorder(keys, rows, columns)
+    sch.cache_write(product, 0, "local")
+    steps, column_lanes = sch.split(columns, [None, lanes])
+    sch.unroll(steps)
+    sch.vectorize(column_lanes)
+    sch.unroll(rows)
+    init = sch.decompose_reduction(product, keys)
+    sch.vectorize(sch.get_loops(init)[-1])

@@ -1,0 +1,106 @@
+"""Attention as one CPU kernel (``compiler/cpu_attention``): matmul → scale/mask steps → softmax →
+matmul becomes one kernel per block of query rows, values as onnxruntime's; and the patterns it
+must leave as three kernels are left."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from amptool.compiler.cpu_attention import MIN_KEYS
+from tests.conftest import scheduled_kernels
+from tests.onnx_checks import onnxruntime_and_amptool
+
+pytest.importorskip("tvm")
+
+HEADS, DEPTH = 2, 32
+
+
+def _model(path: Path, rows: int, keys: int, steps: list[onnx.NodeProto], inits: list[onnx.TensorProto],
+           softmax_input: str, extra_outputs: tuple[str, ...] = (), nan_to_zero: bool = False) -> str:
+    """q [1, H, rows, D] · kᵀ [1, H, D, keys] → steps → softmax → (where(isnan, 0)) → · v [1, H, keys, D]."""
+    nodes = [helper.make_node("MatMul", ["q", "kt"], ["scores"]), *steps,
+             helper.make_node("Softmax", [softmax_input], ["p"], axis=-1)]
+    probabilities = "p"
+    if nan_to_zero:
+        inits = [*inits, numpy_helper.from_array(np.zeros((), np.float32), "zero")]
+        nodes += [helper.make_node("IsNaN", ["p"], ["nan"]), helper.make_node("Where", ["nan", "zero", "p"], ["pz"])]
+        probabilities = "pz"
+    nodes.append(helper.make_node("MatMul", [probabilities, "v"], ["y"]))
+    inputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name, shape in (
+        ("q", [1, HEADS, rows, DEPTH]), ("kt", [1, HEADS, DEPTH, keys]), ("v", [1, HEADS, keys, DEPTH]))]
+    outputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in ("y", *extra_outputs)]
+    model = helper.make_model(helper.make_graph(nodes, "attention", inputs, outputs, inits),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return str(path)
+
+
+def _feeds(rows: int, keys: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(3)
+    return {"q": rng.standard_normal((1, HEADS, rows, DEPTH)).astype(np.float32),
+            "kt": rng.standard_normal((1, HEADS, DEPTH, keys)).astype(np.float32),
+            "v": rng.standard_normal((1, HEADS, keys, DEPTH)).astype(np.float32)}
+
+
+def _fused(path: str) -> bool:
+    return any('T.sblock("amp_attention_scores' in text for text in scheduled_kernels(path, "float32"))
+
+
+def test_plain_attention_over_keys_no_vector_divides(tmp_path: Path) -> None:
+    """Whisper's pattern (scale applied to q and k before): 300 keys, padded to 304 and masked."""
+    path = _model(tmp_path / "plain.onnx", 300, 300, [], [], "scores")
+    assert _fused(path)
+    want, got = onnxruntime_and_amptool(path, _feeds(300, 300))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_scale_and_padding_mask_with_a_fully_masked_row(tmp_path: Path) -> None:
+    """BERT's pattern with PyTorch's SDPA export: divide, add a mask, softmax, where(isnan, 0). A row
+    whose keys are all masked is NaN after the softmax and zeros after the where, in both."""
+    mask = np.zeros((1, 1, 256, 256), np.float32)
+    mask[..., 200:] = -np.inf  # padding keys
+    mask[0, 0, 7, :] = -np.inf  # one query row sees nothing
+    inits = [numpy_helper.from_array(np.array(np.sqrt(DEPTH), np.float32), "scale"),
+             numpy_helper.from_array(mask, "mask")]
+    steps = [helper.make_node("Div", ["scores", "scale"], ["scaled"]),
+             helper.make_node("Add", ["scaled", "mask"], ["masked"])]
+    path = _model(tmp_path / "masked.onnx", 256, 256, steps, inits, "masked", nan_to_zero=True)
+    assert _fused(path)
+    want, got = onnxruntime_and_amptool(path, _feeds(256, 256))
+    assert not np.isnan(want).any() and not np.asarray(want)[0, :, 7].any()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_causal_mask_and_a_scale_on_the_left(tmp_path: Path) -> None:
+    """An LLM prefill's pattern: a constant times the scores, plus a [rows, keys] causal mask."""
+    causal = np.triu(np.full((264, 264), -1e9, np.float32), k=1)
+    inits = [numpy_helper.from_array(np.array(0.125, np.float32), "scale"), numpy_helper.from_array(causal, "causal")]
+    steps = [helper.make_node("Mul", ["scale", "scores"], ["scaled"]),
+             helper.make_node("Add", ["scaled", "causal"], ["masked"])]
+    path = _model(tmp_path / "causal.onnx", 264, 264, steps, inits, "masked")
+    assert _fused(path)
+    want, got = onnxruntime_and_amptool(path, _feeds(264, 264))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(("rows", "keys", "why"), [
+    (300, MIN_KEYS - 16, "few keys: the scores stay in cache"),
+    (257, 300, "a prime row count: no block of 2 to 6 rows"),
+])
+def test_left_as_three_kernels(tmp_path: Path, rows: int, keys: int, why: str) -> None:
+    path = _model(tmp_path / "left.onnx", rows, keys, [], [], "scores")
+    assert not _fused(path), why
+    want, got = onnxruntime_and_amptool(path, _feeds(rows, keys))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_probabilities_returned_too_are_left_as_they_are(tmp_path: Path) -> None:
+    """The attention weights are an output: the fused kernel would not compute them."""
+    path = _model(tmp_path / "weights.onnx", 300, 300, [], [], "scores", extra_outputs=("p",))
+    assert not _fused(path)
