@@ -89,14 +89,23 @@ def test_causal_mask_and_a_scale_on_the_left(tmp_path: Path) -> None:
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize(("rows", "keys", "why"), [
-    (300, MIN_KEYS - 16, "few keys: the scores stay in cache"),
-    (257, 300, "a prime row count: no block of 2 to 6 rows"),
-])
-def test_left_as_three_kernels(tmp_path: Path, rows: int, keys: int, why: str) -> None:
-    path = _model(tmp_path / "left.onnx", rows, keys, [], [], "scores")
-    assert not _fused(path), why
-    want, got = onnxruntime_and_amptool(path, _feeds(rows, keys))
+def test_few_keys_are_left_as_three_kernels(tmp_path: Path) -> None:
+    """Below MIN_KEYS the scores stay in cache between the three kernels, which are faster."""
+    path = _model(tmp_path / "left.onnx", 300, MIN_KEYS - 16, [], [], "scores")
+    assert not _fused(path)
+    want, got = onnxruntime_and_amptool(path, _feeds(300, MIN_KEYS - 16))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_prime_query_count_is_padded_to_whole_blocks(tmp_path: Path) -> None:
+    """ViT's case (197 tokens; 257 here, with a [rows, keys] mask read at the real rows only): q
+    padded with zero rows to whole blocks, the extra rows cropped."""
+    mask = np.random.default_rng(5).uniform(-3.0, 0.0, (257, 300)).astype(np.float32)
+    path = _model(tmp_path / "prime.onnx", 257, 300, [helper.make_node("Add", ["scores", "mask"], ["masked"])],
+                  [numpy_helper.from_array(mask, "mask")], "masked")
+    kernels = "\n".join(scheduled_kernels(path, "float32"))
+    assert 'T.sblock("amp_attention_scores' in kernels and "pad_queries" in kernels
+    want, got = onnxruntime_and_amptool(path, _feeds(257, 300))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 

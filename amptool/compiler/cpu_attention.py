@@ -7,7 +7,8 @@ query rows, the rows' scores (a register tile of ``R`` rows × whole vectors of 
 exponentials and sum, and their product with ``v`` (a register tile of ``R`` rows × ``v``'s
 columns) — all within one task, the scores never leaving the cache. A key count no vector
 divides reads ``kᵀ`` padded with zero columns (a small kernel of its own), the padded scores
-masked to −inf.
+masked to −inf; a query count no block divides (ViT's 197) reads ``q`` padded with zero rows,
+the extra results cropped.
 
 Why: as three kernels the scores make four trips through memory (written, read and written by
 the softmax, read by the product). Whisper's encoder (6 heads × 1500 × 1500 scores, 54 MB a
@@ -15,8 +16,8 @@ layer) spent ~76 ms a layer on them at one thread, onnxruntime ~42; this kernel 
 in benchmarks/README.md, thirteenth session).
 
 When not: fewer than ``MIN_KEYS`` keys (the scores stay in cache between the three kernels);
-shapes that are not static; any dtype but float32; ``v`` columns no vector divides; a query row
-count with no block from 2 to 6 rows; an intermediate (the scores, the probabilities) used
+shapes that are not static; any dtype but float32; ``v`` columns no vector divides, or more than
+192 (no registers left for the product's tile); an intermediate (the scores, the probabilities) used
 elsewhere, e.g. returned as attention weights; batch dims that differ between ``q``, ``kᵀ`` and ``v``.
 
 Preserves: softmax's values up to float rounding (sums in another order, the project's exp
@@ -203,7 +204,7 @@ def _accepts(match: _Match, softmax: Any, scores: Any, product: Any) -> bool:
     if not q[:-2] == kt[:-2] == v[:-2] or kt[-1] != v[-2] or kt[-2] != q[-1]:
         return False
     keys, columns = kt[-1], v[-1]
-    if keys < MIN_KEYS or columns % _LANES or _row_block(q[-2], columns) is None:
+    if keys < MIN_KEYS or columns % _LANES or _row_cap(columns) < 2:
         return False
     for step in match.steps:
         operand = static_shape(step.operand)
@@ -214,11 +215,22 @@ def _accepts(match: _Match, softmax: Any, scores: Any, product: Any) -> bool:
     return True
 
 
-def _row_block(rows: int, columns: int) -> int | None:
-    """Query rows per task: the largest divisor of ``rows`` from 2 to 6 whose product tile (rows ×
-    ``columns / 16`` accumulators) fits 24 of the 32 vector registers."""
-    cap = min(6, 24 // max(1, columns // _LANES))
-    return next((r for r in range(cap, 1, -1) if rows % r == 0), None)
+def _row_cap(columns: int) -> int:
+    """The most query rows a task takes: 6, or fewer where the product's tile (rows × ``columns /
+    16`` accumulators) would not fit 24 of the 32 vector registers."""
+    return min(6, 24 // max(1, columns // _LANES))
+
+
+def _row_block(rows: int, columns: int) -> int:
+    """Query rows per task: ``_row_cap`` or one fewer where either divides ``rows``, else
+    ``_row_cap`` over rows padded to its multiple (``_padded_rows``; ViT's 197 tokens → 198)."""
+    cap = _row_cap(columns)
+    return next((r for r in (cap, cap - 1) if r >= 2 and rows % r == 0), cap)
+
+
+def _padded_rows(rows: int, columns: int) -> int:
+    block = _row_block(rows, columns)
+    return block * math.ceil(rows / block)
 
 
 def _emit(bb: Any, match: _Match, remap: Any) -> Any:
@@ -229,8 +241,30 @@ def _emit(bb: Any, match: _Match, remap: Any) -> Any:
     padded = _LANES * math.ceil(keys / _LANES)
     if padded != keys:
         kt = bb.emit(bb.call_te(_pad_columns, kt, padded=padded, primfunc_name_hint="amp_attention_pad_keys"))
-    return bb.call_te(_attention, q, kt, v, *operands, keys=keys, steps=[(s.op, s.scores_right) for s in match.steps],
-                      nan_to_zero=match.nan_to_zero, primfunc_name_hint="attention")
+    rows, columns = (static_shape(match.q) or [0, 0])[-2], (static_shape(match.v) or [0])[-1]
+    padded_rows = _padded_rows(rows, columns)
+    if padded_rows != rows:  # q's extra rows are zeros; their results are cropped
+        q = bb.emit(bb.call_te(_pad_rows, q, padded=padded_rows, primfunc_name_hint="amp_attention_pad_queries"))
+    out = bb.call_te(_attention, q, kt, v, *operands, keys=keys, steps=[(s.op, s.scores_right) for s in match.steps],
+                     nan_to_zero=match.nan_to_zero, rows=rows, primfunc_name_hint="attention")
+    if padded_rows == rows:
+        return out
+    return bb.call_te(_crop_rows, bb.emit(out), rows=rows, primfunc_name_hint="amp_attention_crop_queries")
+
+
+def _pad_rows(x: Any, padded: int) -> Any:
+    from tvm import te, tirx  # noqa: PLC0415
+
+    *lead, rows, width = (int(d) for d in x.shape)
+    return te.compute((*lead, padded, width), lambda *i: tirx.if_then_else(
+        i[-2] < rows, x(*i[:-2], tirx.min(i[-2], rows - 1), i[-1]), tirx.const(0.0, "float32")), name="pad_queries")
+
+
+def _crop_rows(x: Any, rows: int) -> Any:
+    from tvm import te  # noqa: PLC0415
+
+    *lead, _, width = (int(d) for d in x.shape)
+    return te.compute((*lead, rows, width), lambda *i: x(*i), name="crop_queries")
 
 
 def _pad_columns(x: Any, padded: int) -> Any:
@@ -242,23 +276,27 @@ def _pad_columns(x: Any, padded: int) -> Any:
 
 
 def _attention(q: Any, kt: Any, v: Any, *operands: Any, keys: int, steps: list[tuple[str, bool]],
-               nan_to_zero: bool) -> Any:
+               nan_to_zero: bool, rows: int) -> Any:
+    """The kernel over ``q``'s rows (padded past ``rows``, the real ones, to whole blocks) and
+    ``kᵀ``'s columns (padded past ``keys``); ``operands``: the steps' (see ``_Step``)."""
     from tvm import te, tirx  # noqa: PLC0415
 
     from amptool.compiler.cpu_exp import exp_f32  # noqa: PLC0415
 
-    *batch, rows, depth = (int(d) for d in q.shape)
+    *batch, padded_rows, depth = (int(d) for d in q.shape)
     padded = int(kt.shape[-1])
     columns = int(v.shape[-1])
     rank = len(batch) + 2
     d = te.reduce_axis((0, depth), name="d")
-    scores = te.compute((*batch, rows, padded), lambda *i: te.sum(q(*i[:-1], d) * kt(*i[:-2], d, i[-1]), axis=d),
-                        name=SCORES_BLOCK)
+    scores = te.compute((*batch, padded_rows, padded),
+                        lambda *i: te.sum(q(*i[:-1], d) * kt(*i[:-2], d, i[-1]), axis=d), name=SCORES_BLOCK)
 
     def broadcast(operand: Any, index: tuple[Any, ...]) -> Any:
+        """``operand`` at the scores' ``index``, broadcast; a padded query row reads the last real one."""
         shape = [int(s) for s in operand.shape]
-        own = index[rank - len(shape):]
-        return operand(*(0 if s == 1 else i for s, i in zip(shape, own, strict=True)))
+        first = rank - len(shape)
+        return operand(*(0 if s == 1 else tirx.min(i, rows - 1) if first + k == rank - 2 else i
+                         for k, (s, i) in enumerate(zip(shape, index[first:], strict=True))))
 
     def stepped(*i: Any) -> Any:
         value = scores(*i)
@@ -268,14 +306,14 @@ def _attention(q: Any, kt: Any, v: Any, *operands: Any, keys: int, steps: list[t
             value = {"add": a + b, "subtract": a - b, "multiply": a * b, "divide": a / b}[op]
         return tirx.Select(i[-1] < keys, value, tirx.const(float("-inf"), "float32"))
 
-    masked = te.compute((*batch, rows, padded), stepped, name="amp_attention_masked")
+    masked = te.compute((*batch, padded_rows, padded), stepped, name="amp_attention_masked")
     c1 = te.reduce_axis((0, padded), name="c1")
-    top = te.compute((*batch, rows), lambda *i: te.max(masked(*i, c1), axis=c1), name=_MAX)
-    exps = te.compute((*batch, rows, padded), lambda *i: exp_f32(masked(*i) - top(*i[:-1])), name=_EXP)
+    top = te.compute((*batch, padded_rows), lambda *i: te.max(masked(*i, c1), axis=c1), name=_MAX)
+    exps = te.compute((*batch, padded_rows, padded), lambda *i: exp_f32(masked(*i) - top(*i[:-1])), name=_EXP)
     c2 = te.reduce_axis((0, padded), name="c2")
-    total = te.compute((*batch, rows), lambda *i: te.sum(exps(*i, c2), axis=c2), name=_SUM)
+    total = te.compute((*batch, padded_rows), lambda *i: te.sum(exps(*i, c2), axis=c2), name=_SUM)
     c3 = te.reduce_axis((0, keys), name="c3")
-    product = te.compute((*batch, rows, columns),
+    product = te.compute((*batch, padded_rows, columns),
                          lambda *i: te.sum(exps(*i[:-1], c3) * v(*i[:-2], c3, i[-1]), axis=c3), name=_PRODUCT)
     def normalized(*i: Any) -> Any:
         value = product(*i) / total(*i[:-1])
@@ -285,7 +323,7 @@ def _attention(q: Any, kt: Any, v: Any, *operands: Any, keys: int, steps: list[t
         # -inf) and to NaN where a score is NaN: zeros for both, as where(isnan(p), 0, p) gives.
         return tirx.Select(total(*i[:-1]) > tirx.const(0.0, "float32"), value, tirx.const(0.0, "float32"))
 
-    return te.compute((*batch, rows, columns), normalized, name=_OUT)
+    return te.compute((*batch, padded_rows, columns), normalized, name=_OUT)
 
 
 def attention(sch: Any, tiling: Any) -> Any | None:
@@ -304,8 +342,6 @@ def attention(sch: Any, tiling: Any) -> Any | None:
     *batch, rows_loop, columns_loop = sch.get_loops(out)
     columns = _extent(sch, columns_loop) or 0
     block = _row_block(_extent(sch, rows_loop) or 0, columns)
-    if block is None:
-        return None
     row_blocks, rows = sch.split(rows_loop, [None, block])
     task = _parallel(sch, [*batch, row_blocks], tiling)
     for name in (_PRODUCT, _SUM, _SUM + "_rf", _EXP, _MAX, _MAX + "_rf", "amp_attention_masked", SCORES_BLOCK):
