@@ -104,7 +104,7 @@ def test_a_prime_query_count_is_padded_to_whole_blocks(tmp_path: Path) -> None:
     path = _model(tmp_path / "prime.onnx", 257, 300, [helper.make_node("Add", ["scores", "mask"], ["masked"])],
                   [numpy_helper.from_array(mask, "mask")], "masked")
     kernels = "\n".join(scheduled_kernels(path, "float32"))
-    assert 'T.sblock("amp_attention_scores' in kernels and "pad_queries" in kernels
+    assert 'T.sblock("amp_attention_scores' in kernels and "crop_queries" in kernels
     want, got = onnxruntime_and_amptool(path, _feeds(257, 300))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 

@@ -240,11 +240,11 @@ def _emit(bb: Any, match: _Match, remap: Any) -> Any:
     keys = (static_shape(match.kt) or [0])[-1]
     padded = _LANES * math.ceil(keys / _LANES)
     if padded != keys:
-        kt = bb.emit(bb.call_te(_pad_columns, kt, padded=padded, primfunc_name_hint="amp_attention_pad_keys"))
+        kt = bb.emit(bb.call_te(_pad, kt, axis=-1, padded=padded, primfunc_name_hint="amp_attention_pad_keys"))
     rows, columns = (static_shape(match.q) or [0, 0])[-2], (static_shape(match.v) or [0])[-1]
     padded_rows = _padded_rows(rows, columns)
     if padded_rows != rows:  # q's extra rows are zeros; their results are cropped
-        q = bb.emit(bb.call_te(_pad_rows, q, padded=padded_rows, primfunc_name_hint="amp_attention_pad_queries"))
+        q = bb.emit(bb.call_te(_pad, q, axis=-2, padded=padded_rows, primfunc_name_hint="amp_attention_pad_queries"))
     out = bb.call_te(_attention, q, kt, v, *operands, keys=keys, steps=[(s.op, s.scores_right) for s in match.steps],
                      nan_to_zero=match.nan_to_zero, rows=rows, primfunc_name_hint="attention")
     if padded_rows == rows:
@@ -252,12 +252,19 @@ def _emit(bb: Any, match: _Match, remap: Any) -> Any:
     return bb.call_te(_crop_rows, bb.emit(out), rows=rows, primfunc_name_hint="amp_attention_crop_queries")
 
 
-def _pad_rows(x: Any, padded: int) -> Any:
+def _pad(x: Any, axis: int, padded: int) -> Any:
+    """``x`` with zeros past its extent along ``axis`` (negative: from the end), up to ``padded``."""
     from tvm import te, tirx  # noqa: PLC0415
 
-    *lead, rows, width = (int(d) for d in x.shape)
-    return te.compute((*lead, padded, width), lambda *i: tirx.if_then_else(
-        i[-2] < rows, x(*i[:-2], tirx.min(i[-2], rows - 1), i[-1]), tirx.const(0.0, "float32")), name="pad_queries")
+    shape = [int(d) for d in x.shape]
+    axis %= len(shape)
+    extent = shape[axis]
+
+    def value(*i: Any) -> Any:
+        inside = (*i[:axis], tirx.min(i[axis], extent - 1), *i[axis + 1:])
+        return tirx.if_then_else(i[axis] < extent, x(*inside), tirx.const(0.0, "float32"))
+
+    return te.compute((*shape[:axis], padded, *shape[axis + 1:]), value, name="pad")
 
 
 def _crop_rows(x: Any, rows: int) -> Any:
@@ -265,14 +272,6 @@ def _crop_rows(x: Any, rows: int) -> Any:
 
     *lead, _, width = (int(d) for d in x.shape)
     return te.compute((*lead, rows, width), lambda *i: x(*i), name="crop_queries")
-
-
-def _pad_columns(x: Any, padded: int) -> Any:
-    from tvm import te, tirx  # noqa: PLC0415
-
-    *lead, width = (int(d) for d in x.shape)
-    return te.compute((*lead, padded), lambda *i: tirx.if_then_else(
-        i[-1] < width, x(*i[:-1], tirx.min(i[-1], width - 1)), tirx.const(0.0, "float32")), name="pad_keys")
 
 
 def _attention(q: Any, kt: Any, v: Any, *operands: Any, keys: int, steps: list[tuple[str, bool]],
@@ -331,13 +330,12 @@ def attention(sch: Any, tiling: Any) -> Any | None:
     in each, the scores' register tile (``R`` rows × ``CV`` key vectors over the depth), the max
     and sum as vector partial results, the exponentials vectorized, the product's register tile
     (``R`` rows × ``v``'s columns over the keys)."""
+    from amptool.compiler.cpu_row_reduction import factor_lanes, vector_partials  # noqa: PLC0415
     from amptool.compiler.cpu_schedules import _extent, _parallel  # noqa: PLC0415
 
     lanes = tiling.lanes
-    for name in (_MAX, _SUM):  # (rfactor wants the block first under its loops: before compute_at)
-        inner = sch.get_loops(sch.get_sblock(name))[-1]
-        _, lane = sch.split(inner, [None, lanes])
-        sch.rfactor(lane, factor_axis=len(sch.get(sch.get_sblock(name)).writes[0].region))
+    for name in (_MAX, _SUM):
+        factor_lanes(sch, sch.get_sblock(name), lanes)
     out = sch.get_sblock(_OUT)
     *batch, rows_loop, columns_loop = sch.get_loops(out)
     columns = _extent(sch, columns_loop) or 0
@@ -349,7 +347,7 @@ def attention(sch: Any, tiling: Any) -> Any | None:
     sch.compute_inline(sch.get_sblock("amp_attention_masked"))
     _score_tile(sch, sch.get_sblock(SCORES_BLOCK), block, lanes)
     for name in (_MAX + "_rf", _SUM + "_rf"):
-        _partial_lanes(sch, sch.get_sblock(name), lanes)
+        vector_partials(sch, sch.get_sblock(name))
     exp_loop = sch.get_loops(sch.get_sblock(_EXP))[-1]
     _, exp_lanes = sch.split(exp_loop, [None, lanes])
     sch.vectorize(exp_lanes)
@@ -375,19 +373,6 @@ def _score_tile(sch: Any, scores: Any, block: int, lanes: int) -> None:
     sch.vectorize(key_lanes)
     sch.unroll(rows)
     init = sch.decompose_reduction(scores, depth)
-    sch.vectorize(sch.get_loops(init)[-1])
-
-
-def _partial_lanes(sch: Any, rf: Any, lanes: int) -> None:
-    """An rfactor block's lanes innermost and vectorized (one vector of partial results a row)."""
-    stmt = sch.get(rf)
-    loops = sch.get_loops(rf)[-len(stmt.iter_vars):]
-    lane_var = stmt.writes[0].region[-1].min
-    lane = next(loop for loop, iv in zip(loops, stmt.iter_vars, strict=True) if iv.var.same_as(lane_var))
-    reductions = [loop for loop, iv in zip(loops, stmt.iter_vars, strict=True) if int(iv.iter_type) != 0]
-    sch.reorder(*reductions, lane)
-    sch.vectorize(lane)
-    init = sch.decompose_reduction(rf, reductions[0])
     sch.vectorize(sch.get_loops(init)[-1])
 
 

@@ -100,8 +100,8 @@ _X86_WITHOUT: dict[tuple[str, str], bool] = {}
 
 
 def legalize_map() -> dict[str, Callable[[Any, Any], Any]]:
-    """Op name → legalization for ``relax.transform.LegalizeOps(customize_legalize_map=…)``; a call
-    over an empty tensor keeps TVM's (``_unless_empty``)."""
+    """Op name → legalization for ``relax.transform.LegalizeOps(customize_legalize_map=…)``; calls
+    over empty tensors are zeros or nothing (``_unless_empty``)."""
     return {name: _unless_empty(legalization) for name, legalization in {
         "relax.nn.conv2d": _legalize_conv2d,
         "relax.matmul": _legalize_matmul,

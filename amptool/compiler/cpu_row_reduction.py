@@ -99,12 +99,17 @@ def _plan(sch: Any, info: Any, tiling: Tiling) -> int | None:
 
 
 def _factor(sch: Any, info: Any, width: int) -> None:
-    """Split the innermost reduction loop into ``[length / width, width]`` and factor out the
-    inner part: a block reducing into ``width`` partial results (a new innermost dimension of
-    its buffer), then one combining them."""
-    inner = sch.get_loops(info.block_rv)[-1]
+    factor_lanes(sch, info.block_rv, width)
+
+
+def factor_lanes(sch: Any, block: Any, width: int) -> Any:
+    """Split ``block``'s innermost reduction loop into ``[length / width, width]`` and factor out
+    the inner part: a block reducing into ``width`` partial results (a new innermost dimension of
+    its buffer; returned), then ``block`` combining them. Before any ``compute_at``: rfactor wants
+    the block first under its loops."""
+    inner = sch.get_loops(block)[-1]
     _, lanes = sch.split(inner, [None, width])
-    sch.rfactor(lanes, factor_axis=len(sch.get(info.block_rv).writes[0].source.shape))
+    return sch.rfactor(lanes, factor_axis=len(sch.get(block).writes[0].source.shape))
 
 
 def _schedule_rows(sch: Any, rows: int, tiling: Tiling) -> Any:
@@ -150,9 +155,15 @@ def _schedule_block(sch: Any, block: Any, tiling: Tiling) -> None:
         return
     if not str(stmt.name_hint).endswith("_rf"):
         return  # the step combining a row's partial results: ``width`` scalars
-    # An rfactor block: compute_at made its loops in iteration-variable order, the lanes (a
-    # spatial variable, the last index it writes) outside the reduction; put them innermost so
-    # each step of the reduction adds one vector.
+    vector_partials(sch, block)
+
+
+def vector_partials(sch: Any, block: Any) -> None:
+    """An rfactor block (``factor_lanes``) after ``compute_at(preserve_unit_loops=True)``, which
+    made its loops in iteration-variable order, the lanes (a spatial variable, the last index it
+    writes) outside the reduction: the lanes innermost and vectorized, so each step of the
+    reduction adds one vector; its init vectorized."""
+    stmt = sch.get(block)
     lane_var = stmt.writes[0].region[-1].min
     loops = sch.get_loops(block)[-len(stmt.iter_vars):]
     lanes = next(loop for loop, iv in zip(loops, stmt.iter_vars, strict=True) if iv.var.same_as(lane_var))
