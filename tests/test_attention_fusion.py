@@ -52,11 +52,13 @@ def _fused(path: str) -> bool:
     return any('T.sblock("amp_attention_scores' in text for text in scheduled_kernels(path, "float32"))
 
 
-def test_plain_attention_over_keys_no_vector_divides(tmp_path: Path) -> None:
-    """Whisper's pattern (scale applied to q and k before): 300 keys, padded to 304 and masked."""
-    path = _model(tmp_path / "plain.onnx", 300, 300, [], [], "scores")
+@pytest.mark.parametrize("rows", [300, 1, 4])
+def test_plain_attention_over_keys_no_vector_divides(tmp_path: Path, rows: int) -> None:
+    """Whisper's pattern (scale applied to q and k before): 300 keys, padded to 304 and masked;
+    also a decoding step's one query row (and a few: one block of all of them)."""
+    path = _model(tmp_path / "plain.onnx", rows, 300, [], [], "scores")
     assert _fused(path)
-    want, got = onnxruntime_and_amptool(path, _feeds(300, 300))
+    want, got = onnxruntime_and_amptool(path, _feeds(rows, 300))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 

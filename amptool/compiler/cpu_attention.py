@@ -222,9 +222,12 @@ def _row_cap(columns: int) -> int:
 
 
 def _row_block(rows: int, columns: int) -> int:
-    """Query rows per task: ``_row_cap`` or one fewer where either divides ``rows``, else
-    ``_row_cap`` over rows padded to its multiple (``_padded_rows``; ViT's 197 tokens → 198)."""
+    """Query rows per task: all of them when fewer than ``_row_cap`` (a decoding step's one row);
+    else ``_row_cap`` or one fewer where either divides ``rows``, else ``_row_cap`` over rows padded
+    to its multiple (``_padded_rows``; ViT's 197 tokens → 198)."""
     cap = _row_cap(columns)
+    if rows <= cap:
+        return rows
     return next((r for r in (cap, cap - 1) if r >= 2 and rows % r == 0), cap)
 
 
