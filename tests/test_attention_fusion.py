@@ -21,14 +21,19 @@ HEADS, DEPTH = 2, 32
 
 
 def _model(path: Path, rows: int, keys: int, steps: list[onnx.NodeProto], inits: list[onnx.TensorProto],
-           softmax_input: str, extra_outputs: tuple[str, ...] = (), nan_to_zero: bool = False) -> str:
+           softmax_input: str, extra_outputs: tuple[str, ...] = (), nan_to_zero: bool = False,
+           cast: bool = False) -> str:
     """q [1, H, rows, D] · kᵀ [1, H, D, keys] → steps → softmax → (where(isnan, 0)) → · v [1, H, keys, D]."""
     nodes = [helper.make_node("MatMul", ["q", "kt"], ["scores"]), *steps,
              helper.make_node("Softmax", [softmax_input], ["p"], axis=-1)]
     probabilities = "p"
+    if cast:  # GPT-2's export: a Cast to the float32 the probabilities already are
+        nodes.append(helper.make_node("Cast", ["p"], ["pc"], to=TensorProto.FLOAT))
+        probabilities = "pc"
     if nan_to_zero:
         inits = [*inits, numpy_helper.from_array(np.zeros((), np.float32), "zero")]
-        nodes += [helper.make_node("IsNaN", ["p"], ["nan"]), helper.make_node("Where", ["nan", "zero", "p"], ["pz"])]
+        nodes += [helper.make_node("IsNaN", [probabilities], ["nan"]),
+                  helper.make_node("Where", ["nan", "zero", probabilities], ["pz"])]
         probabilities = "pz"
     nodes.append(helper.make_node("MatMul", [probabilities, "v"], ["y"]))
     inputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name, shape in (
@@ -80,12 +85,13 @@ def test_scale_and_padding_mask_with_a_fully_masked_row(tmp_path: Path) -> None:
 
 
 def test_causal_mask_and_a_scale_on_the_left(tmp_path: Path) -> None:
-    """An LLM prefill's pattern: a constant times the scores, plus a [rows, keys] causal mask."""
+    """An LLM prefill's pattern: a constant times the scores, plus a [rows, keys] causal mask; and
+    GPT-2's Cast of the float32 probabilities to float32."""
     causal = np.triu(np.full((264, 264), -1e9, np.float32), k=1)
     inits = [numpy_helper.from_array(np.array(0.125, np.float32), "scale"), numpy_helper.from_array(causal, "causal")]
     steps = [helper.make_node("Mul", ["scale", "scores"], ["scaled"]),
              helper.make_node("Add", ["scaled", "causal"], ["masked"])]
-    path = _model(tmp_path / "causal.onnx", 264, 264, steps, inits, "masked")
+    path = _model(tmp_path / "causal.onnx", 264, 264, steps, inits, "masked", cast=True)
     assert _fused(path)
     want, got = onnxruntime_and_amptool(path, _feeds(264, 264))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

@@ -104,7 +104,7 @@ def _matches(func: Any) -> dict[Any, _Match]:
         if not isinstance(value, relax.Call) or _tvm.op_name(value) != "relax.matmul":
             continue
         probabilities, v = value.args
-        fused = []
+        probabilities, fused = graph.through_casts(probabilities)
         unzeroed = graph.nan_zeroed(probabilities)
         if unzeroed is not None:  # where(isnan(p), 0, p): PyTorch's SDPA export zeroes fully masked rows
             fused += [probabilities, graph.values[probabilities].args[0]]
@@ -115,7 +115,9 @@ def _matches(func: Any) -> dict[Any, _Match]:
                 or graph.uses.get(probabilities) != wanted_uses):
             continue
         fused.append(probabilities)
-        walked = graph.steps_from(softmax.args[0])
+        start, casts = graph.through_casts(softmax.args[0])
+        fused += casts
+        walked = graph.steps_from(start)
         if walked is None:
             continue
         scores, steps, chain = walked
@@ -154,6 +156,17 @@ class _Graph:
         if not isinstance(var, relax.DataflowVar) or self.uses.get(var) != 1 or _tvm.op_name(value) not in ops:
             return None
         return value
+
+    def through_casts(self, var: Any) -> tuple[Any, list[Any]]:
+        """Past casts to the dtype a tensor already has (an export's ``.float()`` on float32: GPT-2's
+        probabilities): the var they cast, and their own vars."""
+        passed: list[Any] = []
+        while (cast := self.single(var, ("relax.astype",))) is not None:
+            if _tvm.tensor_dtype(cast.args[0]) != _tvm.tensor_dtype(var):
+                break
+            passed.append(var)
+            var = cast.args[0]
+        return var, passed
 
     def nan_zeroed(self, var: Any) -> Any | None:
         """For ``var = where(isnan(p), 0, p)`` (used once, its test too), ``p``; else None."""
