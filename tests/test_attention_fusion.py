@@ -121,3 +121,20 @@ def test_probabilities_returned_too_are_left_as_they_are(tmp_path: Path) -> None
     """The attention weights are an output: the fused kernel would not compute them."""
     path = _model(tmp_path / "weights.onnx", 300, 300, [], [], "scores", extra_outputs=("p",))
     assert not _fused(path)
+
+
+def test_avx2_tiles_fit_sixteen_registers(tmp_path: Path) -> None:
+    """An AVX2 target (8-lane vectors, 16 registers) builds the kernel with its tiles sized to it
+    (the product takes v's columns two vectors at a time: whole, 6 rows × 4 vectors would need 24
+    accumulators there); the values stay onnxruntime's."""
+    import onnxruntime as ort
+
+    from amptool.app.convert import ConvertConfig, build_model
+
+    path = _model(tmp_path / "avx2.onnx", 300, 300, [], [], "scores")
+    text = "\n".join(scheduled_kernels(path, "float32", mcpu="haswell"))
+    assert 'T.sblock("amp_attention_scores' in text and "T.vectorized(T.int64(8))" in text
+    feeds = _feeds(300, 300)
+    want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(["y"], feeds)[0]
+    build = build_model(ConvertConfig(model=path, dtype="float32", target_options=("-mcpu=haswell",)))
+    np.testing.assert_allclose(build.compiled().run(feeds)["y"], want, rtol=1e-4, atol=1e-5)

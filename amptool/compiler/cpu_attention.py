@@ -16,8 +16,8 @@ layer) spent ~76 ms a layer on them at one thread, onnxruntime ~42; this kernel 
 in benchmarks/README.md, thirteenth session).
 
 When not: fewer than ``MIN_KEYS`` keys (the scores stay in cache between the three kernels);
-shapes that are not static; any dtype but float32; ``v`` columns no vector divides, or more than
-192 (no registers left for the product's tile); an intermediate (the scores, the probabilities) used
+shapes that are not static; any dtype but float32; ``v`` columns no 16-lane vector divides; an
+intermediate (the scores, the probabilities) used
 elsewhere, e.g. returned as attention weights; batch dims that differ between ``q``, ``kᵀ`` and ``v``.
 
 Preserves: softmax's values up to float rounding (sums in another order, the project's exp
@@ -217,7 +217,7 @@ def _accepts(match: _Match, softmax: Any, scores: Any, product: Any) -> bool:
     if not q[:-2] == kt[:-2] == v[:-2] or kt[-1] != v[-2] or kt[-2] != q[-1]:
         return False
     keys, columns = kt[-1], v[-1]
-    if keys < MIN_KEYS or columns % _LANES or _row_cap(columns) < 2:
+    if keys < MIN_KEYS or columns % _LANES:
         return False
     for step in match.steps:
         operand = static_shape(step.operand)
@@ -228,24 +228,21 @@ def _accepts(match: _Match, softmax: Any, scores: Any, product: Any) -> bool:
     return True
 
 
-def _row_cap(columns: int) -> int:
-    """The most query rows a task takes: 6, or fewer where the product's tile (rows × ``columns /
-    16`` accumulators) would not fit 24 of the 32 vector registers."""
-    return min(6, 24 // max(1, columns // _LANES))
+#: The most query rows a task takes (the product's tile then holds 6 × 4 vectors on AVX-512).
+ROW_CAP = 6
 
 
-def _row_block(rows: int, columns: int) -> int:
-    """Query rows per task: all of them when fewer than ``_row_cap`` (a decoding step's one row);
-    else ``_row_cap`` or one fewer where either divides ``rows``, else ``_row_cap`` over rows padded
+def _row_block(rows: int) -> int:
+    """Query rows per task: all of them when fewer than ``ROW_CAP`` (a decoding step's one row);
+    else ``ROW_CAP`` or one fewer where either divides ``rows``, else ``ROW_CAP`` over rows padded
     to its multiple (``_padded_rows``; ViT's 197 tokens → 198)."""
-    cap = _row_cap(columns)
-    if rows <= cap:
+    if rows <= ROW_CAP:
         return rows
-    return next((r for r in (cap, cap - 1) if r >= 2 and rows % r == 0), cap)
+    return next((r for r in (ROW_CAP, ROW_CAP - 1) if rows % r == 0), ROW_CAP)
 
 
-def _padded_rows(rows: int, columns: int) -> int:
-    block = _row_block(rows, columns)
+def _padded_rows(rows: int) -> int:
+    block = _row_block(rows)
     return block * math.ceil(rows / block)
 
 
@@ -257,8 +254,8 @@ def _emit(bb: Any, match: _Match, remap: Any) -> Any:
     padded = _LANES * math.ceil(keys / _LANES)
     if padded != keys:
         kt = bb.emit(bb.call_te(_pad, kt, axis=-1, padded=padded, primfunc_name_hint="amp_attention_pad_keys"))
-    rows, columns = (static_shape(match.q) or [0, 0])[-2], (static_shape(match.v) or [0])[-1]
-    padded_rows = _padded_rows(rows, columns)
+    rows = (static_shape(match.q) or [0, 0])[-2]
+    padded_rows = _padded_rows(rows)
     if padded_rows != rows:  # q's extra rows are zeros; their results are cropped
         q = bb.emit(bb.call_te(_pad, q, axis=-2, padded=padded_rows, primfunc_name_hint="amp_attention_pad_queries"))
     out = bb.call_te(_attention, q, kt, v, *operands, keys=keys, steps=[(s.op, s.scores_right) for s in match.steps],
@@ -343,9 +340,11 @@ def _attention(q: Any, kt: Any, v: Any, *operands: Any, keys: int, steps: list[t
 
 def attention(sch: Any, tiling: Any) -> Any | None:
     """Schedule rule for ``attention`` (module docstring): tasks of ``R`` query rows in parallel;
-    in each, the scores' register tile (``R`` rows × ``CV`` key vectors over the depth), the max
-    and sum as vector partial results, the exponentials vectorized, the product's register tile
-    (``R`` rows × ``v``'s columns over the keys)."""
+    in each, the scores' register tile (``R`` rows × key vectors, over the depth), the max and sum
+    as vector partial results, the exponentials vectorized, the product's register tile (``R``
+    rows × a chunk of ``v``'s column vectors, over the keys). Tiles sized to the target's vector
+    registers (32 with AVX-512, 16 with AVX2)."""
+    from amptool.compiler.cpu_kernels import accumulator_budget  # noqa: PLC0415
     from amptool.compiler.cpu_row_reduction import factor_lanes, vector_partials  # noqa: PLC0415
     from amptool.compiler.cpu_schedules import _extent, _parallel  # noqa: PLC0415
 
@@ -353,32 +352,32 @@ def attention(sch: Any, tiling: Any) -> Any | None:
     for name in (_MAX, _SUM):
         factor_lanes(sch, sch.get_sblock(name), lanes)
     out = sch.get_sblock(_OUT)
-    *batch, rows_loop, columns_loop = sch.get_loops(out)
-    columns = _extent(sch, columns_loop) or 0
-    block = _row_block(_extent(sch, rows_loop) or 0, columns)
+    *batch, rows_loop, _ = sch.get_loops(out)
+    block = _row_block(_extent(sch, rows_loop) or 0)
     row_blocks, rows = sch.split(rows_loop, [None, block])
     task = _parallel(sch, [*batch, row_blocks], tiling)
     for name in (_PRODUCT, _SUM, _SUM + "_rf", _EXP, _MAX, _MAX + "_rf", "amp_attention_masked", SCORES_BLOCK):
         sch.compute_at(sch.get_sblock(name), task, preserve_unit_loops=True)  # (consumers first)
     sch.compute_inline(sch.get_sblock("amp_attention_masked"))
-    _score_tile(sch, sch.get_sblock(SCORES_BLOCK), block, lanes)
+    budget = accumulator_budget(lanes)
+    _score_tile(sch, sch.get_sblock(SCORES_BLOCK), block, lanes, budget)
     for name in (_MAX + "_rf", _SUM + "_rf"):
         vector_partials(sch, sch.get_sblock(name))
     exp_loop = sch.get_loops(sch.get_sblock(_EXP))[-1]
     _, exp_lanes = sch.split(exp_loop, [None, lanes])
     sch.vectorize(exp_lanes)
-    _product_tile(sch, sch.get_sblock(_PRODUCT), lanes)
+    _product_tile(sch, sch.get_sblock(_PRODUCT), block, lanes, 2 * budget)
     out_lanes = sch.split(sch.get_loops(out)[-1], [None, lanes])[1]
     sch.vectorize(out_lanes)
     return sch
 
 
-def _score_tile(sch: Any, scores: Any, block: int, lanes: int) -> None:
-    """``block`` rows × as many key vectors as keep ~16 accumulators, over the depth."""
+def _score_tile(sch: Any, scores: Any, block: int, lanes: int, budget: int) -> None:
+    """``block`` rows × as many key vectors as keep ``budget`` accumulators, over the depth."""
     from amptool.compiler.cpu_schedules import _divisor  # noqa: PLC0415
 
     rows, keys, depth = sch.get_loops(scores)[-3:]
-    vectors = _divisor(int(sch.get(keys).extent) // lanes, max(1, 16 // block)) or 1
+    vectors = _divisor(int(sch.get(keys).extent) // lanes, max(1, budget // block)) or 1
     key_blocks, key_tile = sch.split(keys, [None, vectors * lanes])
     sch.reorder(key_blocks, depth, rows, key_tile)
     tile = sch.cache_write(scores, 0, "local")
@@ -392,11 +391,19 @@ def _score_tile(sch: Any, scores: Any, block: int, lanes: int) -> None:
     sch.vectorize(sch.get_loops(init)[-1])
 
 
-def _product_tile(sch: Any, product: Any, lanes: int) -> None:
-    """The block's rows × ``v``'s columns (whole vectors) accumulated over the keys."""
+def _product_tile(sch: Any, product: Any, block: int, lanes: int, registers: int) -> None:
+    """The block's rows × a chunk of ``v``'s column vectors, accumulated over the keys: as many
+    vectors as fit ``registers`` with one load each and a broadcast (AVX-512, 6 rows: 4 vectors
+    — BERT's 64 columns whole; AVX2: 2)."""
+    from amptool.compiler.cpu_schedules import _divisor  # noqa: PLC0415
+
     rows, columns, keys = sch.get_loops(product)[-3:]
-    sch.reorder(keys, rows, columns)
-    sch.cache_write(product, 0, "local")
+    vectors = _divisor(int(sch.get(columns).extent) // lanes, max(1, (registers - 1) // (block + 1))) or 1
+    chunks, columns = sch.split(columns, [None, vectors * lanes])
+    sch.reorder(chunks, keys, rows, columns)
+    tile = sch.cache_write(product, 0, "local")
+    sch.reverse_compute_at(tile, chunks)
+    sch.vectorize(sch.get_loops(tile)[-1])
     steps, column_lanes = sch.split(columns, [None, lanes])
     sch.unroll(steps)
     sch.vectorize(column_lanes)
