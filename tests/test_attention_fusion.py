@@ -138,3 +138,30 @@ def test_avx2_tiles_fit_sixteen_registers(tmp_path: Path) -> None:
     want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(["y"], feeds)[0]
     build = build_model(ConvertConfig(model=path, dtype="float32", target_options=("-mcpu=haswell",)))
     np.testing.assert_allclose(build.compiled().run(feeds)["y"], want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("keys", [300, 1500])
+def test_low_precision_builds_round_the_probabilities_as_three_kernels_do(tmp_path: Path, dtype: str,
+                                                                            keys: int) -> None:
+    """A float16/bfloat16 build is one kernel too, with the probabilities rounded to the low dtype
+    before the product as the unfused build's cast does: its values are the three kernels' up to
+    summation order (both compared with onnxruntime float32, the same error). 300 keys: the rounded
+    weights a row pass of their own; 1500: inlined into the product."""
+    from amptool.app.convert import ConvertConfig, build_model
+    from amptool.compiler import cpu_attention
+
+    path = _model(tmp_path / "low.onnx", 12, keys, [], [], "scores")
+    assert any('T.sblock("amp_attention_scores' in text for text in scheduled_kernels(path, dtype))
+    feeds = _feeds(12, keys)
+    want, fused = onnxruntime_and_amptool(path, feeds, dtype)
+    original = cpu_attention.MIN_KEYS
+    cpu_attention.MIN_KEYS = 10**9
+    try:
+        unfused = build_model(ConvertConfig(model=path, dtype=dtype)).compiled().run(feeds)["y"]
+    finally:
+        cpu_attention.MIN_KEYS = original
+    error = np.abs(np.asarray(unfused, np.float32) - want).max()
+    apart = np.abs(np.asarray(fused, np.float32) - np.asarray(unfused, np.float32)).max()
+    print(f"rounding error {error:.3g}, fused vs unfused {apart:.3g}")
+    assert apart <= 0.25 * error  # (without the rounding, the two would be apart by about the error)

@@ -15,10 +15,15 @@ the softmax, read by the product). Whisper's encoder (6 heads × 1500 × 1500 sc
 layer) spent ~76 ms a layer on them at one thread, onnxruntime ~42; this kernel ~38 (measured
 in benchmarks/README.md, thirteenth session).
 
+Float16/bfloat16 builds: the mixed-precision pass leaves q, kᵀ and v in the low dtype, the two
+products accumulating (``out_dtype``) and the softmax computing in float32, and the probabilities
+cast to the low dtype before the product; the kernel does the same — the probabilities rounded
+to the low dtype, then widened — so its values are the three kernels' up to summation order.
+
 When not: fewer than ``MIN_KEYS`` keys (the scores stay in cache between the three kernels);
-shapes that are not static; any dtype but float32; ``v`` columns no 16-lane vector divides; an
-intermediate (the scores, the probabilities) used
-elsewhere, e.g. returned as attention weights; batch dims that differ between ``q``, ``kᵀ`` and ``v``.
+shapes that are not static; dtypes other than those two arrangements; ``v`` columns no 16-lane
+vector divides; an intermediate (the scores, the probabilities) used elsewhere, e.g. returned as
+attention weights; batch dims that differ between ``q``, ``kᵀ`` and ``v``.
 
 Preserves: softmax's values up to float rounding (sums in another order, the project's exp
 polynomial); an all −inf row gives NaN, as the softmax does.
@@ -38,10 +43,14 @@ from amptool._tvm import static_shape
 #: the scores stay in cache between the three kernels, and they are the faster.
 MIN_KEYS = 192
 
+#: L1 data cache a task's row buffers should fit (32 KiB: most x86 cores since Haswell; 48 on Ice Lake).
+L1_BYTES = 32 * 1024
+
 #: Block names of the kernel (the schedule finds it by ``SCORES_BLOCK``).
 SCORES_BLOCK = "amp_attention_scores"
 _MAX, _EXP, _SUM, _PRODUCT, _OUT = ("amp_attention_max", "amp_attention_exp", "amp_attention_sum",
                                     "amp_attention_product", "amp_attention_out")
+_INVERSE, _WEIGHTS = "amp_attention_inverse", "amp_attention_weights"  # (builds that round the probabilities)
 
 _LANES = 16  # float32 lanes of the key blocks (AVX-512); narrower targets split each block
 _CHAIN_OPS = {"relax.add": "add", "relax.subtract": "subtract", "relax.multiply": "multiply",
@@ -66,6 +75,7 @@ class _Match:
     steps: tuple[_Step, ...]
     fused: frozenset[Any]  # the bindings the kernel replaces (scores, steps, probabilities)
     nan_to_zero: bool  # rows whose probabilities are NaN (all keys masked) give zeros
+    rounding: str | None  # the dtype the probabilities are cast to before the product (float16 builds)
 
 
 def fuse_attention(mod: Any) -> Any:
@@ -109,8 +119,12 @@ def _matches(func: Any) -> dict[Any, _Match]:
         if unzeroed is not None:  # where(isnan(p), 0, p): PyTorch's SDPA export zeroes fully masked rows
             fused += [probabilities, graph.values[probabilities].args[0]]
             probabilities = unzeroed
+        rounded = graph.single(probabilities, ("relax.astype",))
+        if rounded is not None:  # a float16/bfloat16 build: probabilities cast to v's dtype for the product
+            fused.append(probabilities)
+            probabilities = rounded.args[0]
         softmax: Any = graph.values.get(probabilities)
-        wanted_uses = 1 if unzeroed is None else 2
+        wanted_uses = 1 if unzeroed is None or rounded is not None else 2
         if (not isinstance(probabilities, relax.DataflowVar) or _tvm.op_name(softmax) != "relax.nn.softmax"
                 or graph.uses.get(probabilities) != wanted_uses):
             continue
@@ -122,7 +136,8 @@ def _matches(func: Any) -> dict[Any, _Match]:
             continue
         scores, steps, chain = walked
         q, kt = graph.values[scores].args
-        match = _Match(q, kt, v, steps, frozenset([*fused, *chain, scores]), unzeroed is not None)
+        match = _Match(q, kt, v, steps, frozenset([*fused, *chain, scores]), unzeroed is not None,
+                       _tvm.tensor_dtype(v) if rounded is not None else None)
         if _accepts(match, softmax, graph.values[scores], value):
             found[var] = match
     return found
@@ -208,8 +223,14 @@ def _accepts(match: _Match, softmax: Any, scores: Any, product: Any) -> bool:
     if any(len(shape) < 2 for shape in shapes):
         return False
     q, kt, v, z, _ = shapes
-    tensors = (match.q, match.kt, match.v, scores, softmax, product)
-    if any(_tvm.tensor_dtype(x) != "float32" for x in tensors):
+    # float32 throughout; or a float16/bfloat16 build's: q, kᵀ, v and the probabilities' cast in the
+    # low dtype, the products accumulated (out_dtype) and the softmax computed in float32.
+    low = {_tvm.tensor_dtype(x) for x in (match.q, match.kt, match.v)}
+    if len(low) != 1 or not low <= {"float32", "float16", "bfloat16"}:
+        return False
+    if (match.rounding or "float32") != next(iter(low)):
+        return False
+    if any(_tvm.tensor_dtype(x) != "float32" for x in (scores, softmax, product)):
         return False
     rank = len(z)
     if int(softmax.attrs.axis) % rank != rank - 1 or not len(q) == len(kt) == len(v) == rank:
@@ -248,7 +269,11 @@ def _padded_rows(rows: int) -> int:
 
 def _emit(bb: Any, match: _Match, remap: Any) -> Any:
     """The kernel's call (and ``kᵀ``'s padded copy when the keys need one)."""
-    q, kt, v = (remap(x) for x in (match.q, match.kt, match.v))
+    # A float16/bfloat16 build's q, kᵀ and v widened to float32 first (small: no scores): converted
+    # in the kernel's inner loops, Whisper's attention took 96 ms a layer in float16, 88 after.
+    q, kt, v = (remap(x) if _tvm.tensor_dtype(x) == "float32" else
+                bb.emit(bb.call_te(_widened, remap(x), primfunc_name_hint="amp_attention_widen"))
+                for x in (match.q, match.kt, match.v))
     operands = [remap(step.operand) for step in match.steps]
     keys = (static_shape(match.kt) or [0])[-1]
     padded = _LANES * math.ceil(keys / _LANES)
@@ -259,7 +284,7 @@ def _emit(bb: Any, match: _Match, remap: Any) -> Any:
     if padded_rows != rows:  # q's extra rows are zeros; their results are cropped
         q = bb.emit(bb.call_te(_pad, q, axis=-2, padded=padded_rows, primfunc_name_hint="amp_attention_pad_queries"))
     out = bb.call_te(_attention, q, kt, v, *operands, keys=keys, steps=[(s.op, s.scores_right) for s in match.steps],
-                     nan_to_zero=match.nan_to_zero, rows=rows, primfunc_name_hint="attention")
+                     nan_to_zero=match.nan_to_zero, rows=rows, rounding=match.rounding, primfunc_name_hint="attention")
     if padded_rows == rows:
         return out
     return bb.call_te(_crop_rows, bb.emit(out), rows=rows, primfunc_name_hint="amp_attention_crop_queries")
@@ -275,9 +300,17 @@ def _pad(x: Any, axis: int, padded: int) -> Any:
 
     def value(*i: Any) -> Any:
         inside = (*i[:axis], tirx.min(i[axis], extent - 1), *i[axis + 1:])
-        return tirx.if_then_else(i[axis] < extent, x(*inside), tirx.const(0.0, "float32"))
+        return tirx.if_then_else(i[axis] < extent, x(*inside), tirx.const(0.0, x.dtype))
 
     return te.compute((*shape[:axis], padded, *shape[axis + 1:]), value, name="pad")
+
+
+def _widened(x: Any) -> Any:
+    """A float16/bfloat16 tensor as float32, its values rounded to its dtype on the way: fused with
+    the cast that made it, TVM's bfloat16 legalization would drop that cast's rounding."""
+    from tvm import te  # noqa: PLC0415
+
+    return te.compute(x.shape, lambda *i: _rounded(x(*i).astype("float32"), str(x.dtype)), name="widen")
 
 
 def _crop_rows(x: Any, rows: int) -> Any:
@@ -288,9 +321,11 @@ def _crop_rows(x: Any, rows: int) -> Any:
 
 
 def _attention(q: Any, kt: Any, v: Any, *operands: Any, keys: int, steps: list[tuple[str, bool]],
-               nan_to_zero: bool, rows: int) -> Any:
+               nan_to_zero: bool, rows: int, rounding: str | None) -> Any:
     """The kernel over ``q``'s rows (padded past ``rows``, the real ones, to whole blocks) and
-    ``kᵀ``'s columns (padded past ``keys``); ``operands``: the steps' (see ``_Step``)."""
+    ``kᵀ``'s columns (padded past ``keys``); ``operands``: the steps' (see ``_Step``). Float32
+    arithmetic; with ``rounding``, the probabilities are rounded to that dtype before the product
+    (as the unfused float16 build's cast does) and the product is over normalized values."""
     from tvm import te, tirx  # noqa: PLC0415
 
     from amptool.compiler.cpu_exp import exp_f32  # noqa: PLC0415
@@ -300,8 +335,9 @@ def _attention(q: Any, kt: Any, v: Any, *operands: Any, keys: int, steps: list[t
     columns = int(v.shape[-1])
     rank = len(batch) + 2
     d = te.reduce_axis((0, depth), name="d")
-    scores = te.compute((*batch, padded_rows, padded),
-                        lambda *i: te.sum(q(*i[:-1], d) * kt(*i[:-2], d, i[-1]), axis=d), name=SCORES_BLOCK)
+    f32 = "float32"
+    scores = te.compute((*batch, padded_rows, padded), lambda *i: te.sum(
+        q(*i[:-1], d).astype(f32) * kt(*i[:-2], d, i[-1]).astype(f32), axis=d), name=SCORES_BLOCK)
 
     def broadcast(operand: Any, index: tuple[Any, ...]) -> Any:
         """``operand`` at the scores' ``index``, broadcast; a padded query row reads the last real one."""
@@ -325,10 +361,17 @@ def _attention(q: Any, kt: Any, v: Any, *operands: Any, keys: int, steps: list[t
     c2 = te.reduce_axis((0, padded), name="c2")
     total = te.compute((*batch, padded_rows), lambda *i: te.sum(exps(*i, c2), axis=c2), name=_SUM)
     c3 = te.reduce_axis((0, keys), name="c3")
-    product = te.compute((*batch, padded_rows, columns),
-                         lambda *i: te.sum(exps(*i[:-1], c3) * v(*i[:-2], c3, i[-1]), axis=c3), name=_PRODUCT)
+    if rounding is None:
+        weights = exps
+    else:
+        inverse = te.compute((*batch, padded_rows), lambda *i: tirx.const(1.0, f32) / total(*i), name=_INVERSE)
+        weights = te.compute((*batch, padded_rows, padded),
+                             lambda *i: _rounded(exps(*i) * inverse(*i[:-1]), rounding), name=_WEIGHTS)
+    product = te.compute((*batch, padded_rows, columns), lambda *i: te.sum(
+        weights(*i[:-1], c3) * v(*i[:-2], c3, i[-1]).astype(f32), axis=c3), name=_PRODUCT)
+
     def normalized(*i: Any) -> Any:
-        value = product(*i) / total(*i[:-1])
+        value = product(*i) / total(*i[:-1]) if rounding is None else product(*i)
         if not nan_to_zero:
             return value
         # A row whose keys are all masked sums to 0 here (the max starts from float32's lowest, not
@@ -336,6 +379,16 @@ def _attention(q: Any, kt: Any, v: Any, *operands: Any, keys: int, steps: list[t
         return tirx.Select(total(*i[:-1]) > tirx.const(0.0, "float32"), value, tirx.const(0.0, "float32"))
 
     return te.compute((*batch, padded_rows, columns), normalized, name=_OUT)
+
+
+def _rounded(value: Any, dtype: str) -> Any:
+    """A float32 value rounded to ``dtype`` (float16, bfloat16) and widened back. bfloat16 on the
+    bits: TVM's bfloat16 legalization drops a cast's rounding inside a kernel (``bf16_bits``)."""
+    if dtype != "bfloat16":
+        return value.astype(dtype).astype("float32")
+    from amptool.compiler.cpu_intrinsics import bf16_bits, low_bf16  # noqa: PLC0415 - registers an intrinsic
+
+    return low_bf16(bf16_bits(value))
 
 
 def attention(sch: Any, tiling: Any) -> Any | None:
@@ -346,7 +399,7 @@ def attention(sch: Any, tiling: Any) -> Any | None:
     registers (32 with AVX-512, 16 with AVX2)."""
     from amptool.compiler.cpu_kernels import accumulator_budget  # noqa: PLC0415
     from amptool.compiler.cpu_row_reduction import factor_lanes, vector_partials  # noqa: PLC0415
-    from amptool.compiler.cpu_schedules import _extent, _parallel  # noqa: PLC0415
+    from amptool.compiler.cpu_schedules import _extent, _find_block, _parallel  # noqa: PLC0415
 
     lanes = tiling.lanes
     for name in (_MAX, _SUM):
@@ -356,9 +409,25 @@ def attention(sch: Any, tiling: Any) -> Any | None:
     block = _row_block(_extent(sch, rows_loop) or 0)
     row_blocks, rows = sch.split(rows_loop, [None, block])
     task = _parallel(sch, [*batch, row_blocks], tiling)
-    for name in (_PRODUCT, _SUM, _SUM + "_rf", _EXP, _MAX, _MAX + "_rf", "amp_attention_masked", SCORES_BLOCK):
+    rounding: tuple[str, ...] = ()
+    if _find_block(sch, _INVERSE) is not None:
+        # Builds that round the probabilities: the block's rounded weights as a vectorized row pass
+        # of their own where a third [rows, keys] buffer still fits L1 (inlined, each weight is
+        # recomputed per column vector), else inlined. float16, one thread: 384 keys 10.75 → 8.66 ms
+        # with the pass; 1500 keys 96.0 inlined, 110.2 with it (unfused 111.8).
+        keys = _extent(sch, sch.get_loops(sch.get_sblock(_WEIGHTS))[-1]) or 0
+        if 3 * block * keys * 4 <= L1_BYTES:
+            rounding = (_WEIGHTS, _INVERSE)
+        else:
+            sch.compute_inline(sch.get_sblock(_WEIGHTS))
+            rounding = (_INVERSE,)
+    for name in (_PRODUCT, *rounding, _SUM, _SUM + "_rf", _EXP, _MAX, _MAX + "_rf", "amp_attention_masked",
+                 SCORES_BLOCK):
         sch.compute_at(sch.get_sblock(name), task, preserve_unit_loops=True)  # (consumers first)
     sch.compute_inline(sch.get_sblock("amp_attention_masked"))
+    if _WEIGHTS in rounding:
+        _, weight_lanes = sch.split(sch.get_loops(sch.get_sblock(_WEIGHTS))[-1], [None, lanes])
+        sch.vectorize(weight_lanes)
     budget = accumulator_budget(lanes)
     _score_tile(sch, sch.get_sblock(SCORES_BLOCK), block, lanes, budget)
     for name in (_MAX + "_rf", _SUM + "_rf"):
