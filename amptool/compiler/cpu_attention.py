@@ -53,6 +53,7 @@ _MAX, _EXP, _SUM, _PRODUCT, _OUT = ("amp_attention_max", "amp_attention_exp", "a
 _INVERSE, _WEIGHTS = "amp_attention_inverse", "amp_attention_weights"  # (builds that round the probabilities)
 
 _LANES = 16  # float32 lanes of the key blocks (AVX-512); narrower targets split each block
+_FLOATS = ("float32", "float16", "bfloat16")
 _CHAIN_OPS = {"relax.add": "add", "relax.subtract": "subtract", "relax.multiply": "multiply",
               "relax.divide": "divide"}
 
@@ -60,11 +61,14 @@ _CHAIN_OPS = {"relax.add": "add", "relax.subtract": "subtract", "relax.multiply"
 @dataclass(frozen=True)
 class _Step:
     """One elementwise step between the scores and the softmax: ``op`` with ``operand``, the scores
-    on the left unless ``scores_right``."""
+    on the left unless ``scores_right``, its result in ``dtype`` (a float16 build's scale: computed
+    in float32 and rounded, which gives float16 arithmetic's result); or ``op`` "round", a cast to
+    the low ``dtype`` (no operand)."""
 
     op: str
     operand: Any
     scores_right: bool
+    dtype: str = "float32"
 
 
 @dataclass(frozen=True)
@@ -114,21 +118,11 @@ def _matches(func: Any) -> dict[Any, _Match]:
         if not isinstance(value, relax.Call) or _tvm.op_name(value) != "relax.matmul":
             continue
         probabilities, v = value.args
-        probabilities, fused = graph.through_casts(probabilities)
-        unzeroed = graph.nan_zeroed(probabilities)
-        if unzeroed is not None:  # where(isnan(p), 0, p): PyTorch's SDPA export zeroes fully masked rows
-            fused += [probabilities, graph.values[probabilities].args[0]]
-            probabilities = unzeroed
-        rounded = graph.single(probabilities, ("relax.astype",))
-        if rounded is not None:  # a float16/bfloat16 build: probabilities cast to v's dtype for the product
-            fused.append(probabilities)
-            probabilities = rounded.args[0]
-        softmax: Any = graph.values.get(probabilities)
-        wanted_uses = 1 if unzeroed is None or rounded is not None else 2
-        if (not isinstance(probabilities, relax.DataflowVar) or _tvm.op_name(softmax) != "relax.nn.softmax"
-                or graph.uses.get(probabilities) != wanted_uses):
+        unwrapped = graph.probabilities_from(probabilities)
+        if unwrapped is None:
             continue
-        fused.append(probabilities)
+        probabilities, fused, nan_to_zero, rounding = unwrapped
+        softmax: Any = graph.values[probabilities]
         start, casts = graph.through_casts(softmax.args[0])
         fused += casts
         walked = graph.steps_from(start)
@@ -136,8 +130,7 @@ def _matches(func: Any) -> dict[Any, _Match]:
             continue
         scores, steps, chain = walked
         q, kt = graph.values[scores].args
-        match = _Match(q, kt, v, steps, frozenset([*fused, *chain, scores]), unzeroed is not None,
-                       _tvm.tensor_dtype(v) if rounded is not None else None)
+        match = _Match(q, kt, v, steps, frozenset([*fused, *chain, scores]), nan_to_zero, rounding)
         if _accepts(match, softmax, graph.values[scores], value):
             found[var] = match
     return found
@@ -172,6 +165,34 @@ class _Graph:
             return None
         return value
 
+    def probabilities_from(self, var: Any) -> tuple[Any, list[Any], bool, str | None] | None:
+        """From the product's left operand back to the softmax, past identity casts, SDPA's
+        ``where(isnan(p), 0, p)`` and a float16/bfloat16 build's cast of the probabilities, in
+        either order: (the softmax's var, the vars passed, whether NaN rows give zeros, the cast's
+        dtype or None); None when something else is in between or is used elsewhere."""
+        from tvm import relax  # noqa: PLC0415
+
+        fused: list[Any] = []
+        nan_to_zero, rounding, used = False, None, 1
+        while True:
+            var, casts = self.through_casts(var)
+            fused += casts
+            cast = self.single(var, ("relax.astype",))
+            unzeroed = None if nan_to_zero else self.nan_zeroed(var)
+            if cast is not None and rounding is None:
+                fused.append(var)
+                rounding, var, used = _tvm.tensor_dtype(var), cast.args[0], 1
+            elif unzeroed is not None:
+                fused += [var, self.values[var].args[0]]
+                nan_to_zero, var, used = True, unzeroed, 2  # (p is read by the isnan and the where)
+            else:
+                break
+        if (not isinstance(var, relax.DataflowVar) or _tvm.op_name(self.values.get(var)) != "relax.nn.softmax"
+                or self.uses.get(var) != used):
+            return None
+        fused.append(var)
+        return var, fused, nan_to_zero, rounding
+
     def through_casts(self, var: Any) -> tuple[Any, list[Any]]:
         """Past casts to the dtype a tensor already has (an export's ``.float()`` on float32: GPT-2's
         probabilities): the var they cast, and their own vars."""
@@ -201,17 +222,26 @@ class _Graph:
         order, the steps' vars); None when something else is in between or is used elsewhere."""
         steps: list[_Step] = []
         chain: list[Any] = []
-        carried = (*_CHAIN_OPS, "relax.matmul")
+        carried = (*_CHAIN_OPS, "relax.matmul", "relax.astype")
         while (value := self.single(var, carried)) is not None:
             name = str(_tvm.op_name(value))
+            dtype = str(_tvm.tensor_dtype(var))
             if name == "relax.matmul":
                 return var, tuple(reversed(steps)), chain
+            if name == "relax.astype":  # a float16 build's casts: to the low dtype rounds, back is exact
+                if dtype not in _FLOATS:
+                    return None
+                if dtype != "float32":
+                    steps.append(_Step("round", None, False, dtype))
+                chain.append(var)
+                var = value.args[0]
+                continue
             # The argument carrying the scores: the one that is itself a step or the scores' matmul.
             carriers = [i for i, arg in enumerate(value.args) if self.single(arg, carried) is not None]
             if len(carriers) != 1:
                 return None
             scores_right = carriers[0] == 1
-            steps.append(_Step(_CHAIN_OPS[name], value.args[0 if scores_right else 1], scores_right))
+            steps.append(_Step(_CHAIN_OPS[name], value.args[0 if scores_right else 1], scores_right, dtype))
             chain.append(var)
             var = value.args[carriers[0]]
         return None
@@ -241,8 +271,10 @@ def _accepts(match: _Match, softmax: Any, scores: Any, product: Any) -> bool:
     if keys < MIN_KEYS or columns % _LANES:
         return False
     for step in match.steps:
+        if step.operand is None:
+            continue
         operand = static_shape(step.operand)
-        if operand is None or _tvm.tensor_dtype(step.operand) != "float32" or len(operand) > rank:
+        if operand is None or _tvm.tensor_dtype(step.operand) not in _FLOATS or len(operand) > rank:
             return False
         if any(d not in (1, full) for d, full in zip(reversed(operand), reversed(z), strict=False)):
             return False
@@ -274,7 +306,7 @@ def _emit(bb: Any, match: _Match, remap: Any) -> Any:
     q, kt, v = (remap(x) if _tvm.tensor_dtype(x) == "float32" else
                 bb.emit(bb.call_te(_widened, remap(x), primfunc_name_hint="amp_attention_widen"))
                 for x in (match.q, match.kt, match.v))
-    operands = [remap(step.operand) for step in match.steps]
+    operands = [remap(step.operand) for step in match.steps if step.operand is not None]
     keys = (static_shape(match.kt) or [0])[-1]
     padded = _LANES * math.ceil(keys / _LANES)
     if padded != keys:
@@ -283,7 +315,8 @@ def _emit(bb: Any, match: _Match, remap: Any) -> Any:
     padded_rows = _padded_rows(rows)
     if padded_rows != rows:  # q's extra rows are zeros; their results are cropped
         q = bb.emit(bb.call_te(_pad, q, axis=-2, padded=padded_rows, primfunc_name_hint="amp_attention_pad_queries"))
-    out = bb.call_te(_attention, q, kt, v, *operands, keys=keys, steps=[(s.op, s.scores_right) for s in match.steps],
+    out = bb.call_te(_attention, q, kt, v, *operands, keys=keys,
+                     steps=[(s.op, s.scores_right, s.dtype) for s in match.steps],
                      nan_to_zero=match.nan_to_zero, rows=rows, rounding=match.rounding, primfunc_name_hint="attention")
     if padded_rows == rows:
         return out
@@ -320,7 +353,7 @@ def _crop_rows(x: Any, rows: int) -> Any:
     return te.compute((*lead, rows, width), lambda *i: x(*i), name="crop_queries")
 
 
-def _attention(q: Any, kt: Any, v: Any, *operands: Any, keys: int, steps: list[tuple[str, bool]],
+def _attention(q: Any, kt: Any, v: Any, *operands: Any, keys: int, steps: list[tuple[str, bool, str]],
                nan_to_zero: bool, rows: int, rounding: str | None) -> Any:
     """The kernel over ``q``'s rows (padded past ``rows``, the real ones, to whole blocks) and
     ``kᵀ``'s columns (padded past ``keys``); ``operands``: the steps' (see ``_Step``). Float32
@@ -348,11 +381,15 @@ def _attention(q: Any, kt: Any, v: Any, *operands: Any, keys: int, steps: list[t
 
     def stepped(*i: Any) -> Any:
         value = scores(*i)
-        for (op, scores_right), operand in zip(steps, operands, strict=True):
-            other = broadcast(operand, i)
-            a, b = (other, value) if scores_right else (value, other)
-            value = {"add": a + b, "subtract": a - b, "multiply": a * b, "divide": a / b}[op]
-        return tirx.Select(i[-1] < keys, value, tirx.const(float("-inf"), "float32"))
+        taken = iter(operands)
+        for op, scores_right, dtype in steps:
+            if op != "round":
+                other = broadcast(next(taken), i).astype(f32)
+                a, b = (other, value) if scores_right else (value, other)
+                value = {"add": a + b, "subtract": a - b, "multiply": a * b, "divide": a / b}[op]
+            if dtype != f32:
+                value = _rounded(value, dtype)
+        return tirx.Select(i[-1] < keys, value, tirx.const(float("-inf"), f32))
 
     masked = te.compute((*batch, padded_rows, padded), stepped, name="amp_attention_masked")
     c1 = te.reduce_axis((0, padded), name="c1")
