@@ -133,7 +133,9 @@ def _scratch_dirs() -> list[str]:
 def test_onnxruntime_time_matches_a_standalone_session(tmp_path):
     """bench's onnxruntime median is onnxruntime's own speed, not one slowed by TVM's spinning
     pool: it agrees with a standalone session (same model, threads, inputs) in a fresh process.
-    Issue 13 saw ~4x with every runtime in one process; the band is wide because machines are noisy."""
+    Issue 13 saw ~4x with every runtime in one process; the band is wide because machines are noisy,
+    and the fastest runs are compared: another test's build on the same cores (pytest -n 2) slows some
+    runs of either side by as much (a median read 3.6x once), a spinning pool slows every run."""
     path = str(tmp_path / "encoder.onnx")
     onnx.save(model_zoo.transformer_encoder(vocab=1000, seq=64, d_model=128, heads=4, layers=2), path)
     feeds = seeded_feeds(path)
@@ -142,8 +144,8 @@ def test_onnxruntime_time_matches_a_standalone_session(tmp_path):
     alone += standalone_onnxruntime_ms(path, feeds, threads=2, runs=30)
     timing = report.timing(ONNXRUNTIME)
     assert timing is not None and len(timing.times_ms) == 20
-    ratio = timing.median_ms / float(np.median(alone))
-    assert 0.5 <= ratio <= 2.0, f"bench {timing.median_ms:.3f} ms vs standalone {np.median(alone):.3f} ms"
+    ratio = min(timing.times_ms) / min(alone)
+    assert 0.5 <= ratio <= 2.0, f"bench {min(timing.times_ms):.3f} ms vs standalone {min(alone):.3f} ms (fastest)"
 
 
 def test_workers_and_scratch_are_gone_after_an_error(zoo_model, monkeypatch, tmp_path):
