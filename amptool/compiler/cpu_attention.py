@@ -3,9 +3,10 @@
 What: ``matmul(softmax(chain(matmul(q, kᵀ)), axis=-1), v)`` — ``chain`` a run of elementwise
 adds, subtracts, multiplies and divides by constants or tensors broadcast to the scores (a scale,
 an attention mask, a causal mask) — becomes one kernel (``attention``): for each block of ``R``
-query rows, the rows' scores (a register tile of ``R`` rows × whole vectors of keys), their max,
-exponentials and sum, and their product with ``v`` (a register tile of ``R`` rows × ``v``'s
-columns) — all within one task, the scores never leaving the cache. A key count no vector
+query rows (up to ``ROW_CAP``), the rows' scores (a register tile of ``R`` rows × whole vectors of
+keys), their max, exponentials and sum, and their product with ``v`` (a register tile of ``R``
+rows × a chunk of ``v``'s column vectors) — all within one task, the scores never leaving the
+cache; tiles sized to the target's vector registers (32 with AVX-512, 16 with AVX2). A key count no vector
 divides reads ``kᵀ`` padded with zero columns (a small kernel of its own), the padded scores
 masked to −inf; a query count no block divides (ViT's 197) reads ``q`` padded with zero rows,
 the extra results cropped.
@@ -16,9 +17,10 @@ layer) spent ~76 ms a layer on them at one thread, onnxruntime ~42; this kernel 
 in benchmarks/README.md, thirteenth session).
 
 Float16/bfloat16 builds: the mixed-precision pass leaves q, kᵀ and v in the low dtype, the two
-products accumulating (``out_dtype``) and the softmax computing in float32, and the probabilities
-cast to the low dtype before the product; the kernel does the same — the probabilities rounded
-to the low dtype, then widened — so its values are the three kernels' up to summation order.
+products accumulating (``out_dtype``) and the softmax computing in float32, the probabilities
+cast to the low dtype before the product, and sometimes a scale step in the low dtype; the kernel
+does the same in float32 with each of those roundings (q, kᵀ, v widened first) — so its values
+are the three kernels' up to summation order.
 
 When not: fewer than ``MIN_KEYS`` keys (the scores stay in cache between the three kernels);
 shapes that are not static; dtypes other than those two arrangements; ``v`` columns no 16-lane
@@ -281,7 +283,8 @@ def _accepts(match: _Match, softmax: Any, scores: Any, product: Any) -> bool:
     return True
 
 
-#: The most query rows a task takes (the product's tile then holds 6 × 4 vectors on AVX-512).
+#: The most query rows a task takes: a 6 × 4-vector product tile on AVX-512 (24 of 32 registers;
+#: 4 rows went 38 → 47 ms on Whisper's attention, 8 spilled: 93).
 ROW_CAP = 6
 
 
