@@ -39,6 +39,7 @@ from typing import Any
 
 from amptool import _tvm
 from amptool._tvm import static_shape
+from amptool.dtypes import DTYPES
 
 #: Keys from which attention is one kernel. Measured (12 heads × 64, one thread, kernel sums,
 #: three kernels → one): 128 keys 0.93 → 1.05 ms, 192 1.98 → 1.33, 256 4.14 → 2.44 — below ~192
@@ -55,7 +56,7 @@ _MAX, _EXP, _SUM, _PRODUCT, _OUT = ("amp_attention_max", "amp_attention_exp", "a
 _INVERSE, _WEIGHTS = "amp_attention_inverse", "amp_attention_weights"  # (builds that round the probabilities)
 
 _LANES = 16  # float32 lanes of the key blocks (AVX-512); narrower targets split each block
-_FLOATS = ("float32", "float16", "bfloat16")
+_FLOATS = DTYPES
 _CHAIN_OPS = {"relax.add": "add", "relax.subtract": "subtract", "relax.multiply": "multiply",
               "relax.divide": "divide"}
 
@@ -258,7 +259,7 @@ def _accepts(match: _Match, softmax: Any, scores: Any, product: Any) -> bool:
     # float32 throughout; or a float16/bfloat16 build's: q, kᵀ, v and the probabilities' cast in the
     # low dtype, the products accumulated (out_dtype) and the softmax computed in float32.
     low = {_tvm.tensor_dtype(x) for x in (match.q, match.kt, match.v)}
-    if len(low) != 1 or not low <= {"float32", "float16", "bfloat16"}:
+    if len(low) != 1 or not low <= set(_FLOATS):
         return False
     if (match.rounding or "float32") != next(iter(low)):
         return False
@@ -483,39 +484,32 @@ def attention(sch: Any, tiling: Any) -> Any | None:
 
 def _score_tile(sch: Any, scores: Any, block: int, lanes: int, budget: int) -> None:
     """``block`` rows × as many key vectors as keep ``budget`` accumulators, over the depth."""
-    from amptool.compiler.cpu_schedules import _divisor  # noqa: PLC0415
-
-    rows, keys, depth = sch.get_loops(scores)[-3:]
-    vectors = _divisor(int(sch.get(keys).extent) // lanes, max(1, budget // block)) or 1
-    key_blocks, key_tile = sch.split(keys, [None, vectors * lanes])
-    sch.reorder(key_blocks, depth, rows, key_tile)
-    tile = sch.cache_write(scores, 0, "local")
-    sch.reverse_compute_at(tile, key_blocks)
-    sch.vectorize(sch.get_loops(tile)[-1])
-    steps, key_lanes = sch.split(key_tile, [None, lanes])
-    sch.unroll(steps)
-    sch.vectorize(key_lanes)
-    sch.unroll(rows)
-    init = sch.decompose_reduction(scores, depth)
-    sch.vectorize(sch.get_loops(init)[-1])
+    _register_tile(sch, scores, lanes, max(1, budget // block))
 
 
 def _product_tile(sch: Any, product: Any, block: int, lanes: int, registers: int) -> None:
     """The block's rows × a chunk of ``v``'s column vectors, accumulated over the keys: as many
     vectors as fit ``registers`` with one load each and a broadcast (AVX-512, 6 rows: 4 vectors
     — BERT's 64 columns whole; AVX2: 2)."""
+    _register_tile(sch, product, lanes, max(1, (registers - 1) // (block + 1)))
+
+
+def _register_tile(sch: Any, block: Any, lanes: int, cap: int) -> None:
+    """``block``'s last three loops (rows, columns, reduction) as a register tile: all its rows ×
+    up to ``cap`` column vectors, accumulated in a local tile over the reduction, rows unrolled and
+    each vector a step of its own."""
     from amptool.compiler.cpu_schedules import _divisor  # noqa: PLC0415
 
-    rows, columns, keys = sch.get_loops(product)[-3:]
-    vectors = _divisor(int(sch.get(columns).extent) // lanes, max(1, (registers - 1) // (block + 1))) or 1
+    rows, columns, reduction = sch.get_loops(block)[-3:]
+    vectors = _divisor(int(sch.get(columns).extent) // lanes, cap) or 1
     chunks, columns = sch.split(columns, [None, vectors * lanes])
-    sch.reorder(chunks, keys, rows, columns)
-    tile = sch.cache_write(product, 0, "local")
+    sch.reorder(chunks, reduction, rows, columns)
+    tile = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(tile, chunks)
     sch.vectorize(sch.get_loops(tile)[-1])
     steps, column_lanes = sch.split(columns, [None, lanes])
     sch.unroll(steps)
     sch.vectorize(column_lanes)
     sch.unroll(rows)
-    init = sch.decompose_reduction(product, keys)
+    init = sch.decompose_reduction(block, reduction)
     sch.vectorize(sch.get_loops(init)[-1])

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from amptool._tvm import static_shape
+from amptool.dtypes import DTYPES
 
 #: Ops this module legalizes, and the reduction each is made of.
 REDUCTIONS = ("relax.sum", "relax.mean", "relax.variance", "relax.max", "relax.min")
@@ -46,7 +47,7 @@ def legalization(default: Callable[[Any, Any], Any], lanes: Callable[[], int]) -
     def legalize(bb: Any, call: Any) -> Any:
         x = call.args[0]
         shape = static_shape(x)
-        if shape is None or not shape or str(x.ty.dtype) not in ("float32", "float16", "bfloat16"):
+        if shape is None or not shape or str(x.ty.dtype) not in DTYPES:
             return default(bb, call)
         axes = call.attrs.axis
         last = len(shape) - 1
