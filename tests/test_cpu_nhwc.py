@@ -357,8 +357,8 @@ def test_register_tiles_of_several_vectors_fit_the_registers(lanes: int) -> None
     registers = 32 if lanes == 16 else 16
     assert tile_vectors(16, lanes, 56) > 1 and tile_vectors(5, lanes, 56) == 1
     assert tile_vectors(16, lanes, 1) == (4 if lanes == 16 else 2)  # one column: four FMAs per broadcast
-    for blocks, width, dominated in itertools.product(range(2, 17), range(1, 120), (False, True)):
-        vectors = tile_vectors(blocks, lanes, width, output_dominated=dominated)
+    for blocks, width in itertools.product(range(2, 17), range(1, 120)):
+        vectors = tile_vectors(blocks, lanes, width)
         assert blocks % vectors == 0 and vectors <= (4 if lanes == 16 else 2)
         if vectors == 1:
             continue
@@ -368,19 +368,21 @@ def test_register_tiles_of_several_vectors_fit_the_registers(lanes: int) -> None
         assert tile == width if width <= most else -(-width // tile) * tile - width < tile, (blocks, width, tile)
 
 
-def test_convs_writing_more_than_they_read_take_wider_channel_tiles() -> None:
-    """A conv whose output outnumbers its input (ResNet-50's 1×1 expansions, a stem) takes the
-    tile with the fewest loads per FMA among those wasting no columns: 4 vectors × 4 columns on
-    56- and 28-column rows where other convs keep 2 × 14; 2 × 14 and 2 × 7 still on 14- and
-    7-column rows, where four vectors' tiles would compute columns past the row (the registers:
-    ``test_register_tiles_of_several_vectors_fit_the_registers``)."""
+def test_tiles_take_the_fewest_loads_per_fma() -> None:
+    """AVX-512 tiles cost their loads per FMA past half a load (``LOADS_PER_FMA``): 4 vectors × 4
+    columns on 56-, 28- and 112-column rows, not 2 × 14 (0.5 loads per FMA, not 0.57); 2 × 14 and
+    2 × 7 on 14- and 7-column rows, where four vectors' tiles would crop columns past the row
+    (``CROPPED_TILE_COST``); 3 × 8 for 144 channels at 56; a cropped 2 × 8 on 15 columns, not an
+    exact 1 × 5 (1.2 loads per FMA); AVX2 keeps two vectors where they fit."""
     from amptool.compiler.cpu_kernels import nhwc_columns, tile_vectors
 
     for width in (56, 28, 112):
-        assert tile_vectors(16, 16, width) == 2 and nhwc_columns(width, 16, 2) == 14
-        assert tile_vectors(16, 16, width, output_dominated=True) == 4 and nhwc_columns(width, 16, 4) == 4
-    assert tile_vectors(16, 16, 14, output_dominated=True) == 2 and tile_vectors(32, 16, 7, output_dominated=True) == 2
-    assert tile_vectors(9, 16, 56, output_dominated=True) == 3  # 144 channels: 3 × 8
+        assert tile_vectors(16, 16, width) == 4 and nhwc_columns(width, 16, 4) == 4
+        assert tile_vectors(16, 8, width) == 2
+    assert tile_vectors(16, 16, 14) == 2 and nhwc_columns(14, 16, 2) == 14
+    assert tile_vectors(32, 16, 7) == 2 and nhwc_columns(7, 16, 2) == 7
+    assert tile_vectors(9, 16, 56) == 3 and nhwc_columns(56, 16, 3) == 8  # 144 channels
+    assert tile_vectors(2, 16, 15) == 2 and nhwc_columns(15, 16, 2) == 8
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -410,7 +412,7 @@ def test_multi_vector_tiles_match_onnxruntime(tmp_path, dtype):
         onnx.save(model, str(path))
         if width == 13 and dtype == "float32":
             lanes = vector_lanes(_tvm.make_target(TARGET))
-            block = lanes * tile_vectors(64 // lanes, lanes, width, output_dominated=True)  # the first conv's: 16 → 64
+            block = lanes * tile_vectors(64 // lanes, lanes, width)  # the first conv's: 16 → 64
             dims = ", ".join(f"T.int64({d})" for d in (64 // block, 3, 3, 16, block))
             assert f"(({dims}), \"float32\")" in _lowered_kernels(str(path), dtype)
         data = np.random.default_rng(width).standard_normal((1, 16, height, width)).astype(np.float32)

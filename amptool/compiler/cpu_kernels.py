@@ -203,43 +203,47 @@ def column_tile(width: int, cap: int) -> int | None:
     return next((d for d in range(cap + 1, 2 * cap - 1) if width % d == 0), None)
 
 
-def tile_vectors(blocks: int, lanes: int, width: int, output_dominated: bool = False) -> int:
+#: Vector loads per FMA an AVX-512 core takes without its two FMA pipes waiting: one 64-byte
+#: load a cycle beside two FMAs. Register tiles in C on an Ice Lake core (a weight panel from L2,
+#: broadcasts from L1; GFLOP/s, peak ≈ 175): 14 columns × 2 vectors (0.57 loads per FMA) 137–142,
+#: 7 × 2 (0.64) 140, 3 × 4 (0.58) 150, 2 × 4 (0.75) 117, 16 × 1 (1.06) 72, and every tile at or under
+#: half a load per FMA 163–175 (4 × 4, 5 × 4, 6 × 4, 8 × 3, 9 × 3).
+LOADS_PER_FMA = 0.5
+
+#: The cost factor of a tile that computes columns past the row and crops them: in ResNet-50,
+#: 4 × 5 tiles on 14-column rows and 4 × 4 on 7-column rows, which the load count puts 6% and 11%
+#: ahead of 2 × 14 and 2 × 7, ran 0–12% behind them (per-kernel minima, alternated).
+CROPPED_TILE_COST = 1.25
+
+
+def tile_vectors(blocks: int, lanes: int, width: int) -> int:
     """Vectors of output channels in one NHWC register tile, for a conv of ``blocks`` vectors and
     ``width`` output columns: of the divisors of ``blocks`` up to 4 (AVX-512) or 2 (AVX2), the one
-    whose tile (``nhwc_columns``) does the most useful FMAs per broadcast input; the fewer vectors
-    on a tie. For an ``output_dominated`` conv (more output elements than input elements), the one
-    whose tile, wasting no columns, does the most useful FMAs per load (broadcasts and weight
-    vectors together).
+    whose tile (``nhwc_columns``) costs least per useful FMA — its loads per FMA (one broadcast
+    input per column, one weight vector per channel vector: ``1/vectors + 1/columns``) where over
+    ``LOADS_PER_FMA``, times the columns it computes per real one, ``CROPPED_TILE_COST`` more when
+    it crops; on a tie the wider tile (fewer weight loads from L2), then fewer vectors.
 
     Why: with one vector per tile every FMA needs its own broadcast input load, and a core that
-    issues two FMAs per cycle (Intel's AVX-512 server cores) waits on its load ports. Measured on
-    an Emerald Rapids core (float32, 3-conv chains, alternated in one process): 3×3 convs
-    1.3–1.45× faster with several vectors (64 channels at 56²: 9.3 → 6.5 ms for three), 1×1
-    256 → 256 at 56² 1.15×; 512 channels at 7² faster as 2 vectors × 7 columns than as 4 × 7 (a
-    register spilled); AVX2 code on the same core (``-mattr=-avx512f``, 8 lanes), two vectors:
-    ResNet-50 126.2 → 84.7 ms.
-
-    Why the other measure where the output dominates: each channel block's pass over a row
-    writes (and reads the residual of) ``vectors`` × 64 bytes per column, one stride of the whole
-    channel count apart; a conv that writes more than it reads waits on those trips past L2, and
-    fewer, wider passes take them in longer runs. ResNet-50's such convs (the stem, the 1×1
-    expansions and their 56² shortcut), float32 on an Ice Lake core, per-kernel minima of 25
-    alternated runs: 4 vectors × 4 columns instead of 2 × 14 were 2–20% faster at one thread and
-    8–18% at two (the stem 13% at one, unchanged at two). Its convs that read more than they write
-    (3×3, reductions, strided shortcuts) were 3–14% slower at two threads as 4 × 4 (their weight
-    panels outgrow L1), so they keep the accumulator measure.
+    issues two FMAs per cycle waits on its load ports. Measured on an Emerald Rapids core (float32,
+    3-conv chains, alternated in one process): 3×3 convs 1.3–1.45× faster with several vectors (64
+    channels at 56²: 9.3 → 6.5 ms for three), 1×1 256 → 256 at 56² 1.15×; AVX2 code on the same
+    core (``-mattr=-avx512f``, 8 lanes), two vectors: ResNet-50 126.2 → 84.7 ms. Two vectors × 14
+    columns still wait on the loads (``LOADS_PER_FMA``); four × 4 on ResNet-50's 56- and 28-column
+    rows, an Ice Lake core, per-kernel minima alternated: 3×3 64 → 64 at 56² 1.71 → 1.50 ms at one
+    thread, 0.87 → 0.77 at two, the 28² 1×1 reductions 0.76 → 0.67 / 0.38 → 0.35; the 28² 3×3
+    convs unchanged (their 295 KB weight panels per channel block come from L2 at 16 bytes per FMA).
     """
     most = 4 if lanes >= 16 else 2
     tiles = {v: nhwc_columns(width, lanes, v) for v in range(1, min(most, blocks) + 1) if blocks % v == 0}
 
-    def useful(vectors: int) -> float:
-        tile = tiles[vectors]
-        return vectors * tile * width / (-(-width // tile) * tile)
+    def cost(vectors: int) -> tuple[float, int, int]:
+        columns = tiles[vectors]
+        computed = -(-width // columns) * columns
+        per_fma = max(LOADS_PER_FMA, 1 / vectors + 1 / columns) * computed / width
+        return per_fma * (CROPPED_TILE_COST if computed != width else 1.0), -columns, vectors
 
-    if not output_dominated:
-        return max(tiles, key=lambda v: (useful(v), -v))
-    exact = [v for v, tile in tiles.items() if width % tile == 0] or list(tiles)
-    return max(exact, key=lambda v: (useful(v) / (tiles[v] + v), -v))
+    return min(tiles, key=cost)
 
 
 def _vector_registers(lanes: int) -> int:
@@ -483,8 +487,7 @@ def _legalize_conv2d_nhwc(bb: Any, call: Any, w: np.ndarray, geometry: dict[str,
         block = lanes
         w = _zero_filters(w, block)
     if block == lanes:
-        vectors = tile_vectors(w.shape[0] // lanes, lanes, out_w,
-                               output_dominated=_writes_more_than_reads(call, data))
+        vectors = tile_vectors(w.shape[0] // lanes, lanes, out_w)
         block, columns = lanes * vectors, nhwc_columns(out_w, lanes, vectors)
     return bb.call_te(cpu_nhwc.conv2d_nhwc, data, _constant(cpu_nhwc.pack_conv_weight(w, block)), **geometry,
                       columns=columns, out_dtype=out_dtype, out_channels=out_channels,
@@ -503,19 +506,11 @@ def _grouped_conv2d_nhwc(bb: Any, call: Any, w: np.ndarray, geometry: dict[str, 
 
     lanes = _current_lanes()
     per_group = w.shape[0] // int(call.attrs.groups)
-    vectors = tile_vectors(per_group // lanes, lanes, out_w,
-                           output_dominated=_writes_more_than_reads(call, call.args[0]))
+    vectors = tile_vectors(per_group // lanes, lanes, out_w)
     block = lanes * vectors
     return bb.call_te(cpu_nhwc.conv2d_nhwc, call.args[0], _constant(cpu_nhwc.pack_conv_weight(w, block)), **geometry,
                       columns=nhwc_columns(out_w, lanes, vectors), out_dtype=str(call.ty.dtype),
                       groups=int(call.attrs.groups), primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BLOCK)
-
-
-def _writes_more_than_reads(call: Any, data: Any) -> bool:
-    """Whether ``call``'s output has more elements than its input ``data`` (False when either
-    shape is symbolic): ``tile_vectors``'s ``output_dominated``."""
-    out, into = static_shape(call), static_shape(data)
-    return out is not None and into is not None and math.prod(out) > math.prod(into)
 
 
 def _zero_filters(w: np.ndarray, multiple: int) -> np.ndarray:
