@@ -204,10 +204,10 @@ def column_tile(width: int, cap: int) -> int | None:
 
 
 #: Vector loads per FMA an AVX-512 core takes without its two FMA pipes waiting: one 64-byte
-#: load a cycle beside two FMAs. Register tiles in C on an Ice Lake core (a weight panel from L2,
-#: broadcasts from L1; GFLOP/s, peak ≈ 175): 14 columns × 2 vectors (0.57 loads per FMA) 137–142,
-#: 7 × 2 (0.64) 140, 3 × 4 (0.58) 150, 2 × 4 (0.75) 117, 16 × 1 (1.06) 72, and every tile at or under
-#: half a load per FMA 163–175 (4 × 4, 5 × 4, 6 × 4, 8 × 3, 9 × 3).
+#: load a cycle beside two FMAs. ``benchmarks/register_tiles.py`` on an Ice Lake core (C tiles, a
+#: weight panel from L2, broadcasts from L1; speed against 14 columns × 2 vectors, 0.57 loads per
+#: FMA, six runs): 16 × 1 (1.06) 0.51–0.56×, 2 × 4 (0.75) 0.75–0.85×, 4 × 4 (0.5) 1.00–1.23×,
+#: 5 × 4 … 9 × 3 (0.42–0.46) 1.04–1.25× — near the core's peak.
 LOADS_PER_FMA = 0.5
 
 #: The cost factor of a tile that computes columns past the row and crops them: in ResNet-50,
