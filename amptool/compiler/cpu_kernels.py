@@ -233,6 +233,8 @@ def tile_vectors(blocks: int, lanes: int, width: int) -> int:
     rows, an Ice Lake core, per-kernel minima alternated: 3×3 64 → 64 at 56² 1.71 → 1.50 ms at one
     thread, 0.87 → 0.77 at two, the 28² 1×1 reductions 0.76 → 0.67 / 0.38 → 0.35; the 28² 3×3
     convs unchanged (their 295 KB weight panels per channel block come from L2 at 16 bytes per FMA).
+    An earlier session had kept 4 × 4 to convs writing more than they read, having measured the
+    others 3–14% slower with it at two threads; alternated again, they were faster or level.
     """
     most = 4 if lanes >= 16 else 2
     tiles = {v: nhwc_columns(width, lanes, v) for v in range(1, min(most, blocks) + 1) if blocks % v == 0}
