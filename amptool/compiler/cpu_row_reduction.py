@@ -30,9 +30,7 @@ from tvm.s_tir.dlight.analysis import normalize_prim_func
 
 from amptool.compiler.cpu_schedules import SPATIAL as _SPATIAL
 from amptool.compiler.cpu_schedules import Tiling, _extent, _parallel, _partition, _stride, try_inline
-
-#: Vector widths tried for a reduction's partial results, widest first (float32 lanes ≤ target's).
-_WIDTHS = (16, 8, 4)
+from amptool.compiler.cpu_tail_reduction import ROW_VECTOR_WIDTHS
 
 
 def vector_row_reduction(sch: Any, tiling: Tiling) -> Any | None:
@@ -51,7 +49,7 @@ def vector_row_reduction(sch: Any, tiling: Tiling) -> Any | None:
         return None
     for info, width in zip(reductions, widths, strict=True):
         if width:
-            _factor(sch, info, width)
+            factor_lanes(sch, info.block_rv, width)
     return _schedule_rows(sch, rows, tiling)
 
 
@@ -92,14 +90,10 @@ def _plan(sch: Any, info: Any, tiling: Tiling) -> int | None:
     if any(s not in (0, 1) for s in strides) or 1 not in strides:
         return None
     length = int(extents[-1] or 0)
-    width = next((w for w in _WIDTHS if w <= tiling.lanes and length % w == 0 and length >= 2 * w), None)
+    width = next((w for w in ROW_VECTOR_WIDTHS if w <= tiling.lanes and length % w == 0 and length >= 2 * w), None)
     if width is None and len(kinds) - spatial == 1 and length < tiling.lanes:
         return 0
     return width
-
-
-def _factor(sch: Any, info: Any, width: int) -> None:
-    factor_lanes(sch, info.block_rv, width)
 
 
 def factor_lanes(sch: Any, block: Any, width: int) -> Any:

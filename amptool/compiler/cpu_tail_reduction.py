@@ -28,14 +28,15 @@ from amptool.dtypes import DTYPES
 #: Ops this module legalizes, and the reduction each is made of.
 REDUCTIONS = ("relax.sum", "relax.mean", "relax.variance", "relax.max", "relax.min")
 
-#: The vector widths ``cpu_row_reduction`` factors by; a length one of them divides needs no tail.
-_ROW_WIDTHS = (16, 8, 4)
+#: The vector widths ``cpu_row_reduction`` factors a reduction's partial results by, widest first
+#: (float32 lanes, those up to the target's); a length one of them divides needs no tail.
+ROW_VECTOR_WIDTHS = (16, 8, 4)
 
 
 def tail_split(length: int, lanes: int) -> int | None:
     """Where a reduction of ``length`` values splits into a vectorized body and a scalar tail
     (the body's length), or None when it needs no split or has too little to vectorize."""
-    if any(length % width == 0 for width in _ROW_WIDTHS if width <= lanes) or length < 2 * lanes:
+    if any(length % width == 0 for width in ROW_VECTOR_WIDTHS if width <= lanes) or length < 2 * lanes:
         return None
     return length - length % lanes
 
