@@ -288,13 +288,13 @@ def _two_convs() -> onnx.ModelProto:
 
 def test_convs_stream_their_larger_side_once(tmp_path):
     """Rows outermost when activations dominate, channel blocks outermost when weights do (each
-    thread then streams the weights once) and, where a chunk of input channels' weights fits half
-    of L1 (the 3×3 × 256: 8 channels, 18 KB), chunks of input channels outside the rows; all
-    orders compute onnxruntime's numbers."""
+    thread then streams the weights once) and, where a chunk of input channels' weights fits 5/6
+    of L1 (the 3×3 × 256 on a 32 KB L1: 8 channels, 18 KB), chunks of input channels outside the
+    rows; all orders compute onnxruntime's numbers."""
     model = _two_convs()
     path = tmp_path / "convs.onnx"
     onnx.save(model, str(path))
-    text = _lowered_kernels(str(path), "float32")
+    text = "\n".join(scheduled_kernels(str(path), "float32", "znver4"))  # not this host: L1 taken as 32 KB
     orders = {tuple(re.findall(r"\bfor (\w+) in T\.parallel", kernel)) for kernel in text.split("@T.prim_func")
               if '"amp_conv2d_nhwc_init"' in kernel}
     loops = sorted(loop for found in orders for loop in found)
@@ -306,6 +306,27 @@ def test_convs_stream_their_larger_side_once(tmp_path):
     amptool.convert(path, dtype="float32", output=tmp_path / "out")
     got = amptool.load(tmp_path / "out").run({"x": x})["y"]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+
+
+def test_weight_chunks_follow_the_targets_l1(tmp_path, monkeypatch):
+    """A chunk of input channels takes 5/6 of the target CPU's L1 data cache: this host's when the
+    build is for this host's CPU (a 48 KB L1 chunks the 3×3 × 256 by 16 channels, 37 KB), 32 KB for
+    any other CPU (8 channels)."""
+    import tvm
+
+    from amptool.compiler import cpu_kernels
+
+    assert cpu_kernels.l1_data_bytes(tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})) in (
+        cpu_kernels.DEFAULT_L1_BYTES, cpu_kernels._host_facts()[1])
+    path = tmp_path / "convs.onnx"
+    onnx.save(_two_convs(), str(path))
+    pattern = r"for rc_0, y, x_0, ry, rx, rc_1 in T\.grid\(T\.int64\((\d+)\)"
+    monkeypatch.setattr(cpu_kernels, "_host_facts", lambda: ("skylake-avx512", 32 << 10))
+    assert re.findall(pattern, "\n".join(scheduled_kernels(str(path), "float32", "znver4"))) == ["32"]
+    monkeypatch.setattr(cpu_kernels, "_host_facts", lambda: ("znver4", 48 << 10))
+    assert re.findall(pattern, "\n".join(scheduled_kernels(str(path), "float32", "znver4"))) == ["16"]
+    assert cpu_kernels.l1_data_bytes(tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})) == 48 << 10
+    assert cpu_kernels.l1_data_bytes(tvm.target.Target({"kind": "llvm", "mcpu": "icelake-server"})) == 32 << 10
 
 
 @pytest.mark.parametrize(("dtype", "tolerance"), [("float32", 1e-5), ("bfloat16", 1e-2)])
@@ -383,6 +404,61 @@ def test_tiles_take_the_fewest_loads_per_fma() -> None:
     assert tile_vectors(32, 16, 7) == 2 and nhwc_columns(7, 16, 2) == 7
     assert tile_vectors(9, 16, 56) == 3 and nhwc_columns(56, 16, 3) == 8  # 144 channels
     assert tile_vectors(2, 16, 15) == 2 and nhwc_columns(15, 16, 2) == 8
+
+
+def test_dense_pointwise_convs_tile_runs_of_positions() -> None:
+    """A 1×1 conv's map is one run of positions: at 14² (196) four vectors × 4 positions (0.5 loads
+    per FMA) where rows of 14 columns take 2 × 14 (0.57); none where rows already reach the floor
+    (28², 56²), where the map's size has no divisor the registers hold (7² = 49 takes 2 × 7 either
+    way), for one vector's tiles, a single row, or AVX2 (its convs are not chunked)."""
+    from amptool.compiler.cpu_kernels import flat_tile
+
+    assert flat_tile(16, 16, 14, 14) == (4, 4) and flat_tile(64, 16, 14, 14) == (4, 4)
+    for blocks, height, width in ((16, 28, 28), (16, 56, 56), (32, 7, 7), (128, 7, 7), (1, 14, 14), (5, 14, 14),
+                                  (16, 1, 14)):
+        assert flat_tile(blocks, 16, height, width) is None, (blocks, height, width)
+    assert flat_tile(16, 8, 14, 14) is None
+
+
+def _pointwise_stage(channels: int, size: int, stride: int) -> onnx.ModelProto:
+    """A ResNet-style 1×1 stage: a 1×1 conv with a residual add and Relu, then a 1×1 conv of
+    ``stride`` to twice the channels; weights heavy enough to be chunked."""
+    rng = np.random.default_rng(12)
+    scale = 1 / np.sqrt(channels)
+    inits = [numpy_helper.from_array((rng.standard_normal(s) * k).astype(np.float32), n)
+             for n, s, k in (("w1", (channels, channels, 1, 1), scale), ("b1", (channels,), 1.0),
+                             ("w2", (2 * channels, channels, 1, 1), scale))]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["a"]),
+             helper.make_node("Add", ["a", "x"], ["s"]),
+             helper.make_node("Relu", ["s"], ["r"]),
+             helper.make_node("Conv", ["r", "w2"], ["y"], strides=[stride, stride])]
+    out = (size - 1) // stride + 1
+    graph = helper.make_graph(nodes, "pointwise", [info("x", [1, channels, size, size])],
+                              [info("y", [1, 2 * channels, out, out])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize(("channels", "size", "stride", "flat"), [(256, 14, 1, 2), (512, 28, 2, 1)])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_flat_tiles_match_onnxruntime(tmp_path, channels, size, stride, flat, dtype):
+    """1×1 convs at 14² on an AVX-512 target tile runs of positions across rows (``y_x_fused``),
+    chunked over input channels (``rc_0``): with a residual epilogue, reading a float16 build's
+    converted copy, and after a stride 2 (the subsampled copy; the 28² conv before it keeps its
+    rows). Values are onnxruntime's."""
+    model = _pointwise_stage(channels, size, stride)
+    path = tmp_path / "pointwise.onnx"
+    onnx.save(model, str(path))
+    convs = [k for k in scheduled_kernels(str(path), dtype, "icelake-server") if '"amp_conv2d_nhwc_init"' in k]
+    tiled = [k for k in convs if re.search(r"for rc_0, y_x_fused_0, ry, rx, rc_1 in T\.grid", k)]
+    assert len(convs) == 2 and len(tiled) == flat, convs
+    x = np.random.default_rng(13).standard_normal((1, channels, size, size)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    amptool.convert(path, dtype=dtype, output=tmp_path / "out")
+    got = np.asarray(amptool.load(tmp_path / "out").run({"x": x})["y"], dtype=np.float32)
+    tolerance = 1e-5 if dtype == "float32" else 2e-2
+    np.testing.assert_allclose(got, want, rtol=0, atol=tolerance * float(np.abs(want).max()))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])

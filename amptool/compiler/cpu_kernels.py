@@ -38,7 +38,9 @@ of libm on float32 and float64 and overflow at the same |x| (onnxruntime's inf).
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -92,6 +94,39 @@ def _x86_without(target: Any, feature: str) -> bool:
         except Exception:  # noqa: BLE001 - not an x86 target
             _X86_WITHOUT[key] = False
     return _X86_WITHOUT[key]
+
+
+#: L1 data cache assumed of a CPU amptool cannot ask: most x86 cores since Haswell (Zen 4 too).
+DEFAULT_L1_BYTES = 32 << 10
+
+
+def l1_data_bytes(target: Any) -> int:
+    """The L1 data cache of ``target``'s CPU: this host's (Linux sysfs) when the target's ``mcpu`` is
+    this host's CPU, else ``DEFAULT_L1_BYTES`` (a build for another CPU cannot know its caches)."""
+    mcpu = str(target.attrs.get("mcpu", "")) if target is not None else ""
+    if not mcpu or str(target.kind.name) != "llvm" or mcpu != _host_facts()[0]:
+        return DEFAULT_L1_BYTES
+    return _host_facts()[1] or DEFAULT_L1_BYTES
+
+
+@functools.cache
+def _host_facts() -> tuple[str, int | None]:
+    """(LLVM's name for this host's CPU, its first L1 data cache in bytes or None if unreadable)."""
+    import glob  # noqa: PLC0415
+
+    size = None
+    for index in sorted(glob.glob("/sys/devices/system/cpu/cpu0/cache/index*")):
+        try:
+            with open(os.path.join(index, "level")) as level, open(os.path.join(index, "type")) as kind:
+                if level.read().strip() != "1" or kind.read().strip() not in ("Data", "Unified"):
+                    continue
+            with open(os.path.join(index, "size")) as text:
+                value = text.read().strip().upper()
+            size = int(value[:-1]) << {"K": 10, "M": 20}[value[-1]] if value[-1] in "KM" else int(value)
+            break
+        except (OSError, ValueError):
+            continue
+    return _tvm.host_cpu(), size
 
 
 #: ``_x86_without``'s answers by (target, feature): it is asked per kernel (220 LLVM queries,
@@ -236,16 +271,49 @@ def tile_vectors(blocks: int, lanes: int, width: int) -> int:
     An earlier session had kept 4 × 4 to convs writing more than they read, having measured the
     others 3–14% slower with it at two threads; alternated again, they were faster or level.
     """
+    tiles = {v: nhwc_columns(width, lanes, v) for v in _vector_counts(blocks, lanes)}
+    return min(tiles, key=lambda v: (_tile_cost(v, tiles[v], width), -tiles[v], v))
+
+
+def _vector_counts(blocks: int, lanes: int) -> list[int]:
+    """Channel vectors a register tile may take: the divisors of ``blocks`` up to 4 (AVX-512) or 2."""
     most = 4 if lanes >= 16 else 2
-    tiles = {v: nhwc_columns(width, lanes, v) for v in range(1, min(most, blocks) + 1) if blocks % v == 0}
+    return [v for v in range(1, min(most, blocks) + 1) if blocks % v == 0]
 
-    def cost(vectors: int) -> tuple[float, int, int]:
-        columns = tiles[vectors]
-        computed = -(-width // columns) * columns
-        per_fma = max(LOADS_PER_FMA, 1 / vectors + 1 / columns) * computed / width
-        return per_fma * (CROPPED_TILE_COST if computed != width else 1.0), -columns, vectors
 
-    return min(tiles, key=cost)
+def _tile_cost(vectors: int, columns: int, width: int) -> float:
+    """Loads per useful FMA of a tile of ``vectors`` × ``columns`` on rows of ``width`` (``tile_vectors``)."""
+    computed = -(-width // columns) * columns
+    per_fma = max(LOADS_PER_FMA, 1 / vectors + 1 / columns) * computed / width
+    return per_fma * (CROPPED_TILE_COST if computed != width else 1.0)
+
+
+def flat_tile(blocks: int, lanes: int, height: int, width: int) -> tuple[int, int] | None:
+    """(channel vectors, positions) of a register tile over a dense 1×1 conv's map read as one row
+    of ``height * width`` positions, when that tile costs fewer loads per FMA than ``tile_vectors``'
+    tile on rows of ``width``; else None. Positions: the largest divisor of the map's size that the
+    registers hold beside the tile's weight vectors and broadcast (as ``nhwc_columns``), at least 2.
+
+    Why: a 1×1 conv's input and output positions lie in one contiguous run, so a tile may span
+    rows. ResNet-50's 14-column rows took 2 vectors × 14 columns (0.57 loads per FMA), as four
+    vectors' tiles (up to 6 columns) crop; its 196 positions take 4 × 4 (0.5). 1024 → 256 and
+    256 → 1024 at 14², per-kernel minima alternated on an Ice Lake core: 7% faster at one thread,
+    4–8% at two (chunked as ``cpu_schedules_nhwc.WEIGHT_CHUNK_SHARE`` has it). A flat tile's conv
+    always runs chunked (its epilogue follows a channel block's whole map: ``nhwc_tile``); so AVX-512
+    only, where chunks were measured.
+    """
+    if height < 2 or lanes < 16:
+        return None
+    row = tile_vectors(blocks, lanes, width)
+    best = _tile_cost(row, nhwc_columns(width, lanes, row), width)
+    positions = height * width
+    flat = None
+    for vectors in _vector_counts(blocks, lanes)[1:]:  # one vector's tiles keep nhwc_columns' caps
+        most = (_vector_registers(lanes) - vectors - 1) // vectors
+        rows = next((d for d in range(min(most, positions), 1, -1) if positions % d == 0), None)
+        if rows is not None and _tile_cost(vectors, rows, positions) < best - 1e-9:  # a tie keeps the rows
+            best, flat = _tile_cost(vectors, rows, positions), (vectors, rows)
+    return flat
 
 
 def _vector_registers(lanes: int) -> int:
@@ -489,11 +557,32 @@ def _legalize_conv2d_nhwc(bb: Any, call: Any, w: np.ndarray, geometry: dict[str,
         block = lanes
         w = _zero_filters(w, block)
     if block == lanes:
-        vectors = tile_vectors(w.shape[0] // lanes, lanes, out_w)
-        block, columns = lanes * vectors, nhwc_columns(out_w, lanes, vectors)
+        flat = flat_tile(w.shape[0] // lanes, lanes, *_dense_pointwise_map(data, w, geometry))
+        vectors = flat[0] if flat else tile_vectors(w.shape[0] // lanes, lanes, out_w)
+        block, columns = lanes * vectors, (out_w if flat else nhwc_columns(out_w, lanes, vectors))
     return bb.call_te(cpu_nhwc.conv2d_nhwc, data, _constant(cpu_nhwc.pack_conv_weight(w, block)), **geometry,
                       columns=columns, out_dtype=out_dtype, out_channels=out_channels,
                       primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BLOCK)
+
+
+def _dense_pointwise_map(data: Any, w: np.ndarray, geometry: dict[str, list[int]]) -> tuple[int, int]:
+    """(out_h, out_w) of an unpadded 1×1 conv whose kernel reads its input (or, strided, the
+    subsampled copy) as one run of positions and whose weights are chunked (``flat_tile``); (1, 0)
+    for any other conv.
+
+    Why chunked only: the flat tile's epilogue must follow a channel block's whole map (see
+    ``cpu_schedules_nhwc.nhwc_tile``), which the chunked order does anyway, with every channel
+    block in parallel; the weights of a conv chunked so outweigh half its input and output.
+    """
+    from amptool.compiler.cpu_schedules_nhwc import CHUNK_WEIGHTS  # noqa: PLC0415
+
+    if w.shape[2:] != (1, 1) or any(geometry["padding"]) or any(d != 1 for d in geometry["dilation"]):
+        return 1, 0
+    (sh, sw), (_, height, width, channels) = geometry["strides"], (int(d) for d in data.ty.shape)
+    out_h, out_w = (height - 1) // sh + 1, (width - 1) // sw + 1
+    if w.size < CHUNK_WEIGHTS * (height * width * channels + out_h * out_w * w.shape[0]):
+        return 1, 0
+    return out_h, out_w
 
 
 def _grouped_conv2d_nhwc(bb: Any, call: Any, w: np.ndarray, geometry: dict[str, list[int]], out_w: int) -> Any:

@@ -57,10 +57,12 @@ from amptool.compiler.cpu_depthwise import (
 from amptool.compiler.cpu_kernels import (
     CAST_BLOCK,
     CONV2D_BLOCK,
+    DEFAULT_L1_BYTES,
     MATMUL_BLOCK,
     PAD_BLOCK,
     accumulator_budget,
     column_tile,
+    l1_data_bytes,
     matmul_row_cap,
     vector_lanes,
 )
@@ -81,17 +83,18 @@ MIN_PARALLEL_WORK = 1 << 16
 
 @dataclass(frozen=True)
 class Tiling:
-    """Register budget of the target: SIMD lanes (float32) and how many accumulators fit; and
-    whether the kernel at hand is worth running in parallel."""
+    """Register budget of the target: SIMD lanes (float32) and how many accumulators fit; its L1
+    data cache; and whether the kernel at hand is worth running in parallel."""
 
     lanes: int
     accumulators: int
     parallel: bool = True
+    l1_bytes: int = DEFAULT_L1_BYTES
 
     @staticmethod
     def for_target(target: Any) -> Tiling:
         lanes = vector_lanes(target)
-        return Tiling(lanes=lanes, accumulators=accumulator_budget(lanes))
+        return Tiling(lanes=lanes, accumulators=accumulator_budget(lanes), l1_bytes=l1_data_bytes(target))
 
 
 class Guarded(dlight.ScheduleRule):

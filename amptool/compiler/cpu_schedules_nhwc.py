@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from amptool.compiler.cpu_kernels import nhwc_columns
+from amptool.compiler.cpu_kernels import flat_tile, nhwc_columns
 from amptool.compiler.cpu_nhwc import CONV2D_NHWC_BLOCK, DEPTHWISE_NHWC_BLOCK, NHWC_PAD_BLOCK
 from amptool.compiler.cpu_schedules import (
     Tiling,
@@ -33,33 +33,62 @@ def nhwc_tile(sch: Any, conv: Any, block: int, tiling: Tiling,
               chunk_weights: bool = False) -> tuple[list[Any], list[Any], Any, Any, Any] | None:
     """Split ``n, y, x, c | reductions`` into ``n, y, c/B, x/T | reductions | T, B`` — or ``n, c/B,
     y, x/T | …`` when the weights outweigh the input (``_weights_dominate``), then with
-    ``chunk_weights`` ``n, c/B, rc/K, y, x/T | ry, rx, K | T, B`` (``_weight_chunk``); returns
+    ``chunk_weights`` ``n, c/B, rc/K, y, x/T | ry, rx, K | T, B`` (``_weight_chunk``). A 1×1 conv
+    the legalization gave a flat tile (``cpu_kernels.flat_tile``) fuses ``y, x`` into one run of
+    positions split by the tile's ``T``, chunked: ``n, c/B, rc/K, yx/T | ry, rx, K | T, B``. Returns
     (outer loops, reduction loops, column loop, channel loop, epilogue block)."""
     n, y, x, c, *reductions = sch.get_loops(conv)
-    width = _extent(sch, x)
-    if width is None or _extent(sch, c) is None:
+    height, width, channels = _extent(sch, y), _extent(sch, x), _extent(sch, c)
+    if height is None or width is None or channels is None:
         return None
-    tile = nhwc_columns(width, tiling.lanes, max(1, block // tiling.lanes))
-    if width % tile:
+    flat = _flat_positions(sch, conv, block, tiling, (height, width, channels))
+    tile = flat or nhwc_columns(width, tiling.lanes, max(1, block // tiling.lanes))
+    if not flat and width % tile:
         return None  # the compute was planned for another target's tile: leave it to the generic rules
     co, ci = sch.split(c, [None, block])
-    xo, xi = sch.split(x, [None, tile])
-    chunk = (_weight_chunk(sch, conv, block)
+    if flat:  # one run of positions: ``y`` walks its tiles, ``xo`` is gone
+        y, xi = sch.split(sch.fuse(y, x), [None, tile])
+        xo = None
+    else:
+        xo, xi = sch.split(x, [None, tile])
+
+    def reorder(*loops: Any) -> None:
+        sch.reorder(*(loop for loop in loops if loop is not None))
+
+    chunk = (_weight_chunk(sch, conv, block, tiling, planned=bool(flat))
              if chunk_weights and len(reductions) == 3 and tiling.lanes >= 16 else None)  # measured with AVX-512 only
     if chunk is not None:
         ry, rx, rc = reductions
         rco, rci = sch.split(rc, [None, chunk])
-        sch.reorder(n, co, rco, y, xo, ry, rx, rci, xi, ci)
+        reorder(n, co, rco, y, xo, ry, rx, rci, xi, ci)
         # Accumulated over the chunks in the block's output, a channel block's whole map at a time.
         return [n, co], [rco, ry, rx, rci], xi, ci, _epilogue_at(sch, conv, co)
+    if flat:  # no chunk divides the channels
+        # The epilogue after a channel block's whole map: under a tile of positions that spans two
+        # rows it would cover both rows whole (MobileNetV2's 384 → 64 at 14², 1.6× slower so).
+        sch.reorder(n, co, y, *reductions, xi, ci)
+        return [n, co], reductions, xi, ci, _epilogue_at(sch, conv, co)
     if _weights_dominate(sch, conv):
-        sch.reorder(n, co, y, xo, *reductions, xi, ci)
+        reorder(n, co, y, xo, *reductions, xi, ci)
         outer = [n, co, y]
     else:
-        sch.reorder(n, y, co, xo, *reductions, xi, ci)
+        reorder(n, y, co, xo, *reductions, xi, ci)
         outer = [n, y] if _copy_rows_at(sch, conv, y, tiling) else [n, y, co]
     epilogue = _epilogue_at(sch, conv, xo)
     return outer, reductions, xi, ci, epilogue
+
+
+def _flat_positions(sch: Any, conv: Any, block: int, tiling: Tiling, extents: tuple[int, int, int]) -> int | None:
+    """Positions per tile when the legalization planned ``cpu_kernels.flat_tile`` for this conv (a
+    1×1 conv reading an input of its output's rows and columns, ``block`` that tile's channels);
+    else None."""
+    height, width, channels = extents
+    src = sch.get(conv).reads[0].source
+    taps = tuple(int(d) for d in sch.get(conv).reads[1].source.shape[1:3])
+    if taps != (1, 1) or [int(d) for d in src.shape[1:3]] != [height, width] or channels % tiling.lanes:
+        return None
+    flat = flat_tile(channels // tiling.lanes, tiling.lanes, height, width)
+    return flat[1] if flat is not None and flat[0] * tiling.lanes == block else None
 
 
 #: Copied-input bytes from which a padded conv copies its input a band of rows at a time.
@@ -95,14 +124,19 @@ def _copy_rows_at(sch: Any, conv: Any, y: Any, tiling: Tiling) -> bool:
     return True
 
 
-#: Weight bytes a chunk of input channels may take: half of a 48 KB L1.
-WEIGHT_CHUNK_BYTES = 24 << 10
+#: The share of the L1 data cache (``Tiling.l1_bytes``) a chunk's weights may take. Half of Ice
+#: Lake's 48 KB at first; 5/6 (40 KB) ran ResNet-50's 14² and 7² 3×3 convs 5–11% faster (32 input
+#: channels a chunk, not 16) and its 1×1 convs at 14² 2–3% (128 channels of 4-vector tiles, not
+#: 64): kernel sums −2% at one and at two threads (per-kernel minima, alternated in one process).
+WEIGHT_CHUNK_SHARE = 5 / 6
 
 
-def _weight_chunk(sch: Any, conv: Any, block: int) -> int | None:
-    """Input channels per chunk of a conv whose weights dominate (``_weights_dominate``): the
-    largest divisor of the channel count (at least 8, fewer than all) whose taps × ``block``
-    weights fit ``WEIGHT_CHUNK_BYTES``; None when the conv is not such or no divisor fits.
+def _weight_chunk(sch: Any, conv: Any, block: int, tiling: Tiling, planned: bool = False) -> int | None:
+    """Input channels per chunk of a conv whose weights dominate (``_weights_dominate``), or whose
+    chunks were ``planned`` (a flat tile's): the largest divisor of the channel count (at least 8,
+    fewer than all) whose taps × ``block`` weights fit ``WEIGHT_CHUNK_SHARE`` of L1; None when the
+    conv is not such or no divisor fits. (A flat tile unchunked, its epilogue after the channel
+    block's map, ran a 256 → 256 1×1 conv with a residual at 14² 7–13% slower than rows; chunked, level.)
 
     Why: such a conv (ResNet-50's 7×7 stage) has one or two column tiles per row, and each tile
     streamed its channel block's whole weight panel (590 KB for 3×3 × 512) from L2 for 14 FMAs per
@@ -116,12 +150,11 @@ def _weight_chunk(sch: Any, conv: Any, block: int) -> int | None:
     convs 6–17% faster chunked on an Ice Lake core (per-kernel minima, alternated; whole runs
     2 threads −2%), where the 56² stage (weights a tenth of the rest) ran 10–30% slower.
     """
-    if not _weights_dominate(sch, conv, CHUNK_WEIGHTS):
+    if not planned and not _weights_dominate(sch, conv, CHUNK_WEIGHTS):
         return None
     _, kh, kw, channels, _ = (int(d) for d in sch.get(conv).reads[1].source.shape)
-    per_channel = kh * kw * block * 4
-    return next((d for d in range(channels - 1, 7, -1) if channels % d == 0 and d * per_channel <= WEIGHT_CHUNK_BYTES),
-                None)
+    per_channel, budget = kh * kw * block * 4, tiling.l1_bytes * WEIGHT_CHUNK_SHARE
+    return next((d for d in range(channels - 1, 7, -1) if channels % d == 0 and d * per_channel <= budget), None)
 
 
 #: Weight bytes over the kernel's other bytes above which a conv walks channel blocks outermost.
