@@ -408,14 +408,16 @@ def test_tiles_take_the_fewest_loads_per_fma() -> None:
 
 def test_dense_pointwise_convs_tile_runs_of_positions() -> None:
     """A 1×1 conv's map is one run of positions: at 14² (196) four vectors × 4 positions (0.5 loads
-    per FMA) where rows of 14 columns take 2 × 14 (0.57); none where rows already reach the floor
-    (28², 56²), where the map's size has no divisor the registers hold (7² = 49 takes 2 × 7 either
-    way), for one vector's tiles, a single row, or AVX2 (its convs are not chunked)."""
+    per FMA) where rows of 14 columns take 2 × 14 (0.57); at 7² (49, no divisor the registers hold)
+    4 × 5 over 50 positions, not 2 × 7 (0.64); Inception's 17² 4 × 5 over 290, not a cropped 3 × 9.
+    None where rows already reach the floor (28², 56², three vectors × 7 at 7²), for one vector's
+    tiles, a single row, or AVX2 (its convs are not chunked)."""
     from amptool.compiler.cpu_kernels import flat_tile
 
-    assert flat_tile(16, 16, 14, 14) == (4, 4) and flat_tile(64, 16, 14, 14) == (4, 4)
-    for blocks, height, width in ((16, 28, 28), (16, 56, 56), (32, 7, 7), (128, 7, 7), (1, 14, 14), (5, 14, 14),
-                                  (16, 1, 14)):
+    assert flat_tile(16, 16, 14, 14) == (4, 4, 196) and flat_tile(64, 16, 14, 14) == (4, 4, 196)
+    assert flat_tile(32, 16, 7, 7) == (4, 5, 50) and flat_tile(128, 16, 7, 7) == (4, 5, 50)
+    assert flat_tile(12, 16, 17, 17) == (4, 5, 290)
+    for blocks, height, width in ((16, 28, 28), (16, 56, 56), (60, 7, 7), (1, 14, 14), (5, 14, 14), (16, 1, 14)):
         assert flat_tile(blocks, 16, height, width) is None, (blocks, height, width)
     assert flat_tile(16, 8, 14, 14) is None
 
@@ -440,18 +442,20 @@ def _pointwise_stage(channels: int, size: int, stride: int) -> onnx.ModelProto:
     return model
 
 
-@pytest.mark.parametrize(("channels", "size", "stride", "flat"), [(256, 14, 1, 2), (512, 28, 2, 1)])
+@pytest.mark.parametrize(("channels", "size", "stride", "flat"), [(256, 14, 1, 2), (256, 7, 1, 2), (512, 28, 2, 1)])
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_flat_tiles_match_onnxruntime(tmp_path, channels, size, stride, flat, dtype):
-    """1×1 convs at 14² on an AVX-512 target tile runs of positions across rows (``y_x_fused``),
-    chunked over input channels (``rc_0``): with a residual epilogue, reading a float16 build's
-    converted copy, and after a stride 2 (the subsampled copy; the 28² conv before it keeps its
-    rows). Values are onnxruntime's."""
+    """1×1 convs at 14² and 7² on an AVX-512 target tile runs of positions across rows (``p_0``:
+    196 positions 4 at a time; 49 as 50, 5 at a time, the 50th dropped), chunked over input
+    channels (``rc_0``): with a residual epilogue, reading a float16 build's converted copy, and
+    after a stride 2 (the subsampled copy; the 28² conv before it keeps its rows). Values are
+    onnxruntime's."""
     model = _pointwise_stage(channels, size, stride)
     path = tmp_path / "pointwise.onnx"
     onnx.save(model, str(path))
     convs = [k for k in scheduled_kernels(str(path), dtype, "icelake-server") if '"amp_conv2d_nhwc_init"' in k]
-    tiled = [k for k in convs if re.search(r"for rc_0, y_x_fused_0, ry, rx, rc_1 in T\.grid", k)]
+    runs = 196 // 4 if size * size // stride ** 2 == 196 else 50 // 5
+    tiled = [k for k in convs if re.search(rf"for rc_0, p_0, rc_1 in T\.grid\(T\.int64\(\d+\), T\.int64\({runs}\)", k)]
     assert len(convs) == 2 and len(tiled) == flat, convs
     x = np.random.default_rng(13).standard_normal((1, channels, size, size)).astype(np.float32)
     want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]

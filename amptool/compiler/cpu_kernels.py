@@ -288,19 +288,23 @@ def _tile_cost(vectors: int, columns: int, width: int) -> float:
     return per_fma * (CROPPED_TILE_COST if computed != width else 1.0)
 
 
-def flat_tile(blocks: int, lanes: int, height: int, width: int) -> tuple[int, int] | None:
-    """(channel vectors, positions) of a register tile over a dense 1×1 conv's map read as one row
-    of ``height * width`` positions, when that tile costs fewer loads per FMA than ``tile_vectors``'
-    tile on rows of ``width``; else None. Positions: the largest divisor of the map's size that the
-    registers hold beside the tile's weight vectors and broadcast (as ``nhwc_columns``), at least 2.
+def flat_tile(blocks: int, lanes: int, height: int, width: int) -> tuple[int, int, int] | None:
+    """(channel vectors, positions per tile, positions computed) of a register tile over a dense
+    1×1 conv's map read as one run of ``height * width`` positions, when it costs fewer loads per
+    useful FMA than ``tile_vectors``' tile on rows of ``width``; else None. Positions per tile: the
+    largest divisor of the map's size the registers hold beside the tile's weight vectors and
+    broadcast (as ``nhwc_columns``), or the tile of at least half that wasting fewest positions —
+    the kernel computes a multiple of it (``cpu_nhwc.pointwise_nhwc``), the extra ones dropped in
+    the epilogue's read, not by a pass of their own.
 
     Why: a 1×1 conv's input and output positions lie in one contiguous run, so a tile may span
     rows. ResNet-50's 14-column rows took 2 vectors × 14 columns (0.57 loads per FMA), as four
     vectors' tiles (up to 6 columns) crop; its 196 positions take 4 × 4 (0.5). 1024 → 256 and
     256 → 1024 at 14², per-kernel minima alternated on an Ice Lake core: 7% faster at one thread,
-    4–8% at two (chunked as ``cpu_schedules_nhwc.WEIGHT_CHUNK_SHARE`` has it). A flat tile's conv
-    always runs chunked (its epilogue follows a channel block's whole map: ``nhwc_tile``); so AVX-512
-    only, where chunks were measured.
+    4–8% at two (chunked as ``cpu_schedules_nhwc.WEIGHT_CHUNK_SHARE`` has it). Its 7² maps (49
+    positions: 2 × 7, 0.64) take 4 × 5 over 50. A flat tile's conv always runs chunked (its
+    epilogue follows a channel block's whole map: ``cpu_schedules_nhwc``); so AVX-512 only, where
+    chunks were measured.
     """
     if height < 2 or lanes < 16:
         return None
@@ -309,10 +313,14 @@ def flat_tile(blocks: int, lanes: int, height: int, width: int) -> tuple[int, in
     positions = height * width
     flat = None
     for vectors in _vector_counts(blocks, lanes)[1:]:  # one vector's tiles keep nhwc_columns' caps
-        most = (_vector_registers(lanes) - vectors - 1) // vectors
-        rows = next((d for d in range(min(most, positions), 1, -1) if positions % d == 0), None)
-        if rows is not None and _tile_cost(vectors, rows, positions) < best - 1e-9:  # a tie keeps the rows
-            best, flat = _tile_cost(vectors, rows, positions), (vectors, rows)
+        most = min((_vector_registers(lanes) - vectors - 1) // vectors, positions)
+        rows = next((d for d in range(most, 1, -1) if positions % d == 0), None)
+        if rows is None or 3 * rows < 2 * most:
+            rows = min(range(max(2, most // 2), most + 1), key=lambda t: (-(-positions // t) * t, -t))
+        computed = -(-positions // rows) * rows
+        cost = max(LOADS_PER_FMA, 1 / vectors + 1 / rows) * computed / positions
+        if cost < best - 1e-9:  # a tie keeps the rows
+            best, flat = cost, (vectors, rows, computed)
     return flat
 
 
@@ -556,13 +564,24 @@ def _legalize_conv2d_nhwc(bb: Any, call: Any, w: np.ndarray, geometry: dict[str,
         # packed kernel at all.
         block = lanes
         w = _zero_filters(w, block)
+    flat = flat_tile(w.shape[0] // lanes, lanes, *_dense_pointwise_map(data, w, geometry)) if block == lanes else None
+    if flat is not None:
+        vectors, _, positions = flat
+        return bb.call_te(cpu_nhwc.pointwise_nhwc, data, _constant(cpu_nhwc.pack_conv_weight(w, lanes * vectors)),
+                          strides=geometry["strides"], positions=positions, out_dtype=out_dtype,
+                          out_channels=out_channels, primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BLOCK)
     if block == lanes:
-        flat = flat_tile(w.shape[0] // lanes, lanes, *_dense_pointwise_map(data, w, geometry))
-        vectors = flat[0] if flat else tile_vectors(w.shape[0] // lanes, lanes, out_w)
-        block, columns = lanes * vectors, (out_w if flat else nhwc_columns(out_w, lanes, vectors))
+        vectors = tile_vectors(w.shape[0] // lanes, lanes, out_w)
+        block, columns = lanes * vectors, nhwc_columns(out_w, lanes, vectors)
     return bb.call_te(cpu_nhwc.conv2d_nhwc, data, _constant(cpu_nhwc.pack_conv_weight(w, block)), **geometry,
                       columns=columns, out_dtype=out_dtype, out_channels=out_channels,
                       primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BLOCK)
+
+
+#: Weight bytes over a conv kernel's other bytes from which its schedule reduces over chunks of
+#: input channels (``cpu_schedules_nhwc._weight_chunk``), and from which a dense 1×1 conv may
+#: take a flat tile (``_dense_pointwise_map``), whose epilogue needs that chunked order.
+CHUNK_WEIGHTS = 0.5
 
 
 def _dense_pointwise_map(data: Any, w: np.ndarray, geometry: dict[str, list[int]]) -> tuple[int, int]:
@@ -574,8 +593,6 @@ def _dense_pointwise_map(data: Any, w: np.ndarray, geometry: dict[str, list[int]
     ``cpu_schedules_nhwc.nhwc_tile``), which the chunked order does anyway, with every channel
     block in parallel; the weights of a conv chunked so outweigh half its input and output.
     """
-    from amptool.compiler.cpu_schedules_nhwc import CHUNK_WEIGHTS  # noqa: PLC0415
-
     if w.shape[2:] != (1, 1) or any(geometry["padding"]) or any(d != 1 for d in geometry["dilation"]):
         return 1, 0
     (sh, sw), (_, height, width, channels) = geometry["strides"], (int(d) for d in data.ty.shape)

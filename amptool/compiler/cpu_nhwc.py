@@ -164,6 +164,39 @@ def conv2d_nhwc(data: Any, packed: Any, *, strides: list[int], padding: list[int
     return _crop_channels(_crop(conv, out_w), out_channels)
 
 
+def pointwise_nhwc(data: Any, packed: Any, *, strides: list[int], positions: int, out_dtype: str,
+                   out_channels: int | None = None) -> Any:
+    """An unpadded 1×1 conv as a product over one run of positions (``cpu_kernels.flat_tile``):
+    ``out[n, p, c] = Σ_rc in[n, p, rc] · w[c/B, 0, 0, rc, c%B]`` for ``positions`` ≥ the map's
+    (a multiple of the register tile; the ones past the map read its last and are dropped), then
+    read back as ``[n, y, x, c]`` (the epilogue reads ``out[n, y·W + x, c]``). Strided, the
+    subsampled copy is the input. Same sums as ``conv2d_nhwc``."""
+    from tvm import te, tirx  # noqa: PLC0415
+
+    batch, height, width, _ = (int(d) for d in data.shape)
+    blocks, _, _, in_channels, block = (int(d) for d in packed.shape)
+    sh, sw = strides
+    out_h, out_w = (height - 1) // sh + 1, (width - 1) // sw + 1
+    src = (_subsampled(data, sh, sw, out_h, out_w, out_w, out_dtype) if (sh, sw) != (1, 1)
+           else _padded(data, 0, 0, 0, 0, out_dtype, NHWC_PAD_BLOCK))
+    last = out_h * out_w - 1
+    rc = te.reduce_axis((0, in_channels), "rc")
+
+    def position(p: Any) -> tuple[Any, Any]:
+        q = p if positions == last + 1 else tirx.min(p, last)
+        return q // out_w, q % out_w
+
+    conv = te.compute(
+        (batch, positions, blocks * block),
+        lambda n, p, c: te.sum(src[(n, *position(p), rc)] * packed[c // block, 0, 0, rc, c % block].astype(out_dtype),
+                               axis=[rc]),
+        name=CONV2D_NHWC_BLOCK,
+    )
+    rows = te.compute((batch, out_h, out_w, blocks * block), lambda n, y, x, c: conv[n, y * out_w + x, c],
+                      name=NHWC_CROP_BLOCK)
+    return _crop_channels(rows, out_channels)
+
+
 def _crop_channels(conv: Any, out_channels: int | None) -> Any:
     """The first ``out_channels`` channels of an NHWC ``conv`` (all when None)."""
     from tvm import te  # noqa: PLC0415

@@ -16,15 +16,17 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from amptool.compiler.cpu_kernels import flat_tile, nhwc_columns
+from amptool.compiler.cpu_kernels import CHUNK_WEIGHTS, flat_tile, nhwc_columns
 from amptool.compiler.cpu_nhwc import CONV2D_NHWC_BLOCK, DEPTHWISE_NHWC_BLOCK, NHWC_PAD_BLOCK
 from amptool.compiler.cpu_schedules import (
     Tiling,
     _epilogue_at,
+    _epilogue_chain,
     _extent,
     _find_block,
     _finish,
     _parallel,
+    try_inline,
     vector_steps,
 )
 
@@ -33,62 +35,68 @@ def nhwc_tile(sch: Any, conv: Any, block: int, tiling: Tiling,
               chunk_weights: bool = False) -> tuple[list[Any], list[Any], Any, Any, Any] | None:
     """Split ``n, y, x, c | reductions`` into ``n, y, c/B, x/T | reductions | T, B`` — or ``n, c/B,
     y, x/T | …`` when the weights outweigh the input (``_weights_dominate``), then with
-    ``chunk_weights`` ``n, c/B, rc/K, y, x/T | ry, rx, K | T, B`` (``_weight_chunk``). A 1×1 conv
-    the legalization gave a flat tile (``cpu_kernels.flat_tile``) fuses ``y, x`` into one run of
-    positions split by the tile's ``T``, chunked: ``n, c/B, rc/K, yx/T | ry, rx, K | T, B``. Returns
+    ``chunk_weights`` ``n, c/B, rc/K, y, x/T | ry, rx, K | T, B`` (``_weight_chunk``); returns
     (outer loops, reduction loops, column loop, channel loop, epilogue block)."""
     n, y, x, c, *reductions = sch.get_loops(conv)
-    height, width, channels = _extent(sch, y), _extent(sch, x), _extent(sch, c)
-    if height is None or width is None or channels is None:
+    width = _extent(sch, x)
+    if width is None or _extent(sch, c) is None:
         return None
-    flat = _flat_positions(sch, conv, block, tiling, (height, width, channels))
-    tile = flat or nhwc_columns(width, tiling.lanes, max(1, block // tiling.lanes))
-    if not flat and width % tile:
+    tile = nhwc_columns(width, tiling.lanes, max(1, block // tiling.lanes))
+    if width % tile:
         return None  # the compute was planned for another target's tile: leave it to the generic rules
     co, ci = sch.split(c, [None, block])
-    if flat:  # one run of positions: ``y`` walks its tiles, ``xo`` is gone
-        y, xi = sch.split(sch.fuse(y, x), [None, tile])
-        xo = None
-    else:
-        xo, xi = sch.split(x, [None, tile])
-
-    def reorder(*loops: Any) -> None:
-        sch.reorder(*(loop for loop in loops if loop is not None))
-
-    chunk = (_weight_chunk(sch, conv, block, tiling, planned=bool(flat))
+    xo, xi = sch.split(x, [None, tile])
+    chunk = (_weight_chunk(sch, conv, block, tiling)
              if chunk_weights and len(reductions) == 3 and tiling.lanes >= 16 else None)  # measured with AVX-512 only
     if chunk is not None:
         ry, rx, rc = reductions
         rco, rci = sch.split(rc, [None, chunk])
-        reorder(n, co, rco, y, xo, ry, rx, rci, xi, ci)
+        sch.reorder(n, co, rco, y, xo, ry, rx, rci, xi, ci)
         # Accumulated over the chunks in the block's output, a channel block's whole map at a time.
         return [n, co], [rco, ry, rx, rci], xi, ci, _epilogue_at(sch, conv, co)
-    if flat:  # no chunk divides the channels
-        # The epilogue after a channel block's whole map: under a tile of positions that spans two
-        # rows it would cover both rows whole (MobileNetV2's 384 → 64 at 14², 1.6× slower so).
-        sch.reorder(n, co, y, *reductions, xi, ci)
-        return [n, co], reductions, xi, ci, _epilogue_at(sch, conv, co)
     if _weights_dominate(sch, conv):
-        reorder(n, co, y, xo, *reductions, xi, ci)
+        sch.reorder(n, co, y, xo, *reductions, xi, ci)
         outer = [n, co, y]
     else:
-        reorder(n, y, co, xo, *reductions, xi, ci)
+        sch.reorder(n, y, co, xo, *reductions, xi, ci)
         outer = [n, y] if _copy_rows_at(sch, conv, y, tiling) else [n, y, co]
     epilogue = _epilogue_at(sch, conv, xo)
     return outer, reductions, xi, ci, epilogue
 
 
-def _flat_positions(sch: Any, conv: Any, block: int, tiling: Tiling, extents: tuple[int, int, int]) -> int | None:
-    """Positions per tile when the legalization planned ``cpu_kernels.flat_tile`` for this conv (a
-    1×1 conv reading an input of its output's rows and columns, ``block`` that tile's channels);
-    else None."""
-    height, width, channels = extents
+def flat_tile_loops(sch: Any, conv: Any, block: int,
+                    tiling: Tiling) -> tuple[list[Any], list[Any], Any, Any, Any] | None:
+    """``cpu_nhwc.pointwise_nhwc``'s ``n, p, c | rc`` as ``n, c/B, rc/K, p/T | K | T, B`` (its
+    ``cpu_kernels.flat_tile``; ``K`` from ``_weight_chunk``, without chunks ``n, c/B, p/T | rc |
+    T, B``), the epilogue after each channel block's whole map: under a tile of positions that
+    spans two rows it would cover both rows whole (MobileNetV2's 384 → 64 at 14², 1.6× slower so).
+    Returns what ``nhwc_tile`` does; None when the tile is not the one planned."""
+    n, p, c, rc = sch.get_loops(conv)
     src = sch.get(conv).reads[0].source
-    taps = tuple(int(d) for d in sch.get(conv).reads[1].source.shape[1:3])
-    if taps != (1, 1) or [int(d) for d in src.shape[1:3]] != [height, width] or channels % tiling.lanes:
+    channels = _extent(sch, c)
+    if channels is None or channels % tiling.lanes:
         return None
-    flat = flat_tile(channels // tiling.lanes, tiling.lanes, height, width)
-    return flat[1] if flat is not None and flat[0] * tiling.lanes == block else None
+    flat = flat_tile(channels // tiling.lanes, tiling.lanes, int(src.shape[1]), int(src.shape[2]))
+    if flat is None or flat[0] * tiling.lanes != block or flat[2] != _extent(sch, p):
+        return None
+    co, ci = sch.split(c, [None, block])
+    po, pi = sch.split(p, [None, flat[1]])
+    chunk = _weight_chunk(sch, conv, block, tiling, planned=True)
+    if chunk is None:
+        sch.reorder(n, co, po, rc, pi, ci)
+        reductions = [rc]
+    else:
+        rco, rci = sch.split(rc, [None, chunk])
+        sch.reorder(n, co, rco, po, rci, pi, ci)
+        reductions = [rco, rci]
+    chain = _epilogue_chain(sch, conv)
+    kept = [step for step in chain[:-1] if not try_inline(sch, step)]
+    width = int(src.shape[2])
+    for step in [*kept, chain[-1]]:
+        # The epilogue's rows and columns as one run too: it reads ``out[n, y·W + x, c]``, and TVM
+        # bounded a run of ``y·W + x`` longer than the map (the dropped positions) as one column.
+        sch.transform_block_layout(step, lambda n, y, x, c: (n, y * width + x, c))
+    return [n, co], reductions, pi, ci, _epilogue_at(sch, conv, co, [*kept, chain[-1]])
 
 
 #: Copied-input bytes from which a padded conv copies its input a band of rows at a time.
@@ -159,8 +167,6 @@ def _weight_chunk(sch: Any, conv: Any, block: int, tiling: Tiling, planned: bool
 
 #: Weight bytes over the kernel's other bytes above which a conv walks channel blocks outermost.
 WEIGHTS_DOMINATE = 2.0
-#: The same ratio for the chunked order (``_weight_chunk``), whose chunks stay in L1.
-CHUNK_WEIGHTS = 0.5
 
 
 def _weights_dominate(sch: Any, conv: Any, ratio: float = WEIGHTS_DOMINATE) -> bool:
@@ -194,7 +200,10 @@ def nhwc_conv2d(sch: Any, tiling: Tiling) -> Any | None:
     if conv is None:
         return None
     block = int(sch.get(conv).reads[1].source.shape[-1])
-    tiled = nhwc_tile(sch, conv, block, tiling, chunk_weights=True)
+    if len(sch.get_loops(conv)) == 4:  # n, p, c | rc
+        tiled = flat_tile_loops(sch, conv, block, tiling)
+    else:
+        tiled = nhwc_tile(sch, conv, block, tiling, chunk_weights=True)
     if tiled is None:
         return None
     outer, reductions, xi, ci, epilogue = tiled
