@@ -590,7 +590,7 @@ def _dense_pointwise_map(data: Any, w: np.ndarray, geometry: dict[str, list[int]
     for any other conv.
 
     Why chunked only: the flat tile's epilogue must follow a channel block's whole map (see
-    ``cpu_schedules_nhwc.nhwc_tile``), which the chunked order does anyway, with every channel
+    ``cpu_schedules_nhwc.flat_tile_loops``), which the chunked order does anyway, with every channel
     block in parallel; the weights of a conv chunked so outweigh half its input and output.
     """
     if w.shape[2:] != (1, 1) or any(geometry["padding"]) or any(d != 1 for d in geometry["dilation"]):

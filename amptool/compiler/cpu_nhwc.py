@@ -7,6 +7,8 @@ layers between them; ``cpu_kernels`` legalizes each NHWC ``relax.nn.conv2d`` her
   w[c/B, ry, rx, rc, c%B]``, the weight packed at compile time so that ``B`` output channels
   (one vector) are adjacent; register tile ``T`` columns × ``B`` channels, one broadcast input
   and one vector weight load per ``T`` FMAs.
+  An unpadded 1×1 conv with chunked weights may instead run over its map as one run of
+  positions, ``out[n, p, c]`` (``pointwise_nhwc``), its tile spanning rows (``cpu_kernels.flat_tile``).
 * ``amp_conv2d_nhwc_bf16`` — the same tile for bfloat16 on CPUs with AVX512-BF16: input
   channels in pairs (adjacent in NHWC), weight ``[OC/16, KH, KW, IC/2, 16, 2]``, each
   16-channel × pair step one ``vdpbf16ps`` (:mod:`amptool.compiler.cpu_intrinsics`).

@@ -13,6 +13,7 @@ Preserves: each output's summation order (the reduction loops keep their order).
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -89,14 +90,34 @@ def flat_tile_loops(sch: Any, conv: Any, block: int,
         rco, rci = sch.split(rc, [None, chunk])
         sch.reorder(n, co, rco, po, rci, pi, ci)
         reductions = [rco, rci]
-    chain = _epilogue_chain(sch, conv)
+    height, width = (int(d) for d in src.shape[1:3])
+    # The steps writing the map (an injective step of another shape, if fusion ever brought one,
+    # stays at the root for the leftover rule).
+    chain = list(itertools.takewhile(lambda step: _writes_map(sch, step, height, width), _epilogue_chain(sch, conv)))
+    if not chain:
+        return None
     kept = [step for step in chain[:-1] if not try_inline(sch, step)]
-    width = int(src.shape[2])
     for step in [*kept, chain[-1]]:
         # The epilogue's rows and columns as one run too: it reads ``out[n, y·W + x, c]``, and TVM
         # bounded a run of ``y·W + x`` longer than the map (the dropped positions) as one column.
         sch.transform_block_layout(step, lambda n, y, x, c: (n, y * width + x, c))
     return [n, co], reductions, pi, ci, _epilogue_at(sch, conv, co, [*kept, chain[-1]])
+
+
+def _writes_map(sch: Any, step: Any, height: int, width: int) -> bool:
+    """Whether ``step`` is a 4-D block writing an ``[n, height, width, c]`` tensor over its own four loops."""
+    writes = sch.get(step).writes
+    if len(writes) != 1 or len(sch.get_loops(step)) != 4:
+        return False
+    shape = writes[0].source.shape
+    return len(shape) == 4 and [_int_or_none(d) for d in shape[1:3]] == [height, width]
+
+
+def _int_or_none(dim: Any) -> int | None:
+    try:
+        return int(dim)
+    except TypeError:
+        return None
 
 
 #: Copied-input bytes from which a padded conv copies its input a band of rows at a time.
