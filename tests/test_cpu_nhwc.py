@@ -422,6 +422,31 @@ def test_dense_pointwise_convs_tile_runs_of_positions() -> None:
     assert flat_tile(16, 8, 14, 14) is None
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_an_image_stems_padded_copy_runs_by_rows(tmp_path, dtype):
+    """A stem conv's 3-channel padded copy: rows in parallel, each interior row's columns and
+    channels one run without the bounds test (its own loop, ``3 * 3 .. 3 * 33``), the border
+    apart — not 3-lane vectors with a test per column. Values are onnxruntime's, with an odd width
+    and batch 2."""
+    rng = np.random.default_rng(14)
+    inits = [numpy_helper.from_array((rng.standard_normal((32, 3, 7, 7)) * 0.1).astype(np.float32), "w")]
+    conv = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[7, 7], strides=[2, 2], pads=[3, 3, 3, 3])
+    graph = helper.make_graph([conv], "stem", [info("x", [2, 3, 29, 30])], [info("y", [2, 32, 15, 15])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    path = tmp_path / "stem.onnx"
+    onnx.save(model, str(path))
+    kernel = next(k for k in scheduled_kernels(str(path), dtype, "icelake-server") if '"amp_conv2d_nhwc_init"' in k)
+    assert re.search(r"in T\.parallel\(T\.int64\(3\), T\.int64\(32\)\)", kernel), kernel
+    assert re.search(r"in range\(T\.int64\(9\), T\.int64\(99\)\)", kernel), kernel
+    x = rng.standard_normal((2, 3, 29, 30)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    amptool.convert(path, dtype=dtype, output=tmp_path / "out")
+    got = np.asarray(amptool.load(tmp_path / "out").run({"x": x})["y"], dtype=np.float32)
+    tolerance = 1e-5 if dtype == "float32" else 2e-2
+    np.testing.assert_allclose(got, want, rtol=0, atol=tolerance * float(np.abs(want).max()))
+
+
 def _pointwise_stage(channels: int, size: int, stride: int) -> onnx.ModelProto:
     """A ResNet-style 1×1 stage: a 1×1 conv with a residual add and Relu, then a 1×1 conv of
     ``stride`` to twice the channels; weights heavy enough to be chunked."""

@@ -35,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from amptool.compiler.cpu_depthwise import INTERIOR_ATTR
+
 #: Block names the schedule rules look for.
 CONV2D_NHWC_BLOCK = "amp_conv2d_nhwc"
 CONV2D_NHWC_BF16_BLOCK = "amp_conv2d_nhwc_bf16"
@@ -107,7 +109,10 @@ def _padded(data: Any, top: int, left: int, bottom: int, right: int, dtype: str,
         inside = tirx.all(y >= top, y < height + top, x >= left, x < width + left)
         return tirx.if_then_else(inside, v, tirx.const(0, dtype))
 
-    return te.compute((batch, height + top + bottom, width + left + right, channels), value, name=name)
+    # The rows and columns that read inside the input: there a schedule may copy without the test.
+    interior = [top, top + height, left, left + width]
+    return te.compute((batch, height + top + bottom, width + left + right, channels), value, name=name,
+                      attrs={INTERIOR_ATTR: interior})
 
 
 def _subsampled(data: Any, sh: int, sw: int, out_h: int, out_w: int, wide: int, dtype: str) -> Any:

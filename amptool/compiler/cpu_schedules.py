@@ -366,11 +366,16 @@ def _writes_more(sch: Any, consumer: Any, block: Any) -> bool:
 
 
 def _schedule_prologue(sch: Any, block: Any, skip: Any, tiling: Tiling, vectorize: bool = True) -> None:
-    """Schedule injective producers of ``block`` that sit at the root (pad, cast, pairs)."""
+    """Schedule injective producers of ``block`` that sit at the root (pad, cast, pairs), unless a
+    rule already has (a loop of theirs is parallel)."""
     for producer in sch.get_producers(block):
         loops = sch.get_loops(producer)
-        if loops and not sch.get(loops[0]).same_as(sch.get(skip)):
+        if loops and not sch.get(loops[0]).same_as(sch.get(skip)) and not _has_parallel_loop(sch, loops):
             _parallel_vectorized(sch, producer, tiling, vectorize)
+
+
+def _has_parallel_loop(sch: Any, loops: Sequence[Any]) -> bool:
+    return any(sch.get(loop).kind == tirx.ForKind.PARALLEL for loop in loops)
 
 
 def _parallel_vectorized(sch: Any, block: Any, tiling: Tiling, vectorize: bool = True) -> None:

@@ -14,9 +14,11 @@ Preserves: each output's summation order (the reduction loops keep their order).
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 from typing import Any
 
+from amptool.compiler.cpu_depthwise import INTERIOR_ATTR
 from amptool.compiler.cpu_kernels import CHUNK_WEIGHTS, flat_tile, nhwc_columns
 from amptool.compiler.cpu_nhwc import CONV2D_NHWC_BLOCK, DEPTHWISE_NHWC_BLOCK, NHWC_PAD_BLOCK
 from amptool.compiler.cpu_schedules import (
@@ -26,10 +28,14 @@ from amptool.compiler.cpu_schedules import (
     _extent,
     _find_block,
     _finish,
+    _leaf_block,
     _parallel,
+    _partition,
     try_inline,
     vector_steps,
 )
+
+log = logging.getLogger(__name__)
 
 
 def nhwc_tile(sch: Any, conv: Any, block: int, tiling: Tiling,
@@ -118,6 +124,34 @@ def _int_or_none(dim: Any) -> int | None:
         return int(dim)
     except TypeError:
         return None
+
+
+def _copy_narrow_rows(sch: Any, conv: Any, tiling: Tiling) -> None:
+    """Schedule a padded input copy of fewer channels than a vector (an image's 3) as rows: each
+    row's columns and channels one run, the input's rows copied as whole vectors where they lie
+    inside (``INTERIOR_ATTR``), the zero border apart; rows in parallel. Nothing for other convs.
+
+    Why: scheduled like any copy, its 3 channels were a 3-lane vector with the bounds test per
+    column — ResNet-50's stem copy took 0.17–0.19 ms of the stem's 1.7 at one thread.
+    """
+    pad = next((p for p in sch.get_producers(conv) if sch.get(p).name_hint == NHWC_PAD_BLOCK), None)
+    if pad is None or INTERIOR_ATTR not in sch.get(pad).annotations:
+        return
+    loops = sch.get_loops(pad)
+    channels = _extent(sch, loops[-1]) if len(loops) == 4 else None
+    if channels is None or channels >= tiling.lanes:
+        return
+    top, end_row, left, end_column = (int(v) for v in sch.get(pad).annotations[INTERIOR_ATTR])
+    if end_row <= top or end_column <= left:
+        return  # no row reads the input
+    _, y, x, c = loops
+    sch.fuse(x, c)
+    inside = _partition(sch, y, top, end_row)[1 if top > 0 else 0]
+    run = sch.get_loops(_leaf_block(sch, inside))[-1]
+    # Without the bounds test the inside run is a plain copy, which LLVM vectorizes itself (a
+    # partitioned loop does not start at 0, and TVM splits only loops that do).
+    _partition(sch, run, left * channels, end_column * channels)
+    sch.parallel(inside)
 
 
 #: Copied-input bytes from which a padded conv copies its input a band of rows at a time.
@@ -228,6 +262,10 @@ def nhwc_conv2d(sch: Any, tiling: Tiling) -> Any | None:
     if tiled is None:
         return None
     outer, reductions, xi, ci, epilogue = tiled
+    try:
+        _copy_narrow_rows(sch, conv, tiling)
+    except Exception as err:  # noqa: BLE001 - TVM raises many types; the copy keeps the generic prologue
+        log.debug("narrow padded copy left to the prologue rule: %s", str(err).splitlines()[-1:])
     ci = vector_steps(sch, ci, tiling)
     vector_steps(sch, sch.get_loops(epilogue)[-1], tiling)
     _finish(sch, conv, epilogue, outer, reductions[0], xi, ci, "done", tiling)
