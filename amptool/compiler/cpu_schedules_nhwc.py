@@ -128,8 +128,9 @@ def _int_or_none(dim: Any) -> int | None:
 
 def _copy_narrow_rows(sch: Any, conv: Any, tiling: Tiling) -> None:
     """Schedule a padded input copy of fewer channels than a vector (an image's 3) as rows: each
-    row's columns and channels one run, the input's rows copied as whole vectors where they lie
-    inside (``INTERIOR_ATTR``), the zero border apart; rows in parallel. Nothing for other convs.
+    row's columns and channels one run, the part that reads inside the input (``INTERIOR_ATTR``) a
+    loop of its own without the bounds test, the zero border apart; rows in parallel. Nothing for
+    other convs.
 
     Why: scheduled like any copy, its 3 channels were a 3-lane vector with the bounds test per
     column — ResNet-50's stem copy took 0.17–0.19 ms of the stem's 1.7 at one thread.
