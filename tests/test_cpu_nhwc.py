@@ -426,7 +426,7 @@ def test_dense_pointwise_convs_tile_runs_of_positions() -> None:
 def test_an_image_stems_padded_copy_runs_by_rows(tmp_path, dtype):
     """A stem conv's 3-channel padded copy: rows in parallel, each interior row's columns and
     channels one run without the bounds test (its own loop, ``3 * 3 .. 3 * 33``), the border
-    apart — not 3-lane vectors with a test per column. Values are onnxruntime's, with an odd width
+    apart — not 3-lane vectors with a test per column. Values are onnxruntime's, with an odd height
     and batch 2."""
     rng = np.random.default_rng(14)
     inits = [numpy_helper.from_array((rng.standard_normal((32, 3, 7, 7)) * 0.1).astype(np.float32), "w")]
