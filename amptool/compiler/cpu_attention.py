@@ -39,6 +39,7 @@ from typing import Any
 
 from amptool import _tvm
 from amptool._tvm import static_shape
+from amptool.compiler.cpu_kernels import DEFAULT_L1_BYTES
 from amptool.dtypes import DTYPES
 
 #: Keys from which attention is one kernel. Measured (12 heads × 64, one thread, kernel sums,
@@ -46,8 +47,9 @@ from amptool.dtypes import DTYPES
 #: the scores stay in cache between the three kernels, and they are the faster.
 MIN_KEYS = 192
 
-#: L1 data cache a task's row buffers should fit (32 KiB: most x86 cores since Haswell; 48 on Ice Lake).
-L1_BYTES = 32 * 1024
+#: L1 data cache a task's row buffers should fit: the 32 KiB assumed of any x86 core since Haswell
+#: (48 on Ice Lake), for every target alike.
+L1_BYTES = DEFAULT_L1_BYTES
 
 #: Block names of the kernel (the schedule finds it by ``SCORES_BLOCK``).
 SCORES_BLOCK = "amp_attention_scores"
