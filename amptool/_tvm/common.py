@@ -8,7 +8,7 @@ import importlib
 import os
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from amptool._tvm.script import cheap_frame_stack
@@ -19,11 +19,16 @@ FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 def tvm_module() -> Any:
     """Import TVM lazily (it takes ~1 s and 250 MB), listing TVM's global functions once per change
-    of their number rather than once per ``_ffi_api`` module (``_cached_function_names``)."""
-    with _CACHED_FUNCTION_NAMES.block():
+    of their number rather than once per ``_ffi_api`` module (``_cached_function_names``), and
+    answering the type keys and operator names TVM's Python asks for and its libraries lack without
+    a C++ error (``_type_indices_without_errors``, ``_op_registry_without_errors``)."""
+    with _CACHED_FUNCTION_NAMES.block(), _TYPE_INDICES_WITHOUT_ERRORS.block(), _OP_REGISTRY_WITHOUT_ERRORS.block():
         import tvm  # noqa: PLC0415
         from tvm import relax  # noqa: F401,PLC0415
 
+    ir_api = tvm.ir._ffi_api
+    for name in ("GetOp", "RegisterOpAttr"):  # TVM's own functions again, once it is imported
+        setattr(ir_api, name, getattr(getattr(ir_api, name), "__wrapped__", getattr(ir_api, name)))
     return tvm
 
 
@@ -54,6 +59,104 @@ def _cached_function_names(registry: Any) -> dict[str, Any]:
 
 
 _CACHED_FUNCTION_NAMES = SwappedAttributes(lambda: importlib.import_module("tvm_ffi.registry"), _cached_function_names)
+
+
+def _type_indices_without_errors(core: Any) -> dict[str, Any]:
+    """``tvm_ffi.core._object_type_key_to_index`` that answers None for a type key no loaded library
+    registered, read from ``ffi.GetRegisteredTypeKeys``, instead of asking the C++ table for it.
+
+    Why: the C++ lookup of an unknown key fails by raising an error, and the process's first error
+    collects a backtrace; libbacktrace then reads the DWARF of every library on the stack (9 MB of
+    it in this machine's libpython): 0.29-0.32 s, with the GIL held, of every ``import tvm``, whose
+    ``tvm.runtime.disco`` registers ``runtime.disco.DRef`` from a library the wheel does not load
+    (measured). The answers are the same; a key registered since the set was read is read again.
+    """
+    original = core._object_type_key_to_index
+    registered_keys = core._get_global_func("ffi.GetRegisteredTypeKeys", True)
+    if registered_keys is None:  # an apache-tvm-ffi without it: TVM's own lookups
+        return {}
+    known: set[str] = set()
+    lock = threading.Lock()
+
+    def object_type_key_to_index(type_key: str) -> int | None:
+        if type_key not in known:
+            with lock:
+                known.update(str(key) for key in registered_keys())
+            if type_key not in known:
+                return None
+        return original(type_key)
+
+    return {"_object_type_key_to_index": object_type_key_to_index}
+
+
+_TYPE_INDICES_WITHOUT_ERRORS = SwappedAttributes(lambda: importlib.import_module("tvm_ffi.core"),
+                                                 _type_indices_without_errors)
+
+
+def _op_registry_without_errors(registry: Any) -> dict[str, Any]:
+    """``tvm_ffi.registry.get_global_func`` handing out, for ``ir.GetOp`` and ``ir.RegisterOpAttr``,
+    functions that raise TVM's error for an operator name not registered, or for a string attribute
+    set again to the value it has, without asking C++. ``tvm_module`` puts TVM's own functions back
+    once TVM is imported.
+
+    Why: TVM's import asks for ~110 operator names it does not have and sets one printer name to
+    the name it already has (``tirx.script.builder.ir`` names every intrinsic of every backend, in
+    ``try`` blocks that ignore the errors). Each C++ error collects a backtrace, and the process's
+    first one reads the DWARF of every loaded library: 0.3 s of a 0.9 s ``import tvm`` (measured;
+    0.6 s without the errors). The attributes end with the same values; only a repeated one keeps
+    the priority it had. Operators are only ever added, so their list is read again when their
+    number changed (32 µs to count).
+    """
+    original = registry.get_global_func
+    known_ops: set[str] = set()
+    lock = threading.Lock()
+
+    def registered(op_name: str) -> bool:
+        if op_name not in known_ops:
+            listed = original("ir.ListOpNames")()
+            with lock:
+                if len(listed) != len(known_ops):
+                    known_ops.update(str(name) for name in listed)
+        return op_name in known_ops
+
+    def get_op(c_get_op: Any) -> Callable[..., Any]:
+        def looked_up(op_name: str) -> Any:
+            if not registered(op_name):
+                raise AttributeError(f"Operator {op_name} is not registered")
+            return c_get_op(op_name)
+
+        return looked_up
+
+    def register_op_attr(c_register: Any) -> Callable[..., Any]:
+        has_attr, get_attr = original("ir.OpHasAttr"), original("ir.OpGetAttr")
+
+        def set_attr(op_name: str, attr_key: str, value: Any, level: int) -> Any:
+            if isinstance(value, str) and op_name in known_ops:
+                op = original("ir.GetOp")(op_name)
+                if has_attr(op, attr_key) and get_attr(op, attr_key) == value:
+                    raise AttributeError(f"Attribute {attr_key} of {op_name} is already registered as {value!r}")
+            result = c_register(op_name, attr_key, value, level)
+            with lock:
+                known_ops.add(op_name)  # C++ registers an operator it did not have
+            return result
+
+        return set_attr
+
+    wrappers = {"ir.GetOp": get_op, "ir.RegisterOpAttr": register_op_attr}
+
+    def get_global_func(name: str, allow_missing: bool = False) -> Any:
+        found = original(name, allow_missing)
+        if found is None or name not in wrappers or original("ir.ListOpNames", True) is None:
+            return found
+        wrapped = wrappers[name](found)
+        wrapped.__wrapped__ = found  # type: ignore[attr-defined]
+        return wrapped
+
+    return {"get_global_func": get_global_func}
+
+
+_OP_REGISTRY_WITHOUT_ERRORS = SwappedAttributes(lambda: importlib.import_module("tvm_ffi.registry"),
+                                                _op_registry_without_errors)
 
 
 _BACKGROUND_IMPORTS: set[str] = set()
