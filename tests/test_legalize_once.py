@@ -105,3 +105,44 @@ def test_a_repeated_multi_output_call_reuses_its_kernel():
     a, b = np.arange(32, dtype="float32").reshape(4, 8), -np.arange(32, dtype="float32").reshape(4, 8)
     got = _tvm.run_vm(_tvm.vm_from_executable(executable, "cpu"), [a, b], "cpu")[0]
     np.testing.assert_array_equal(np.asarray(got), a[:, 4:] + b[:, :4])
+
+
+def _convs():
+    """Three NHWC convs on one input: two alike but for their weights, one with other geometry."""
+    rng = np.random.default_rng(3)
+    weights = [rng.standard_normal((16, 8, 3, 3)).astype("float32") for _ in range(3)]
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([1, 10, 10, 8], "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            convs = [bb.emit(relax.op.nn.conv2d(x, relax.const(w), padding=padding, data_layout="NHWC",
+                                                kernel_layout="OIHW", out_layout="NHWC"))
+                     for w, padding in zip(weights, ([1, 1, 1, 1], [1, 1, 1, 1], [0, 0, 0, 0]), strict=True)]
+            out = bb.emit_output(relax.Tuple(convs))
+        bb.emit_func_output(out)
+    return bb.get(), weights
+
+
+def test_convs_alike_but_for_their_weights_share_one_kernel(monkeypatch):
+    """A conv packs its weights before its kernel is built, so legalize_ops runs each conv's
+    legalization; ``call_te`` builds the kernel once for the two alike and hands each its own
+    weights: the module TVM's LegalizeOps makes (its add_func finds the same kernel again), from
+    two builds instead of three, computing each conv with its weights."""
+    mod, weights = _convs()
+    target = _tvm.make_target({"kind": "llvm", "mcpu": "skylake-avx512"})
+    builds = []
+    real = relax.BlockBuilder.call_te
+    monkeypatch.setattr(relax.BlockBuilder, "call_te", lambda bb, *a, **k: builds.append(a[0]) or real(bb, *a, **k))
+    with target:
+        legalized = legalize_once.legalize_ops(legalize_map())(mod)
+        assert len(builds) == 2
+        tvm.ir.assert_structural_equal(legalized, relax.transform.LegalizeOps(legalize_map())(mod))
+    assert sum(isinstance(f, tvm.tirx.PrimFunc) for _gv, f in legalized.functions_items()) == 2
+
+    x = np.random.default_rng(4).standard_normal((1, 10, 10, 8)).astype("float32")
+    got = _tvm.run_vm(_tvm.vm_from_executable(cpu.build(mod, target)[0], "cpu"), [x], "cpu")
+    for value, w, pad in zip(got, weights, (1, 1, 0), strict=True):
+        padded = np.pad(x, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
+        windows = np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(1, 2))  # n, h, w, c, kh, kw
+        np.testing.assert_allclose(np.asarray(value), np.einsum("nhwcij,ocij->nhwo", windows, w), rtol=1e-4,
+                                   atol=1e-4)

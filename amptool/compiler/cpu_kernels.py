@@ -463,6 +463,14 @@ def _bf16_bits(array: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(array).view(np.uint16)
 
 
+def _call_te(bb: Any, compute: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``bb.call_te`` for a kernel on a packed constant: built once per legalization for its types
+    (``legalize_once.call_te``)."""
+    from amptool.compiler.legalize_once import call_te  # noqa: PLC0415 - legalize_once imports TVM
+
+    return call_te(bb, compute, *args, **kwargs)
+
+
 def _constant(array: np.ndarray) -> Any:
     import tvm  # noqa: PLC0415
     from tvm import relax  # noqa: PLC0415
@@ -499,25 +507,25 @@ def _legalize_conv2d(bb: Any, call: Any) -> Any:
         or str(data.ty.dtype) not in _FLOATS or out_dtype not in _FLOATS
     ):
         return _default(bb, call)
-    w = np.asarray(weight.value.numpy())
+    w = _tvm.constant_view(weight)
     geometry = {"strides": [int(s) for s in attrs.strides], "padding": [int(p) for p in attrs.padding],
                 "dilation": [int(d) for d in attrs.dilation]}
     if layouts == _NHWC_CONV:
         return _legalize_conv2d_nhwc(bb, call, w, geometry)
     if int(attrs.groups) != 1:
-        return bb.call_te(depthwise_conv2d, data, _constant(pack_weight(w)), **geometry, groups=int(attrs.groups),
+        return _call_te(bb, depthwise_conv2d, data, _constant(pack_weight(w)), **geometry, groups=int(attrs.groups),
                           out_dtype=out_dtype, primfunc_name_hint=DEPTHWISE_BLOCK)
     out_channels, in_channels, kh, kw = w.shape
     conv_args = {**geometry, "out_channels": out_channels}
     if _uses_bf16_dot(data, weight, out_dtype, out_channels):
         # [OC/16, 16, IC/2, 2, KH, KW] → [OC/16, IC/2, KH, KW, 16, 2]: one 32-value vector per tap.
         packed = _paired_bf16(w).transpose(0, 2, 4, 5, 1, 3)
-        return bb.call_te(_conv2d_bf16, data, _constant(packed), **conv_args, primfunc_name_hint=CONV2D_BF16_BLOCK)
+        return _call_te(bb, _conv2d_bf16, data, _constant(packed), **conv_args, primfunc_name_hint=CONV2D_BF16_BLOCK)
     block = _block(out_channels, _current_lanes())
     if block is None:
         return _default(bb, call)
     packed = w.reshape(out_channels // block, block, in_channels, kh, kw).transpose(0, 2, 3, 4, 1)
-    return bb.call_te(_conv2d_packed, data, _constant(packed), **conv_args, out_dtype=out_dtype,
+    return _call_te(bb, _conv2d_packed, data, _constant(packed), **conv_args, out_dtype=out_dtype,
                       primfunc_name_hint=CONV2D_BLOCK)
 
 
@@ -544,7 +552,7 @@ def _legalize_conv2d_nhwc(bb: Any, call: Any, w: np.ndarray, geometry: dict[str,
     groups = int(call.attrs.groups)
     out_channels = w.shape[0]
     if groups == out_channels and w.shape[1] == 1:  # depthwise
-        return bb.call_te(cpu_nhwc.depthwise_nhwc, data, _constant(cpu_nhwc.pack_depthwise_weight(w)), **geometry,
+        return _call_te(bb, cpu_nhwc.depthwise_nhwc, data, _constant(cpu_nhwc.pack_depthwise_weight(w)), **geometry,
                           columns=columns, out_dtype=out_dtype, primfunc_name_hint=cpu_nhwc.DEPTHWISE_NHWC_BLOCK)
     if groups != 1:  # groups of whole vectors of output channels (cpu_layout.wants_nhwc)
         return _grouped_conv2d_nhwc(bb, call, w, geometry, out_w)
@@ -555,7 +563,7 @@ def _legalize_conv2d_nhwc(bb: Any, call: Any, w: np.ndarray, geometry: dict[str,
         w = _zero_filters(w, 16)
         # [OC/16, 16, IC/2, 2, KH, KW] → [OC/16, KH, KW, IC/2, 16, 2]: one 32-value vector per (tap, pair).
         packed = _paired_bf16(w).transpose(0, 4, 5, 2, 1, 3)
-        return bb.call_te(cpu_nhwc.conv2d_nhwc_bf16, data, _constant(packed), **geometry, columns=columns,
+        return _call_te(bb, cpu_nhwc.conv2d_nhwc_bf16, data, _constant(packed), **geometry, columns=columns,
                           out_channels=out_channels, primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BF16_BLOCK)
     block = _block(out_channels, lanes)
     if block is None or (block < lanes and out_channels > lanes):
@@ -567,13 +575,13 @@ def _legalize_conv2d_nhwc(bb: Any, call: Any, w: np.ndarray, geometry: dict[str,
     flat = flat_tile(w.shape[0] // lanes, lanes, *_dense_pointwise_map(data, w, geometry)) if block == lanes else None
     if flat is not None:
         vectors, _, positions = flat
-        return bb.call_te(cpu_nhwc.pointwise_nhwc, data, _constant(cpu_nhwc.pack_conv_weight(w, lanes * vectors)),
+        return _call_te(bb, cpu_nhwc.pointwise_nhwc, data, _constant(cpu_nhwc.pack_conv_weight(w, lanes * vectors)),
                           strides=geometry["strides"], positions=positions, out_dtype=out_dtype,
                           out_channels=out_channels, primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BLOCK)
     if block == lanes:
         vectors = tile_vectors(w.shape[0] // lanes, lanes, out_w)
         block, columns = lanes * vectors, nhwc_columns(out_w, lanes, vectors)
-    return bb.call_te(cpu_nhwc.conv2d_nhwc, data, _constant(cpu_nhwc.pack_conv_weight(w, block)), **geometry,
+    return _call_te(bb, cpu_nhwc.conv2d_nhwc, data, _constant(cpu_nhwc.pack_conv_weight(w, block)), **geometry,
                       columns=columns, out_dtype=out_dtype, out_channels=out_channels,
                       primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BLOCK)
 
@@ -616,7 +624,7 @@ def _grouped_conv2d_nhwc(bb: Any, call: Any, w: np.ndarray, geometry: dict[str, 
     per_group = w.shape[0] // int(call.attrs.groups)
     vectors = tile_vectors(per_group // lanes, lanes, out_w)
     block = lanes * vectors
-    return bb.call_te(cpu_nhwc.conv2d_nhwc, call.args[0], _constant(cpu_nhwc.pack_conv_weight(w, block)), **geometry,
+    return _call_te(bb, cpu_nhwc.conv2d_nhwc, call.args[0], _constant(cpu_nhwc.pack_conv_weight(w, block)), **geometry,
                       columns=nhwc_columns(out_w, lanes, vectors), out_dtype=str(call.ty.dtype),
                       groups=int(call.attrs.groups), primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BLOCK)
 
@@ -728,14 +736,14 @@ def _legalize_matmul(bb: Any, call: Any) -> Any:
         return _default(bb, call)  # a symbolic right operand (an empty product never gets here: _unless_empty)
     if not isinstance(b, tvm.ir.GenericConst):
         return _legalize_matmul_of_activations(bb, call, a_shape, b_shape)
-    w = np.asarray(b.value.numpy())
+    w = _tvm.constant_view(b)
     if w.ndim != 2:
         return _default(bb, call)
     k, n = w.shape
     if _uses_bf16_dot(a, b, out_dtype, n) and k % 2 == 0:
         # [K/2, 2, N/16, 16] → [N/16, K/2, 16, 2]
         pairs = _bf16_bits(w).reshape(k // 2, 2, n // 16, 16).transpose(2, 0, 3, 1)
-        return bb.call_te(_matmul_bf16, a, _constant(pairs), n=n, primfunc_name_hint=MATMUL_BF16_BLOCK)
+        return _call_te(bb, _matmul_bf16, a, _constant(pairs), n=n, primfunc_name_hint=MATMUL_BF16_BLOCK)
     lanes = _current_lanes()
     block = _block(n, lanes)
     if block is None:
@@ -745,7 +753,7 @@ def _legalize_matmul(bb: Any, call: Any) -> Any:
         vectors, rows = matmul_tile(rows, n // lanes, lanes)
         block *= vectors
     packed = w.reshape(k, n // block, block).transpose(1, 0, 2)
-    return bb.call_te(_matmul_packed, a, _constant(packed), n=n, out_dtype=out_dtype, rows=rows,
+    return _call_te(bb, _matmul_packed, a, _constant(packed), n=n, out_dtype=out_dtype, rows=rows,
                       primfunc_name_hint=MATMUL_BLOCK)
 
 
