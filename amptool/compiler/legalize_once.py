@@ -66,14 +66,14 @@ def call_te(bb: Any, compute: Callable[..., Any], *args: Any, **kwargs: Any) -> 
     """
     built = _TE_KERNELS.get()
     key = None if built is None else _te_key(compute, args, kwargs)
-    if key is not None and key in built:
+    if built is None or key is None:
+        return bb.call_te(compute, *args, **kwargs)
+    if key in built:
         kernel, out = built[key]
         return relax.call_tir(kernel, list(args), out)
     result = bb.call_te(compute, *args, **kwargs)
-    if key is not None and built is not None:
-        kernel = _te_kernel_of(result, args)
-        if kernel is not None:
-            built[key] = kernel
+    if (made := _te_kernel_of(result, args)) is not None:
+        built[key] = made
     return result
 
 
