@@ -79,6 +79,7 @@ def export_packs_tvms_blob(executable: Any, path: str, monkeypatch: pytest.Monke
     ELF object (not through TVM's LLVM packer) holding exactly TVM's serialisation; returns it.
     Skips where amptool's ELF writer is not used."""
     import ctypes
+    import threading
 
     import numpy as np
     import tvm
@@ -93,8 +94,15 @@ def export_packs_tvms_blob(executable: Any, path: str, monkeypatch: pytest.Monke
     real = tvm.runtime._ffi_api.ModulePackImportsToLLVM
     monkeypatch.setattr(tvm.runtime._ffi_api, "ModulePackImportsToLLVM",
                         lambda *args: llvm_packs.append(args) or real(*args))
+    # packed in the exporting thread, whose big blocks glibc takes from the heap (see build.py)
+    packing_threads: list[Any] = []
+    real_pack = tvm.runtime._ffi_api.ModulePackImportsToTensor
+    monkeypatch.setattr(tvm.runtime._ffi_api, "ModulePackImportsToTensor",
+                        lambda *args: packing_threads.append(threading.current_thread()) or real_pack(*args))
     _tvm.export_library(executable, path)
     assert not llvm_packs
+    assert packing_threads == [threading.current_thread()]
+    monkeypatch.setattr(tvm.runtime._ffi_api, "ModulePackImportsToTensor", real_pack)
     want: bytes = np.from_dlpack(tvm.runtime._ffi_api.ModulePackImportsToTensor(executable.mod)).tobytes()
     start = ctypes.addressof(ctypes.c_char.in_dll(ctypes.CDLL(path), tvm_build.LIBRARY_BLOB_SYMBOL))
     assert ctypes.string_at(start, len(want)) == want
