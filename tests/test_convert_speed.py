@@ -143,6 +143,32 @@ def test_artifact_loads_and_matches_the_build(zoo_model, tmp_path):
         np.testing.assert_array_equal(got[name], want[name])
 
 
+def test_a_convert_releases_its_sources_once_the_manifest_is_made(zoo_model, tmp_path):
+    """``convert_model`` drops the ONNX models and Relax modules before the export (whose
+    serialisation then reuses their memory): the manifest is the one an export keeping them
+    writes, the artifact computes the same."""
+    from amptool.app.artifact import load_artifact
+    from amptool.app.convert import convert_model, export_build
+
+    config = ConvertConfig(model=zoo_model("resnet_like"), dtype="float16")
+    kept = build_model(config)
+    kept_manifest = export_build(kept, str(tmp_path / "kept"))
+    released, manifest = convert_model(config, str(tmp_path / "released"))
+    assert kept.prepared is not None and kept.passes.mod is not None and kept.loaded.model.graph.node
+    assert released.prepared is None and released.passes.mod is None and not released.loaded.model.graph.node
+    assert released.executable is not None and manifest["ops_by_dtype"]
+    assert set(manifest["timings_s"]) == set(kept_manifest["timings_s"]) and manifest["timings_s"]["export"] > 0
+    assert {k: v for k, v in manifest.items() if k != "timings_s"} == {
+        k: v for k, v in kept_manifest.items() if k != "timings_s"}
+    on_disk, loaded = load_artifact(str(tmp_path / "released"))
+    assert on_disk == manifest
+    feeds = {s["name"]: np.random.default_rng(2).standard_normal(s["shape"]).astype("float32")
+             for s in manifest["inputs"]}
+    want = kept.compiled().run(feeds)
+    for name, value in loaded.run(feeds).items():
+        np.testing.assert_array_equal(value, want[name])
+
+
 def test_recolouring_reuses_the_prefolded_module(zoo_model):
     from amptool.app.fallback import with_fp32_nodes
 
