@@ -7,6 +7,7 @@ Functional only; the timings are benchmarks/convert_speed.py's."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import subprocess
 import sys
@@ -205,9 +206,15 @@ def test_kernels_built_in_parallel_match_one_build(zoo_model, tmp_path):
             np.testing.assert_array_equal(a, b)
 
 
-def test_exported_library_carries_the_blob_tvm_would_pack(zoo_model, tmp_path, monkeypatch):
-    """The packed imports are written as our own ELF object, not through LLVM: the library's
-    ``__tvm_ffi__library_bin`` holds exactly TVM's serialisation, and TVM loads and runs it."""
+@pytest.mark.parametrize("filled", [True, False])
+def test_exported_library_carries_the_blob_tvm_would_pack(zoo_model, tmp_path, monkeypatch, filled):
+    """The packed imports are written as our own ELF object, not through LLVM, with a hole the
+    linked library's ``__tvm_ffi__library_bin`` is filled in (or, where that fails, the bytes in
+    the object and linked again): it holds exactly TVM's serialisation, and TVM loads and runs it."""
+    from amptool._tvm import elf
+
+    if not filled:
+        monkeypatch.setattr(elf, "fill_symbol", lambda *args: False)
     build = build_model(ConvertConfig(model=zoo_model("resnet_like"), dtype="float16"))
     executable = build.executable
     assert len(executable.mod._collect_dso_modules()) >= 2  # the parallel export, which packs this way
@@ -549,3 +556,37 @@ def test_missing_operators_and_repeated_printer_names_raise_without_asking_cpp()
         ("RegisterOpAttr", "tirx.add", "TScriptPrinterName", "T.plus", 20),
         ("RegisterOpAttr", "tirx.new", "TScriptPrinterName", "T.new", 20)]
     assert looked_up("tirx.new") == "tirx.new"
+
+
+def test_a_rodata_hole_is_filled_in_the_linked_library_only_where_it_fits(tmp_path):
+    """``write_rodata_object(hole=True)`` lays out the object as with the bytes, zeros where they
+    go; ``fill_symbol`` writes the bytes over the linked symbol, and refuses (writing nothing) a
+    symbol of another size or one the library lacks."""
+    from tvm.support import cc
+
+    from amptool._tvm import elf
+
+    machine = elf.host_machine()
+    if machine is None:
+        pytest.skip("the ELF writer is used on Linux x86-64/AArch64 only")
+    data = np.random.default_rng(5).integers(0, 256, 100_003, dtype=np.uint8)
+    dense, sparse = tmp_path / "dense.o", tmp_path / "sparse.o"
+    with open(dense, "wb") as handle:
+        elf.write_rodata_object(handle, "amptool_test_blob", data.data, machine)
+    with open(sparse, "wb") as handle:
+        elf.write_rodata_object(handle, "amptool_test_blob", data.data, machine, hole=True)
+    dense_bytes, sparse_bytes = dense.read_bytes(), sparse.read_bytes()
+    at = dense_bytes.find(data.tobytes())
+    assert len(sparse_bytes) == len(dense_bytes) and at > 0
+    assert sparse_bytes[at:at + data.nbytes] == bytes(data.nbytes)
+    assert sparse_bytes[:at] == dense_bytes[:at] and sparse_bytes[at + data.nbytes:] == dense_bytes[at + data.nbytes:]
+
+    library = tmp_path / "blob.so"
+    cc.create_shared(str(library), [str(sparse)])
+    before = library.read_bytes()
+    assert not elf.fill_symbol(str(library), "amptool_test_blob", data[:-1].data)
+    assert not elf.fill_symbol(str(library), "no_such_symbol", data.data)
+    assert library.read_bytes() == before
+    assert elf.fill_symbol(str(library), "amptool_test_blob", data.data)
+    start = ctypes.addressof(ctypes.c_char.in_dll(ctypes.CDLL(str(library)), "amptool_test_blob"))
+    assert ctypes.string_at(start, data.nbytes) == data.tobytes()

@@ -78,17 +78,22 @@ def _export_llvm_in_parallel(module: Any, path: str) -> bool:
         files = [os.path.join(workspace, f"lib{i}.o") for i in range(len(objects))]
         packed = os.path.join(workspace, f"{prefix}devc.o")
 
-        def pack_imports() -> None:
+        def pack_imports(hole: bool) -> memoryview | None:
             """The VM bytecode and constants as one global, ``__tvm_ffi__library_bin`` (TVM's name for it):
-            the bytes TVM's LLVM packer would hold (0.65 s of CPU for 100 MB of weights), written in an
-            object of our own (~0.3 s, most of it TVM's serialisation) where this host's ELF is known."""
+            the bytes TVM's LLVM packer would hold (0.65 s of CPU for 100 MB of weights), in an object of
+            our own where this host's ELF is known — with a hole for them (``hole``), the bytes returned
+            for ``elf.fill_symbol`` to write into the linked library; None when TVM's packer wrote them."""
             machine = elf.host_machine()
             if machine is None or prefix:
                 runtime_api.ModulePackImportsToLLVM(module, False, llvm_target, prefix).write_to_file(packed)
-                return
+                return None
             blob = np.from_dlpack(runtime_api.ModulePackImportsToTensor(module)).data
+            write_blob_object(blob, hole)
+            return blob
+
+        def write_blob_object(blob: memoryview, hole: bool) -> None:
             with open(packed, "wb") as handle:
-                elf.write_rodata_object(handle, LIBRARY_BLOB_SYMBOL, blob, machine)
+                elf.write_rodata_object(handle, LIBRARY_BLOB_SYMBOL, blob, elf.host_machine() or 0, hole=hole)
 
         writes: list[Callable[[], object]] = [
             functools.partial(m.write_to_file, f) for m, f in zip(objects, files, strict=True)]
@@ -97,7 +102,7 @@ def _export_llvm_in_parallel(module: Any, path: str) -> bool:
             # In this thread: glibc gives another thread's blocks over 64 MB fresh mmaps whatever
             # mallopt says (``cli.main._keep_freed_memory``), and the serialisation's growing buffer
             # faulted in 3.2 GB for BERT-base's 416 MB (8.1 s in a worker, 3.6-3.9 s here; measured).
-            pack_imports()
+            blob = pack_imports(hole=True)
             for done in written:
                 done.result()
         # gold links the ~100 MB of a ResNet-50's weights in 0.25 s, GNU ld in 0.43 s, and either spends
@@ -106,6 +111,9 @@ def _export_llvm_in_parallel(module: Any, path: str) -> bool:
         if sys.platform.startswith("linux"):
             options.append("-Wl,--build-id=none")
         cc.create_shared(path, [*files, packed], options=options)
+        if blob is not None and not elf.fill_symbol(path, LIBRARY_BLOB_SYMBOL, blob):
+            write_blob_object(blob, hole=False)  # a linker that did not keep the symbol whole: link the bytes
+            cc.create_shared(path, [*files, packed], options=options)
     return True
 
 
