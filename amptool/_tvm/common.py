@@ -26,9 +26,11 @@ def tvm_module() -> Any:
         import tvm  # noqa: PLC0415
         from tvm import relax  # noqa: F401,PLC0415
 
-    ir_api = tvm.ir._ffi_api
-    for name in ("GetOp", "RegisterOpAttr"):  # TVM's own functions again, once it is imported
-        setattr(ir_api, name, getattr(getattr(ir_api, name), "__wrapped__", getattr(ir_api, name)))
+    ir_api = getattr(getattr(tvm, "ir", None), "_ffi_api", None)
+    for name in ("GetOp", "RegisterOpAttr"):  # TVM's own functions again (a runtime-only TVM has neither)
+        wrapped = getattr(getattr(ir_api, name, None), "__wrapped__", None)
+        if wrapped is not None:
+            setattr(ir_api, name, wrapped)
     return tvm
 
 
