@@ -266,25 +266,3 @@ def test_bench_outside_a_terminal_prints_stage_and_timing_lines(zoo_model, run_c
     assert any(line.endswith(": compile") for line in lines) and any(line.startswith("timing ") for line in lines)
     quiet = run_cli("-q", "bench", zoo_model("tiny_cnn"), "--dtype", "float32", "--rounds", "1", "--runs", "1")
     assert not re.search(r"^\[\s*[\d.]+s\]", quiet.output, re.M)
-
-
-@pytest.mark.parametrize(("argv", "imports"), [
-    (["amptool", "convert", "m.onnx", "--dtype", "float16"], True),
-    (["amptool", "-v", "diff", "m.onnx"], True),
-    (["amptool", "run", "out", "--inputs", "x.npz"], True),
-    (["amptool", "convert", "--help"], False),
-    (["amptool", "--version"], False),
-    (["amptool", "--help"], False),
-    (["amptool"], False),
-    (["amptool", "m.onnx"], False),
-])
-def test_tvm_import_starts_before_the_commands_load_only_for_verbs_that_use_it(monkeypatch, argv, imports):
-    """A verb that builds or runs starts TVM's background import at the CLI's own import, so it
-    also overlaps importing the commands' modules; --help, --version and no verb import nothing."""
-    from amptool._tvm import common
-    from amptool.cli import main
-
-    started: list[tuple] = []
-    monkeypatch.setattr(common, "import_in_background", lambda *modules: started.append(modules))
-    main._import_tvm_early(argv)
-    assert started == ([()] if imports else [])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import click
@@ -39,25 +38,6 @@ def cli(verbose: int, quiet: bool) -> None:
     setup_logging(verbose, quiet)
 
 
-#: The verbs that build or run a model, and so import TVM.
-_TVM_VERBS = frozenset({"convert", "diff", "bench", "inspect", "run"})
-
-
-def _import_tvm_early(argv: list[str]) -> None:
-    """Start TVM's background import (``_tvm.import_in_background``) before the commands' modules
-    are imported, when ``argv`` names a verb that will need it (not for --help or --version).
-
-    Why: TVM's ~0.6 s import is the long pole before a convert's import stage — traced, the load
-    and prepare stages were done 0.33–0.54 s before it; begun here, it also overlaps the ~0.2 s of
-    importing the commands' modules (numpy, onnx, rich)."""
-    words = [arg for arg in argv[1:] if not arg.startswith("-")]
-    if not words or words[0] not in _TVM_VERBS or {"-h", "--help", "--version"} & set(argv):
-        return
-    from amptool._tvm.common import import_in_background  # noqa: PLC0415
-
-    import_in_background()
-
-
 def _register() -> None:
     from amptool.cli import bench_cmd, convert_cmd, diff_cmd, inspect_cmd, run_cmd  # noqa: PLC0415
 
@@ -68,7 +48,6 @@ def _register() -> None:
     cli.add_command(run_cmd.run)
 
 
-_import_tvm_early(sys.argv)
 _register()
 
 
