@@ -77,23 +77,23 @@ def _export_llvm_in_parallel(module: Any, path: str) -> bool:
     with tempfile.TemporaryDirectory(prefix="amptool-export-") as workspace:
         files = [os.path.join(workspace, f"lib{i}.o") for i in range(len(objects))]
         packed = os.path.join(workspace, f"{prefix}devc.o")
+        machine = elf.host_machine()
 
         def pack_imports(hole: bool) -> memoryview | None:
             """The VM bytecode and constants as one global, ``__tvm_ffi__library_bin`` (TVM's name for it):
             the bytes TVM's LLVM packer would hold (0.65 s of CPU for 100 MB of weights), in an object of
             our own where this host's ELF is known — with a hole for them (``hole``), the bytes returned
             for ``elf.fill_symbol`` to write into the linked library; None when TVM's packer wrote them."""
-            machine = elf.host_machine()
             if machine is None or prefix:
                 runtime_api.ModulePackImportsToLLVM(module, False, llvm_target, prefix).write_to_file(packed)
                 return None
             blob = np.from_dlpack(runtime_api.ModulePackImportsToTensor(module)).data
-            write_blob_object(blob, hole)
+            write_blob_object(blob, machine, hole)
             return blob
 
-        def write_blob_object(blob: memoryview, hole: bool) -> None:
+        def write_blob_object(blob: memoryview, machine: int, hole: bool) -> None:
             with open(packed, "wb") as handle:
-                elf.write_rodata_object(handle, LIBRARY_BLOB_SYMBOL, blob, elf.host_machine() or 0, hole=hole)
+                elf.write_rodata_object(handle, LIBRARY_BLOB_SYMBOL, blob, machine, hole=hole)
 
         writes: list[Callable[[], object]] = [
             functools.partial(m.write_to_file, f) for m, f in zip(objects, files, strict=True)]
@@ -111,8 +111,8 @@ def _export_llvm_in_parallel(module: Any, path: str) -> bool:
         if sys.platform.startswith("linux"):
             options.append("-Wl,--build-id=none")
         cc.create_shared(path, [*files, packed], options=options)
-        if blob is not None and not elf.fill_symbol(path, LIBRARY_BLOB_SYMBOL, blob):
-            write_blob_object(blob, hole=False)  # a linker that did not keep the symbol whole: link the bytes
+        if blob is not None and machine is not None and not elf.fill_symbol(path, LIBRARY_BLOB_SYMBOL, blob):
+            write_blob_object(blob, machine, hole=False)  # a linker that did not keep the symbol whole: link the bytes
             cc.create_shared(path, [*files, packed], options=options)
     return True
 

@@ -67,11 +67,12 @@ def _type_indices_without_errors(core: Any) -> dict[str, Any]:
     """``tvm_ffi.core._object_type_key_to_index`` that answers None for a type key no loaded library
     registered, read from ``ffi.GetRegisteredTypeKeys``, instead of asking the C++ table for it.
 
-    Why: the C++ lookup of an unknown key fails by raising an error, and the process's first error
-    collects a backtrace; libbacktrace then reads the DWARF of every library on the stack (9 MB of
-    it in this machine's libpython): 0.29-0.32 s, with the GIL held, of every ``import tvm``, whose
-    ``tvm.runtime.disco`` registers ``runtime.disco.DRef`` from a library the wheel does not load
-    (measured). The answers are the same; a key registered since the set was read is read again.
+    Why: the C++ lookup of an unknown key fails by raising an error, and the process's first C++
+    error collects a backtrace for which libbacktrace reads the DWARF of the loaded libraries (9 MB
+    of it in this machine's libpython): 0.29-0.32 s (measured). ``import tvm`` asks for one such key
+    (``tvm.runtime.disco`` registers ``runtime.disco.DRef``, from a library the wheel does not load);
+    see ``_op_registry_without_errors`` for the rest. The answers are the same; a key registered
+    since the set was read is read again.
     """
     original = core._object_type_key_to_index
     registered_keys = core._get_global_func("ffi.GetRegisteredTypeKeys", True)
@@ -97,9 +98,9 @@ _TYPE_INDICES_WITHOUT_ERRORS = SwappedAttributes(lambda: importlib.import_module
 
 def _op_registry_without_errors(registry: Any) -> dict[str, Any]:
     """``tvm_ffi.registry.get_global_func`` handing out, for ``ir.GetOp`` and ``ir.RegisterOpAttr``,
-    functions that raise TVM's error for an operator name not registered, or for a string attribute
-    set again to the value it has, without asking C++. ``tvm_module`` puts TVM's own functions back
-    once TVM is imported.
+    functions that raise the error type TVM's C++ raises (AttributeError) for an operator name not
+    registered, or for a string attribute set again to the value it has, without asking C++.
+    ``tvm_module`` puts TVM's own functions back once TVM is imported.
 
     Why: TVM's import asks for ~110 operator names it does not have and sets one printer name to
     the name it already has (``tirx.script.builder.ir`` names every intrinsic of every backend, in

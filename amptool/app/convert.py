@@ -471,7 +471,6 @@ def export_build(
     manifest is made first, then ``result.release_sources()`` runs before the library is written."""
     if on_stage:
         on_stage("export")
-    start = time.perf_counter()
     manifest: dict[str, Any] = {}
 
     def write(tmp: str) -> None:
@@ -481,6 +480,7 @@ def export_build(
         manifest.update(extra_manifest or {})
         if release_sources:
             result.release_sources()
+        start = time.perf_counter()
         _tvm.export_library(result.executable, os.path.join(tmp, LIBRARY_NAME), cross_compiler(result.target_spec))
         for name, text in (extra_files or {}).items():
             with open(os.path.join(tmp, name), "w", encoding="utf-8") as handle:

@@ -514,7 +514,7 @@ def _legalize_conv2d(bb: Any, call: Any) -> Any:
         return _legalize_conv2d_nhwc(bb, call, w, geometry)
     if int(attrs.groups) != 1:
         return _call_te(bb, depthwise_conv2d, data, _constant(pack_weight(w)), **geometry, groups=int(attrs.groups),
-                          out_dtype=out_dtype, primfunc_name_hint=DEPTHWISE_BLOCK)
+                        out_dtype=out_dtype, primfunc_name_hint=DEPTHWISE_BLOCK)
     out_channels, in_channels, kh, kw = w.shape
     conv_args = {**geometry, "out_channels": out_channels}
     if _uses_bf16_dot(data, weight, out_dtype, out_channels):
@@ -553,7 +553,7 @@ def _legalize_conv2d_nhwc(bb: Any, call: Any, w: np.ndarray, geometry: dict[str,
     out_channels = w.shape[0]
     if groups == out_channels and w.shape[1] == 1:  # depthwise
         return _call_te(bb, cpu_nhwc.depthwise_nhwc, data, _constant(cpu_nhwc.pack_depthwise_weight(w)), **geometry,
-                          columns=columns, out_dtype=out_dtype, primfunc_name_hint=cpu_nhwc.DEPTHWISE_NHWC_BLOCK)
+                        columns=columns, out_dtype=out_dtype, primfunc_name_hint=cpu_nhwc.DEPTHWISE_NHWC_BLOCK)
     if groups != 1:  # groups of whole vectors of output channels (cpu_layout.wants_nhwc)
         return _grouped_conv2d_nhwc(bb, call, w, geometry, out_w)
     if _uses_bf16_dot(data, weight, out_dtype, out_channels, pad_channels=True):
@@ -564,7 +564,7 @@ def _legalize_conv2d_nhwc(bb: Any, call: Any, w: np.ndarray, geometry: dict[str,
         # [OC/16, 16, IC/2, 2, KH, KW] → [OC/16, KH, KW, IC/2, 16, 2]: one 32-value vector per (tap, pair).
         packed = _paired_bf16(w).transpose(0, 4, 5, 2, 1, 3)
         return _call_te(bb, cpu_nhwc.conv2d_nhwc_bf16, data, _constant(packed), **geometry, columns=columns,
-                          out_channels=out_channels, primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BF16_BLOCK)
+                        out_channels=out_channels, primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BF16_BLOCK)
     block = _block(out_channels, lanes)
     if block is None or (block < lanes and out_channels > lanes):
         # Whole vectors of channels with zero filters padding the last (24 → 32, YOLO's 255 → 256):
@@ -576,8 +576,8 @@ def _legalize_conv2d_nhwc(bb: Any, call: Any, w: np.ndarray, geometry: dict[str,
     if flat is not None:
         vectors, _, positions = flat
         return _call_te(bb, cpu_nhwc.pointwise_nhwc, data, _constant(cpu_nhwc.pack_conv_weight(w, lanes * vectors)),
-                          strides=geometry["strides"], positions=positions, out_dtype=out_dtype,
-                          out_channels=out_channels, primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BLOCK)
+                        strides=geometry["strides"], positions=positions, out_dtype=out_dtype,
+                        out_channels=out_channels, primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BLOCK)
     if block == lanes:
         vectors = tile_vectors(w.shape[0] // lanes, lanes, out_w)
         block, columns = lanes * vectors, nhwc_columns(out_w, lanes, vectors)
