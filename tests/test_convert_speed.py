@@ -590,3 +590,53 @@ def test_a_rodata_hole_is_filled_in_the_linked_library_only_where_it_fits(tmp_pa
     assert elf.fill_symbol(str(library), "amptool_test_blob", data.data)
     start = ctypes.addressof(ctypes.c_char.in_dll(ctypes.CDLL(str(library)), "amptool_test_blob"))
     assert ctypes.string_at(start, data.nbytes) == data.tobytes()
+
+
+_WITHOUT_BACKENDS = """
+import os, sys
+import numpy as np
+import amptool._without_torch  # noqa: F401
+from amptool._tvm import common
+if sys.argv[1] == "cpu-only":
+    common.without_device_backends()
+tvm = common.tvm_module()
+from tvm.backend import loader
+from amptool.app.convert import ConvertConfig, build_model
+build = build_model(ConvertConfig(model=sys.argv[2], dtype="float16"))
+x = np.random.default_rng(0).standard_normal(build.inputs[0].shape).astype("float32")
+out = build.compiled().run({build.inputs[0].name: x})
+print(loader.is_loaded("cuda"), loader.is_loaded("vulkan"), "TVM_DEVICE_BACKEND_AUTOLOAD" in os.environ,
+      float(np.abs(next(iter(out.values()))).sum()))
+"""
+
+
+def test_a_cpu_only_process_imports_tvm_without_device_backends(zoo_model):
+    """``without_device_backends`` (the CLI's llvm convert) has TVM's import skip its device backends'
+    Python, TVM's own ``TVM_DEVICE_BACKEND_AUTOLOAD=0`` set only while it imports; the CPU build
+    computes what a process with every backend computes."""
+    def run(mode: str) -> list[str]:
+        done = subprocess.run([sys.executable, "-c", _WITHOUT_BACKENDS, mode, zoo_model("resnet_like")],
+                              capture_output=True, text=True, env={k: v for k, v in os.environ.items()
+                                                                     if k != "TVM_DEVICE_BACKEND_AUTOLOAD"})
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.split()
+
+    skipped, loaded = run("cpu-only"), run("every")
+    assert skipped[:3] == ["False", "False", "False"] and loaded[:3] == ["True", "True", "False"]
+    assert skipped[3] == loaded[3]
+
+
+def test_the_cli_converts_for_llvm_without_device_backends(zoo_model, tmp_path, monkeypatch):
+    """Only an llvm convert asks for the CPU-only import (a CUDA or Vulkan build needs its backend)."""
+    from click.testing import CliRunner
+
+    from amptool._tvm import common
+    from amptool.cli.main import cli
+
+    asked: list[str] = []
+    monkeypatch.setattr(common, "without_device_backends", lambda: asked.append("cpu-only"))
+    for target, want in (("llvm", ["cpu-only"]), ("cuda", [])):
+        asked.clear()
+        CliRunner().invoke(cli, ["convert", zoo_model("resnet_like"), "--target", target, "--lower-only",
+                                 "-o", str(tmp_path / target), "-q"])
+        assert asked == want

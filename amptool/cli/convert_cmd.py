@@ -74,6 +74,10 @@ def convert(model: str, dtype: str, build: dict[str, Any],
     from amptool.cli import render  # noqa: PLC0415
 
     config = ConvertConfig(model=model, dtype=dtype, **build)
+    if config.target == "llvm":
+        from amptool._tvm.common import without_device_backends  # noqa: PLC0415
+
+        without_device_backends()  # this process builds and runs for the CPU only
     given = (("--atol", atol), ("--rtol", rtol), ("--min-cosine", min_cosine), ("--iterations", iterations),
              ("--max-compiles", max_compiles), ("--validation", validation), ("--target-margin", target_margin),
              ("--pareto", pareto_path))
