@@ -627,7 +627,8 @@ def test_a_cpu_only_process_imports_tvm_without_device_backends(zoo_model):
 
 
 def test_the_cli_converts_for_llvm_without_device_backends(zoo_model, tmp_path, monkeypatch):
-    """Only an llvm convert asks for the CPU-only import (a CUDA or Vulkan build needs its backend)."""
+    """Only an llvm convert, or a diff that builds for llvm here, asks for the CPU-only import (a CUDA
+    or Vulkan build needs its backend, and so may an artifact or a remote device)."""
     from click.testing import CliRunner
 
     from amptool._tvm import common
@@ -640,3 +641,9 @@ def test_the_cli_converts_for_llvm_without_device_backends(zoo_model, tmp_path, 
         CliRunner().invoke(cli, ["convert", zoo_model("resnet_like"), "--target", target, "--lower-only",
                                  "-o", str(tmp_path / target), "-q"])
         assert asked == want
+    asked.clear()
+    CliRunner().invoke(cli, ["diff", zoo_model("resnet_like"), "-q"])
+    assert asked == ["cpu-only"]
+    asked.clear()
+    CliRunner().invoke(cli, ["diff", zoo_model("resnet_like"), "--artifact", str(tmp_path / "none"), "-q"])
+    assert asked == []

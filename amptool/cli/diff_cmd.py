@@ -110,8 +110,13 @@ def diff(model: str, dtype: str, build: dict[str, Any],
         from amptool.compare.tolerance_profile import load_tolerance_profile, merge  # noqa: PLC0415
 
         policy = merge(load_tolerance_profile(tolerances_path), policy)
+    convert = ConvertConfig(model=model, dtype=dtype, **build)
+    if convert.target == "llvm" and artifact is None and remote is None:
+        from amptool._tvm.common import without_device_backends  # noqa: PLC0415
+
+        without_device_backends()  # this process builds and runs for the CPU only
     config = DiffConfig(
-        convert=ConvertConfig(model=model, dtype=dtype, **build),
+        convert=convert,
         artifact=artifact, inputs_path=inputs_path, save_inputs=save_inputs, seed=seed,
         iterations=iterations, val_ranges=parse_val_ranges(val_ranges),
         reference_outputs=reference_outputs, save_outputs=save_outputs,
