@@ -170,8 +170,8 @@ _BACKEND_AUTOLOAD = "TVM_DEVICE_BACKEND_AUTOLOAD"
 
 def without_device_backends() -> None:
     """Have this process's TVM import skip the device backends (CUDA, Vulkan, Metal, ROCm, …):
-    for a process that builds and runs for the CPU only, once (the CLI's ``convert --target
-    llvm``). Nothing once TVM is imported.
+    for a process that builds and runs for the CPU only (the CLI's ``convert`` and ``diff`` building
+    for llvm here). Nothing once TVM is imported.
 
     Why: ``import tvm`` loads every in-tree backend's Python hooks (TVMScript namespaces, device
     intrinsics, target tags, runtime sidecar libraries): 0.17 s of a 0.53 s import (measured), all
