@@ -79,16 +79,16 @@ def _export_llvm_in_parallel(module: Any, path: str) -> bool:
         packed = os.path.join(workspace, f"{prefix}devc.o")
         machine = elf.host_machine()
 
-        def pack_imports(hole: bool) -> memoryview | None:
+        def pack_imports() -> memoryview | None:
             """The VM bytecode and constants as one global, ``__tvm_ffi__library_bin`` (TVM's name for it):
             the bytes TVM's LLVM packer would hold (0.65 s of CPU for 100 MB of weights), in an object of
-            our own where this host's ELF is known — with a hole for them (``hole``), the bytes returned
-            for ``elf.fill_symbol`` to write into the linked library; None when TVM's packer wrote them."""
+            our own where this host's ELF is known — with a hole for them, the bytes returned for
+            ``elf.fill_symbol`` to write into the linked library; None when TVM's packer wrote them."""
             if machine is None or prefix:
                 runtime_api.ModulePackImportsToLLVM(module, False, llvm_target, prefix).write_to_file(packed)
                 return None
             blob = np.from_dlpack(runtime_api.ModulePackImportsToTensor(module)).data
-            write_blob_object(blob, machine, hole)
+            write_blob_object(blob, machine, hole=True)
             return blob
 
         def write_blob_object(blob: memoryview, machine: int, hole: bool) -> None:
@@ -102,7 +102,7 @@ def _export_llvm_in_parallel(module: Any, path: str) -> bool:
             # In this thread: glibc gives another thread's blocks over 64 MB fresh mmaps whatever
             # mallopt says (``cli.main._keep_freed_memory``), and the serialisation's growing buffer
             # faulted in 3.2 GB for BERT-base's 416 MB (8.1 s in a worker, 3.6-3.9 s here; measured).
-            blob = pack_imports(hole=True)
+            blob = pack_imports()
             for done in written:
                 done.result()
         # gold links the ~100 MB of a ResNet-50's weights in 0.25 s, GNU ld in 0.43 s, and either spends
