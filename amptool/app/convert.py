@@ -193,7 +193,7 @@ class BuildResult:
             "cpu_speed_note": low_precision_speed_note(self.config.dtype, self.target_spec),
             "weight_bytes": dict(self.passes.weight_bytes),
             "concretize_like": self.passes.concretize.as_json() if self.passes.concretize else None,
-            "timings_s": {k: round(v, 4) for k, v in self.timings_s.items()},
+            "timings_s": timings_json(self.timings_s),
             "tensor_cores": (_tensor_cores(self.executable)
                              if self.target_spec.get("kind") == "cuda" and self.executable is not None else None),
             "versions": {"amptool": __version__, **_tvm.versions(), **_tvm.toolchain_versions(self.target_spec),
@@ -486,11 +486,16 @@ def export_build(
             with open(os.path.join(tmp, name), "w", encoding="utf-8") as handle:
                 handle.write(text)
         result.timings_s["export"] = time.perf_counter() - start
-        manifest["timings_s"] = {k: round(v, 4) for k, v in result.timings_s.items()}
+        manifest["timings_s"] = timings_json(result.timings_s)
         write_manifest(tmp, manifest)
 
     write_artifact(output_dir, write)
     return manifest
+
+
+def timings_json(timings: Mapping[str, float]) -> dict[str, float]:
+    """A report's ``timings_s``: seconds per stage, to 0.1 ms."""
+    return {k: round(v, 4) for k, v in timings.items()}
 
 
 def _compile(mod: Any, target_spec: dict[str, Any]) -> Any:

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from amptool.app.artifact import load_artifact
-from amptool.app.convert import ConvertConfig, build_model, resolve
+from amptool.app.convert import ConvertConfig, build_model, resolve, timings_json
 from amptool.app.remote import remote_artifact, remote_build, remote_json
 from amptool.compare.aggregate import mean_over, severity, worst_case
 from amptool.compare.labels import DecisionTracker
@@ -184,7 +184,7 @@ class DiffReport:
             "dataset": self.dataset,
             "guarded": self.manifest.get("guarded", []),
             "unknown_ops": self.manifest.get("unknown_ops", {}),
-            "timings_s": {k: round(v, 4) for k, v in self.timings_s.items()},
+            "timings_s": timings_json(self.timings_s),
             "remote": self.remote,
             **(self.layers.as_json() if self.layers is not None else {}),
         })

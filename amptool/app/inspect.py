@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from amptool.app.convert import ConvertConfig, Rewritten, cancellation_summary, rewrite_model
+from amptool.app.convert import ConvertConfig, Rewritten, cancellation_summary, rewrite_model, timings_json
 from amptool.app.headroom import (
     Headroom,
     check_headroom_request,
@@ -98,7 +98,7 @@ class InspectReport:
             "prepare": self.rewritten.prepare_steps,
             "colors": self.rewritten.policy.as_json(),
             "unmatched_node_rules": list(self.rewritten.unmatched_node_rules),
-            "timings_s": {k: round(v, 4) for k, v in self.rewritten.timings_s.items()},
+            "timings_s": timings_json(self.rewritten.timings_s),
         }
 
 
