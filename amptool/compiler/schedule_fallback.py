@@ -29,6 +29,7 @@ from typing import Any
 import tvm
 
 from amptool.compiler.split_codegen import codegen_workers
+from amptool.compiler.stack_tiles import tir_pipeline_for
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ def _failing_kernels(mod: Any, target: Any) -> dict[str, str]:
         gv, func = item
         try:
             with context, target:
-                tvm.compile(tvm.IRModule({gv: func}), target=target)
+                tvm.compile(tvm.IRModule({gv: func}), target=target, tir_pipeline=tir_pipeline_for(target))
         except Exception as err:  # noqa: BLE001 - any compile error marks the kernel
             lines = [line for line in str(err).splitlines() if line.strip()]
             return (lines[-1] if lines else type(err).__name__)[:200]

@@ -14,6 +14,7 @@ from typing import Any
 import tvm
 
 from amptool.compiler.kernel_cache import KernelCache
+from amptool.compiler.stack_tiles import tir_pipeline_for
 
 #: LLVM's optimisation level for a secondary entry's own kernels (``codegen``): -O0, whose fast
 #: instruction selection halves their LLVM time. On MobileNetV2's fp16 search (--atol 0.005) the
@@ -54,15 +55,19 @@ def codegen(mod: Any, target: Any, workers: int | None = None, kernels: KernelCa
     ``secondary`` (LLVM targets): a Relax function whose own kernels (those ``main`` does not call)
     are compiled at ``QUICK_OPT_LEVEL`` — a probe copy, run once per search step, whose values rank
     nodes and decide nothing — while ``main`` keeps -O3.
+
+    Every path compiles TIR with ``stack_tiles.tir_pipeline_for(target)`` (CPU: register tiles on
+    the stack).
     """
     from tvm import relax  # noqa: PLC0415
     from tvm.relax import vm_build  # noqa: PLC0415
 
     workers = codegen_workers() if workers is None else workers
+    tir_pipeline = tir_pipeline_for(target)
     attrs = dict(mod.attrs) if mod.attrs else {}
     if ((workers < 2 and kernels is None) or attrs.get("external_mods")
             or "wasm" in str(target.attrs.get("mtriple", "")) or not _splittable(mod)):
-        return tvm.compile(mod, target=target, relax_pipeline=None)
+        return tvm.compile(mod, target=target, relax_pipeline=None, tir_pipeline=tir_pipeline)
     compiled: dict[str, Any] = {}
     primary = _kernels_of(mod, "main") if secondary is not None else frozenset()
     if kernels is not None:
@@ -74,7 +79,7 @@ def codegen(mod: Any, target: Any, workers: int | None = None, kernels: KernelCa
     builder = relax.ExecBuilder()
     leftover = vm_build._vmcodegen(builder, mod, "bytecode")
     if not _splittable(leftover):
-        return vm_build._vmlink(builder, target, vm_build._filter_tir(leftover), "default", [], params)
+        return vm_build._vmlink(builder, target, vm_build._filter_tir(leftover), tir_pipeline, [], params)
     todo = [(gv, f) for gv, f in leftover.functions_items()
             if isinstance(f, tvm.tirx.PrimFunc) and gv.name_hint not in compiled]
     names = {gv.name_hint for gv in primary}
@@ -89,7 +94,7 @@ def codegen(mod: Any, target: Any, workers: int | None = None, kernels: KernelCa
     def build_part(part: tuple[Any, Any]) -> Any:
         """``tvm.tirx.build(part, target)``, through ``tvm.compile`` like the one-module build."""
         with context:
-            return tvm.compile(part[0], target=part[1]).mod
+            return tvm.compile(part[0], target=part[1], tir_pipeline=tir_pipeline).mod
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(workers, len(parts)))) as pool:
         libs = list(pool.map(build_part, parts))
