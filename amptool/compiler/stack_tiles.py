@@ -1,7 +1,7 @@
 """Register tiles on the stack: a CPU kernel's small scratch buffers kept out of TVM's workspace pool.
 
 What: ``CPU_TIR_PIPELINE``, TVM's own TIR pipeline with one pass before ``LowerTVMBuiltin``: each
-``global`` buffer of a constant size up to ``STACK_TILE_BYTES`` is annotated to stay a stack
+``global`` buffer of a constant size from 1024 bytes up to ``STACK_TILE_BYTES`` is annotated to stay a stack
 allocation (TVM's ``disable_lower_builtin``). ``split_codegen`` compiles LLVM targets with it.
 
 Why: TVM turns every CPU allocation of 1024 bytes or more into a ``TVMBackendAllocWorkspace``
@@ -12,7 +12,8 @@ the stack the tile is promoted to registers: no ``memset``, no stores. Per-kerne
 threads, alternated in one process (Ice Lake): MobileNetV2 0.927×, BERT-base 0.954×, ResNet-50
 0.982× (its 56² 1×1 convs 8–22% faster at one thread); outputs bit-identical.
 
-When not: GPU targets (a device allocation must stay the device API's), symbolic sizes, buffers
+When not: GPU targets (a device allocation must stay the device API's), symbolic or zero sizes
+(an empty tensor's buffer: LLVM's codegen refuses a zero-size stack allocation), buffers
 over ``STACK_TILE_BYTES`` (a conv's whole-map accumulator is summed chunk after chunk in memory
 anyway, and worker threads' stacks are not to be spent on it).
 """
@@ -28,6 +29,9 @@ from tvm import tirx
 
 #: The largest buffer kept on the stack: a register tile is at most 32 × 64 bytes with AVX-512.
 STACK_TILE_BYTES = 4096
+
+#: TVM's ``runtime::kMaxStackAlloca``: smaller allocations are stack ones already.
+TVMS_STACK_LIMIT = 1024
 
 #: The registered name of the CPU pipeline (``tvm.compile(..., tir_pipeline=CPU_TIR_PIPELINE)``).
 CPU_TIR_PIPELINE = "amptool_cpu"
@@ -51,8 +55,8 @@ def _constant_bytes(buffer: Any) -> int | None:
 def _on_stack(alloc: Any) -> Any:
     buffer = alloc.buffer
     size = _constant_bytes(buffer)
-    if buffer.scope() != "global" or size is None or size > STACK_TILE_BYTES:
-        return alloc
+    if buffer.scope() != "global" or size is None or not TVMS_STACK_LIMIT <= size <= STACK_TILE_BYTES:
+        return alloc  # below TVM's own limit it is on the stack already (or empty: TVM's pool serves it)
     annotations = dict(alloc.annotations) if alloc.annotations else {}
     annotations[_ON_STACK] = tirx.IntImm("bool", 1)  # TVM's pass refuses a Python bool
     return tirx.AllocBuffer(buffer, annotations, alloc.span)
