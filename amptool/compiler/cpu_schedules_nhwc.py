@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 from typing import Any
 
 from amptool.compiler.cpu_depthwise import INTERIOR_ATTR
@@ -34,6 +33,7 @@ from amptool.compiler.cpu_schedules import (
     try_inline,
     vector_steps,
 )
+from amptool.compiler.stack_tiles import buffer_bytes
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +177,7 @@ def _copy_rows_at(sch: Any, conv: Any, y: Any, tiling: Tiling) -> bool:
     copy = sch.get(pad).writes[0].source
     try:
         channels = int(copy.shape[-1])
-        size = _buffer_bytes(copy)
+        size = buffer_bytes(copy)
     except TypeError:  # a symbolic shape
         return False
     if size < ROW_COPY_BYTES or channels % tiling.lanes:
@@ -239,15 +239,10 @@ def _weights_dominate(sch: Any, conv: Any, ratio: float = WEIGHTS_DOMINATE) -> b
     """
     weight = sch.get(conv).reads[1].source
     try:
-        rest = sum(_buffer_bytes(b) for b in sch.mod["main"].params if not b.same_as(weight))  # params are buffers
-        return _buffer_bytes(weight) > ratio * rest
+        rest = sum(buffer_bytes(b) for b in sch.mod["main"].params if not b.same_as(weight))  # params are buffers
+        return buffer_bytes(weight) > ratio * rest
     except TypeError:  # a symbolic shape: keep rows outermost
         return False
-
-
-def _buffer_bytes(buffer: Any) -> int:
-    """A TIR buffer's bytes; TypeError for a symbolic shape."""
-    return math.prod(int(d) for d in buffer.shape) * buffer.dtype.bits // 8
 
 
 def nhwc_conv2d(sch: Any, tiling: Tiling) -> Any | None:

@@ -45,17 +45,18 @@ def tir_pipeline_for(target: Any) -> str:
     return CPU_TIR_PIPELINE if str(target.kind.name) == "llvm" else "default"
 
 
-def _constant_bytes(buffer: Any) -> int | None:
-    try:
-        return math.prod(int(d) for d in buffer.shape) * buffer.dtype.bits * buffer.dtype.lanes // 8
-    except TypeError:  # a symbolic extent
-        return None
+def buffer_bytes(buffer: Any) -> int:
+    """A TIR buffer's bytes; TypeError for a symbolic shape."""
+    return math.prod(int(d) for d in buffer.shape) * buffer.dtype.bits * buffer.dtype.lanes // 8
 
 
 def _on_stack(alloc: Any) -> Any:
     buffer = alloc.buffer
-    size = _constant_bytes(buffer)
-    if buffer.scope() != "global" or size is None or not TVMS_STACK_LIMIT <= size <= STACK_TILE_BYTES:
+    try:
+        size = buffer_bytes(buffer)
+    except TypeError:  # a symbolic extent
+        return alloc
+    if buffer.scope() != "global" or not TVMS_STACK_LIMIT <= size <= STACK_TILE_BYTES:
         return alloc  # below TVM's own limit it is on the stack already (or empty: TVM's pool serves it)
     annotations = dict(alloc.annotations) if alloc.annotations else {}
     annotations[_ON_STACK] = tirx.IntImm("bool", 1)  # TVM's pass refuses a Python bool
