@@ -97,7 +97,8 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=56, help="output rows = columns (a multiple of 14)")
     parser.add_argument("--kernel", type=int, default=3)
     parser.add_argument("--calls", type=int, default=150)
-    parser.add_argument("--mcpu", default="icelake-server")
+    parser.add_argument("--mcpu", default=str(tvm.target.codegen.llvm_get_system_cpu()),
+                        help="LLVM CPU to compile for (default this host's, so the kernels run here)")
     args = parser.parse_args()
     if args.size % TILE_COLUMNS or args.cin % LANES or args.cout % TILE_CHANNELS:
         parser.error(f"--size must be a multiple of {TILE_COLUMNS}, --in of {LANES}, --out of {TILE_CHANNELS}")

@@ -197,8 +197,8 @@ def _assembly(module: object) -> str:
         return ""
 
 
-@pytest.mark.parametrize(("dtype", "width"), [("bfloat16", 64), ("float32", 16)])
-def test_products_of_two_inputs_tile_wider_when_operands_convert(tmp_path: Path, dtype: str, width: int) -> None:
+@pytest.mark.parametrize(("dtype", "vectors"), [("bfloat16", 4), ("float32", 1)])
+def test_products_of_two_inputs_tile_wider_when_operands_convert(tmp_path: Path, dtype: str, vectors: int) -> None:
     """An attention-shaped product of two run-time inputs: in bfloat16 each operand value is
     converted as it is read, so the tile spans 4 vectors of columns (16 FMAs per 8 conversions);
     in float32 one vector (the row value is a broadcast memory operand)."""
@@ -207,6 +207,9 @@ def test_products_of_two_inputs_tile_wider_when_operands_convert(tmp_path: Path,
     g (float[2, 3, 8, 32] a, float[2, 3, 32, 128] b) => (float[2, 3, 8, 128] y) { y = MatMul (a, b) }""")
     lines = "\n".join(scheduled_kernels(path, dtype)).splitlines()
     update = next(i for i, line in enumerate(lines) if 'T.sblock("matmul_update")' in line)
+    from amptool.compiler.cpu_kernels import vector_lanes
+
+    width = vectors * vector_lanes(_tvm.make_target({"kind": "llvm", "mcpu": _tvm.host_cpu()}))
     assert f"T.vectorized(T.int64({width}))" in lines[update - 1]
     rng = np.random.default_rng(0)
     feeds = {"a": rng.standard_normal((2, 3, 8, 32)).astype(np.float32),
@@ -352,7 +355,10 @@ def test_transposes_are_copied_in_square_tiles(tmp_path: Path, shape: list[int],
     assert len(kernels) == 1
     vectorized = re.findall(r"in T\.vectorized\(T\.int64\((\d+)\)\)", kernels[0])
     split_axes = set(re.findall(r"\bax(\d)_1\b", kernels[0]))  # the inner halves of split loops
-    assert len(split_axes) == (2 if tiled else 0), kernels[0]
+    if tiled:
+        assert len(split_axes) == 2, kernels[0]
+    else:  # at most the last axis cut into vectors the ISA's registers hold (64 into 2 × 32 with AVX2)
+        assert split_axes <= {str(len(shape) - 1)}, kernels[0]
     if tiled:
         assert vectorized == [str(out_shape[-1] if out_shape[-1] <= 16 else 16)], kernels[0]
     x = np.random.default_rng(3).standard_normal(shape).astype(np.float32)

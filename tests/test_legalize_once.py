@@ -129,7 +129,7 @@ def test_convs_alike_but_for_their_weights_share_one_kernel(monkeypatch):
     weights: the module TVM's LegalizeOps makes (its add_func finds the same kernel again), from
     two builds instead of three, computing each conv with its weights."""
     mod, weights = _convs()
-    target = _tvm.make_target({"kind": "llvm", "mcpu": "skylake-avx512"})
+    target = _tvm.make_target({"kind": "llvm", "mcpu": _tvm.host_cpu()})  # it runs here: no foreign ISA
     builds = []
     real = relax.BlockBuilder.call_te
     monkeypatch.setattr(relax.BlockBuilder, "call_te", lambda bb, *a, **k: builds.append(a[0]) or real(bb, *a, **k))
