@@ -30,6 +30,14 @@ def test_notes_name_the_missing_feature(spec, dtype, needle):
     assert note is not None and needle in note and "measured" in note
 
 
+@pytest.mark.parametrize(("spec", "measured"), [
+    ({"kind": "llvm", "mcpu": "znver4", "mattr": ["-avx512bf16"]}, "1.02x"),  # AVX-512 left
+    ({"kind": "llvm", "mcpu": "znver3"}, "1.05-1.09x"),  # AVX2 only
+])
+def test_the_bf16_note_quotes_what_was_measured_on_that_vector_width(spec, measured):
+    assert f"measured {measured} float32" in str(low_precision_speed_note("bfloat16", spec))
+
+
 @pytest.mark.parametrize(("spec", "dtype"), [
     ({"kind": "llvm", "mcpu": "znver4"}, "bfloat16"),
     ({"kind": "llvm", "mcpu": "znver4"}, "float32"),
