@@ -628,6 +628,26 @@ def test_a_pool_padding_its_contiguous_axis_keeps_the_padded_copy(tmp_path):
     np.testing.assert_array_equal(amptool.load(tmp_path / "out").run({"x": x})["y"], want)
 
 
+def test_a_one_row_conv_runs_its_column_tiles_in_parallel(tmp_path):
+    """A conv1d (a one-row NHWC map) of 64 channels is a single block of AVX-512 channel tiles:
+    with only its rows and channel blocks parallel — and its 600 KB padded copy under the row
+    loop — it ran on one thread (Whisper's stem convs 2× slower than at two). Its column tiles
+    are parallel too, the copy whole; values are onnxruntime's."""
+    rng = np.random.default_rng(15)
+    w = numpy_helper.from_array((rng.standard_normal((64, 64, 3)) * 0.05).astype(np.float32), "w")
+    model = x_to_y_model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1])], "conv1d", [1, 64, 2400], [w])
+    path = tmp_path / "conv1d.onnx"
+    onnx.save(model, str(path))
+    (kernel,) = [k for k in scheduled_kernels(str(path), "float32", "icelake-server") if '"amp_nhwc_pad"' in k]
+    conv_loop = kernel[kernel.index('T.sblock("amp_nhwc_pad")'):]
+    assert re.search(r"in T\.parallel\(T\.int64\(400\)\)", conv_loop), kernel  # 2400 columns / 6
+    x = rng.standard_normal((1, 64, 2400)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    amptool.convert(path, dtype="float32", output=tmp_path / "out")
+    got = amptool.load(tmp_path / "out").run({"x": x})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+
+
 @pytest.mark.parametrize(("size", "per_row"), [(64, True), (16, False)])
 def test_large_maps_copy_their_padded_input_a_row_band_at_a_time(tmp_path, size, per_row):
     """A padded conv whose input copy is ≥ ROW_COPY_BYTES (64 channels at 64²: 1.1 MB) makes it

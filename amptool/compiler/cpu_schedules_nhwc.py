@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 from typing import Any
 
 from amptool.compiler.cpu_depthwise import INTERIOR_ATTR
@@ -67,8 +68,18 @@ def nhwc_tile(sch: Any, conv: Any, block: int, tiling: Tiling,
     else:
         sch.reorder(n, y, co, xo, *reductions, xi, ci)
         outer = [n, y] if _copy_rows_at(sch, conv, y, tiling) else [n, y, co]
+    if _fewer_steps(sch, outer):
+        # A conv1d is a one-row map: a 64-channel one has a single block of AVX-512 channel tiles,
+        # and left all threads but one idle.
+        outer.append(xo)
     epilogue = _epilogue_at(sch, conv, xo)
     return outer, reductions, xi, ci, epilogue
+
+
+def _fewer_steps(sch: Any, loops: list[Any]) -> bool:
+    """Whether ``loops`` together iterate fewer than ``PARALLEL_STEPS`` times (False when symbolic)."""
+    extents = [_extent(sch, loop) for loop in loops]
+    return None not in extents and math.prod(extents) < PARALLEL_STEPS  # type: ignore[arg-type]
 
 
 def flat_tile_loops(sch: Any, conv: Any, block: int,
@@ -158,6 +169,12 @@ def _copy_narrow_rows(sch: Any, conv: Any, tiling: Tiling) -> None:
 #: Copied-input bytes from which a padded conv copies its input a band of rows at a time.
 ROW_COPY_BYTES = 512 << 10
 
+#: Parallel iterations a conv's outer loops should offer the threads: under it, a conv neither
+#: copies its input a band of rows at a time (its row loop alone would be parallel) nor leaves its
+#: column tiles out of the parallel loop. Not more: ResNet-50's 14² 1×1 convs (14 rows, a 5-column
+#: tile's padded copy of 860 KB) ran 3–7% slower copied whole (an AVX2 EPYC, 2 threads).
+PARALLEL_STEPS = 8
+
 
 def _copy_rows_at(sch: Any, conv: Any, y: Any, tiling: Tiling) -> bool:
     """Move the conv's padded input copy under its row loop ``y`` (the rows of that output row's
@@ -170,9 +187,14 @@ def _copy_rows_at(sch: Any, conv: Any, y: Any, tiling: Tiling) -> bool:
     1.84/1.84 → 1.81/1.76 ms; at 28² (a 400 KB copy) ±1%, and ResNet-50's 28² stage was 3–14%
     slower per conv with its rows alone in parallel (an Ice Lake core). With the threshold,
     ResNet-50's 56² 3×3 convs 0–8% and its first 28² one (a 1.6 MB copy) 13% faster per kernel.
+
+    Not for fewer rows (batch × height) than ``PARALLEL_STEPS``: a conv1d is a one-row map, and
+    Whisper's 384 → 384 stem conv over 1,500 frames (a 2.3 MB copy) ran on one thread — 14.2 ms at
+    one thread and at two, 7.1 ms copied whole (onnxruntime's two stem convs 11.8 ms; an AVX2
+    EPYC, 2 threads).
     """
     pad = next((p for p in sch.get_producers(conv) if sch.get(p).name_hint == NHWC_PAD_BLOCK), None)
-    if pad is None:
+    if pad is None or _fewer_steps(sch, sch.get_loops(conv)[:2]):
         return False
     copy = sch.get(pad).writes[0].source
     try:
