@@ -23,7 +23,26 @@ MATMULS = [
     ((2, 4, 24, 32), (2, 4, 32, 24), False),  # attention scores
     ((2, 4, 24, 24), (2, 4, 24, 32), False),
     ((2, 3, 5, 9), (9, 11), True),
+    # Probabilities · V of ONNX's attention_4d_causal_nonpad_batch_prefill: an AVX2 tile of three
+    # 2-row items straddled the outer batch axis (16 of 96 values wrong); items of [4, 6] in tiles
+    # of 8 (an AVX-512 row cap) would straddle it too.
+    ((3, 2, 2, 6), (3, 2, 6, 8), False),
+    ((4, 6, 2, 6), (4, 6, 6, 16), False),
 ]
+
+
+@pytest.mark.parametrize(("extents", "cap", "items"), [
+    ([3, 2], 3, 2),  # 3 items would cover 1.5 rows of the outer axis
+    ([4, 6], 8, 6),  # 8 neither divides nor is divided by 6
+    ([2, 3], 6, 6),  # everything: a box
+    ([6, 2], 5, 4),  # two whole inner runs × a divisor (2) of 6
+    ([1, 12], 8, 6),
+    ([7], 4, 1),
+])
+def test_a_matmul_row_tile_covers_a_box_of_batch_items(extents, cap, items):
+    from amptool.compiler.cpu_schedules import _box_items
+
+    assert _box_items(extents, cap) == items
 
 
 def _build_and_run(make, args, params):

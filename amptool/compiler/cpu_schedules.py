@@ -585,8 +585,9 @@ def packed_matmul(sch: Any, tiling: Tiling) -> Any | None:
     *batch, m, n, k = sch.get_loops(mm)
     block = int(sch.get(mm).reads[1].source.shape[-1])
     m_rows = _extent(sch, m)
+    items = [_extent(sch, loop) for loop in batch]
     rows_loop = sch.fuse(*batch, m) if batch else m
-    if m_rows is None or _extent(sch, rows_loop) is None:
+    if m_rows is None or None in items:
         return None
     vectors = max(1, block // tiling.lanes)
     cap = max(1, matmul_row_cap(tiling.lanes, vectors))
@@ -597,7 +598,7 @@ def packed_matmul(sch: Any, tiling: Tiling) -> Any | None:
         # Items of few rows (m = 1: a sequence-first [S, 1, E] operand, an RNN's input projection)
         # share a tile whole, so the weight is read once per tile, not once per row: [128, 1, 768] ·
         # [768, 768] 3.4 → 0.73 ms (onnxruntime 0.78). Whole items keep the epilogue's rows exact.
-        tile *= _divisor((_extent(sch, rows_loop) or m_rows) // m_rows, cap // m_rows) or 1
+        tile *= _box_items(items, cap // m_rows)  # type: ignore[arg-type]
     blocks = (_extent(sch, n) or 0) // block
     ro, ri = sch.split(rows_loop, [None, tile])
     no, ni = sch.split(n, [None, block])
@@ -621,6 +622,30 @@ def packed_matmul(sch: Any, tiling: Tiling) -> Any | None:
     ni = vector_steps(sch, ni, tiling)
     _finish(sch, mm, epilogue, [no, ro], k, ri, ni, "done", tiling)
     return sch
+
+
+def _box_items(extents: list[int], cap: int) -> int:
+    """The most batch items, up to ``cap``, a tile of the fused batch loops (``extents`` outermost
+    first) may take so that every tile is a box: whole runs of the inner batch axes times a divisor
+    of the next one out.
+
+    Why a box: the epilogue computed under the tile covers the bounding box of the tile's items.
+    Three items of a [3, 2] batch (attention probabilities · V, [3, 2, 2, 6] · [3, 2, 6, 8], on an
+    AVX2 core whose 6-row tiles hold three 2-row items) span two items of the outer axis, so the
+    box took four: the epilogue stored an item not yet computed, and the item's own rows, computed
+    under the previous tile, were gone from the tile's compacted buffer — 16 of 96 values wrong.
+    """
+    total = math.prod(extents)
+    for count in range(min(cap, total), 1, -1):
+        rest = count
+        for extent in reversed(extents):
+            if rest % extent:
+                rest = 1 if extent % rest == 0 else 0  # a divisor of this axis: a box; else none
+                break
+            rest //= extent
+        if rest == 1 and total % count == 0:
+            return count
+    return 1
 
 
 def _crops_columns(sch: Any, epilogue: Any, columns: int) -> bool:
