@@ -104,3 +104,31 @@ def test_isinf_detects_only_the_sign_asked(tmp_path, positive, negative):
     x = np.array([np.inf, -np.inf, 1.0, np.nan], dtype=np.float32)
     node = helper.make_node("IsInf", ["x"], ["y"], detect_positive=positive, detect_negative=negative)
     _check(tmp_path, [node], [info("x", [4])], [info("y", [4], TensorProto.BOOL)], {"x": x}, opset=20)
+
+
+@pytest.mark.parametrize("direction", ["LEFT", "RIGHT"])
+def test_bitshift_by_the_width_or_more_or_a_negative_amount(tmp_path, direction):
+    """Signed int8 (opset 28): past the width, or negative, a left shift gives 0 and a right shift
+    the sign fill (an AVX2 build had given ``x >> (s mod 8)``); amounts inside shift as usual."""
+    x = np.array([-8, 4, -1, 100, -128, 37, -37, 1], dtype=np.int8)
+    amount = np.array([8, 9, 127, -1, -8, 0, 3, 7], dtype=np.int8)
+    node = helper.make_node("BitShift", ["x", "s"], ["y"], direction=direction)
+    _check(tmp_path, [node], [info("x", [8], TensorProto.INT8), info("s", [8], TensorProto.INT8)],
+           [info("y", [8], TensorProto.INT8)], {"x": x, "s": amount}, opset=28)
+
+
+@pytest.mark.parametrize("direction", ["LEFT", "RIGHT"])
+def test_unsigned_bitshift_past_the_width_is_zero(tmp_path, direction):
+    x = np.array([1, 200, 255, 7], dtype=np.uint8)
+    amount = np.array([1, 7, 8, 200], dtype=np.uint8)
+    graph = helper.make_graph([helper.make_node("BitShift", ["x", "s"], ["y"], direction=direction)], "g",
+                              [info("x", [4], TensorProto.UINT8), info("s", [4], TensorProto.UINT8)],
+                              [info("y", [4], TensorProto.UINT8)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+    model.ir_version = 8
+    path = tmp_path / "shift.onnx"
+    onnx.save(model, path)
+    shifted = [(int(v) << int(s)) & 0xFF if direction == "LEFT" else int(v) >> int(s) for v, s in zip(x, amount)]
+    want = np.array([v if s < 8 else 0 for v, s in zip(shifted, amount)], dtype=np.uint8)
+    got = amptool.convert(path, dtype="float32").run({"x": x, "s": amount})["y"]
+    np.testing.assert_array_equal(got, want)

@@ -20,7 +20,7 @@ from amptool.frontend.attention import convert_attention, convert_rotary_embeddi
 from amptool.frontend.clip_pad import convert_clip, convert_pad
 from amptool.frontend.detection import DETECTION_CONVERTERS
 from amptool.frontend.einsum import convert_einsum
-from amptool.frontend.elementwise import convert_bitcast, convert_isinf
+from amptool.frontend.elementwise import convert_bitcast, convert_bitshift, convert_isinf
 from amptool.frontend.layout_ops import LAYOUT_CONVERTERS
 from amptool.frontend.narrow_casts import convert_cast, convert_cast_like
 from amptool.frontend.norms import convert_cumprod, convert_cumsum, convert_layer_norm, convert_lp_normalization
@@ -125,9 +125,11 @@ CONVERTERS: dict[str, Converter] = {
     "CumProd": convert_cumprod,
     # Einsum with two operands: a matmul between transposes (einsum.py; TVM's is a generic reduction).
     "Einsum": convert_einsum,
-    # IsInf: TVM ignores detect_positive/detect_negative. BitCast: no TVM converter.
+    # IsInf: TVM ignores detect_positive/detect_negative. BitCast: no TVM converter. BitShift: TVM's shifts
+    # by the width or more are undefined.
     "IsInf": convert_isinf,
     "BitCast": convert_bitcast,
+    "BitShift": convert_bitshift,
 }
 # One module per family; each says why its converters exist. No op appears in two tables.
 _TABLES = (SMALL_OP_CONVERTERS, TREE_CONVERTERS, LAYOUT_CONVERTERS, SIGNAL_CONVERTERS, DETECTION_CONVERTERS,
