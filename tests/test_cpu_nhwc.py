@@ -628,6 +628,51 @@ def test_a_pool_padding_its_contiguous_axis_keeps_the_padded_copy(tmp_path):
     np.testing.assert_array_equal(amptool.load(tmp_path / "out").run({"x": x})["y"], want)
 
 
+def test_paired_bfloat16_weights_decode_to_the_original_channels():
+    """``pack_weight_pairs`` puts two channel vectors in one vector of uint32 words; decoding as
+    ``paired_weight`` does (low half shifted up, high half masked) gives back every weight."""
+    import ml_dtypes
+
+    from amptool.compiler.cpu_nhwc import pack_weight_pairs
+
+    rng = np.random.default_rng(16)
+    lanes, block = 8, 32
+    w = rng.standard_normal((64, 5, 3, 2)).astype(ml_dtypes.bfloat16)
+    words = pack_weight_pairs(w, block, lanes)
+    assert words.dtype == np.uint32 and words.shape == (2, 3, 2, 5, block // 2)
+    for c in range(64):
+        q = c % block
+        word = words[c // block, :, :, :, q // (2 * lanes) * lanes + q % lanes]
+        bits = (word << 16) if (q // lanes) % 2 == 0 else (word & 0xFFFF0000)
+        np.testing.assert_array_equal(bits.view(np.float32), w[c].astype(np.float32).transpose(1, 2, 0))
+
+
+def test_bfloat16_convs_without_dot_products_read_paired_weights(tmp_path):
+    """Without ``vdpbf16ps`` a bfloat16 conv of several channel vectors reads its weights as
+    uint32 pairs of vectors (one load, a shift and an and per two vectors: ResNet-50 bfloat16 on
+    an AVX2 EPYC, see benchmarks/README.md); its values are the float32 sums of the bfloat16 inputs."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(17)
+
+    def bf16(a):
+        return a.astype(ml_dtypes.bfloat16).astype(np.float32)  # exact in bfloat16, so the build changes nothing
+
+    w = numpy_helper.from_array(bf16(rng.standard_normal((64, 32, 3, 3)) * 0.1), "w")
+    model = x_to_y_model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "conv", [1, 32, 28, 28], [w])
+    model.graph.output[0].type.tensor_type.shape.dim[1].dim_value = 64
+    path = tmp_path / "conv.onnx"
+    onnx.save(model, str(path))
+    for mcpu in ("emeraldrapids", "haswell"):  # AVX-512 with the slow dot product (FMA kernels), AVX2
+        (kernel,) = [k for k in scheduled_kernels(str(path), "bfloat16", mcpu) if '"amp_conv2d_nhwc_init"' in k]
+        assert re.search(r'param_\d+: T\.Buffer\(.*?, "uint32"\)', kernel), kernel  # the packed weight
+    x = bf16(rng.standard_normal((1, 32, 28, 28)))
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    amptool.convert(path, dtype="bfloat16", output=tmp_path / "out", target_options=["-mattr=-avx512bf16"])
+    got = np.asarray(amptool.load(tmp_path / "out").run({"x": x})["y"], dtype=np.float32)
+    np.testing.assert_allclose(got, want, rtol=2 ** -7, atol=1e-3 * float(np.abs(want).max()))
+
+
 def test_a_one_row_conv_runs_its_column_tiles_in_parallel(tmp_path):
     """A conv1d (a one-row NHWC map) of 64 channels is a single block of AVX-512 channel tiles:
     with only its rows and channel blocks parallel — and its 600 KB padded copy under the row

@@ -581,6 +581,12 @@ def _legalize_conv2d_nhwc(bb: Any, call: Any, w: np.ndarray, geometry: dict[str,
     if block == lanes:
         vectors = tile_vectors(w.shape[0] // lanes, lanes, out_w)
         block, columns = lanes * vectors, nhwc_columns(out_w, lanes, vectors)
+        if str(weight.ty.dtype) == "bfloat16" and vectors % 2 == 0:
+            # bfloat16 weights without vdpbf16ps: two channel vectors per 256/512-bit load
+            # (cpu_nhwc.pack_weight_pairs). ResNet-50 bfloat16 on an AVX2 EPYC: see the benchmarks README.
+            return _call_te(bb, cpu_nhwc.conv2d_nhwc, data, _constant(cpu_nhwc.pack_weight_pairs(w, block, lanes)),
+                            **geometry, columns=columns, out_dtype=out_dtype, out_channels=out_channels,
+                            pair_lanes=lanes, primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BLOCK)
     return _call_te(bb, cpu_nhwc.conv2d_nhwc, data, _constant(cpu_nhwc.pack_conv_weight(w, block)), **geometry,
                       columns=columns, out_dtype=out_dtype, out_channels=out_channels,
                       primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BLOCK)

@@ -272,7 +272,8 @@ def nhwc_conv2d(sch: Any, tiling: Tiling) -> Any | None:
     conv = _find_block(sch, CONV2D_NHWC_BLOCK)
     if conv is None:
         return None
-    block = int(sch.get(conv).reads[1].source.shape[-1])
+    weight = sch.get(conv).reads[1].source
+    block = int(weight.shape[-1]) * (2 if str(weight.dtype) == "uint32" else 1)  # cpu_nhwc.pack_weight_pairs
     if len(sch.get_loops(conv)) == 4:  # n, p, c | rc
         tiled = flat_tile_loops(sch, conv, block, tiling)
     else:
