@@ -629,20 +629,21 @@ def test_a_pool_padding_its_contiguous_axis_keeps_the_padded_copy(tmp_path):
 
 
 def test_paired_bfloat16_weights_decode_to_the_original_channels():
-    """``pack_weight_pairs`` puts two channel vectors in one vector of uint32 words; decoding as
-    ``paired_weight`` does (low half shifted up, high half masked) gives back every weight."""
+    """``bf16_pairs.pack_pairs`` puts two channel vectors in one vector of uint32 words; decoding
+    as ``paired_float`` does (low half shifted up, high half masked) gives back every weight."""
     import ml_dtypes
 
-    from amptool.compiler.cpu_nhwc import pack_weight_pairs
+    from amptool.compiler.bf16_pairs import pack_pairs, word_index
+    from amptool.compiler.cpu_nhwc import pack_conv_weight
 
     rng = np.random.default_rng(16)
     lanes, block = 8, 32
     w = rng.standard_normal((64, 5, 3, 2)).astype(ml_dtypes.bfloat16)
-    words = pack_weight_pairs(w, block, lanes)
+    words = pack_pairs(pack_conv_weight(w, block), lanes)
     assert words.dtype == np.uint32 and words.shape == (2, 3, 2, 5, block // 2)
     for c in range(64):
         q = c % block
-        word = words[c // block, :, :, :, q // (2 * lanes) * lanes + q % lanes]
+        word = words[c // block, :, :, :, word_index(q, lanes)]
         bits = (word << 16) if (q // lanes) % 2 == 0 else (word & 0xFFFF0000)
         np.testing.assert_array_equal(bits.view(np.float32), w[c].astype(np.float32).transpose(1, 2, 0))
 

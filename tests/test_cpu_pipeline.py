@@ -403,6 +403,30 @@ def test_matmul_of_three_vector_tiles_matches_onnxruntime(tmp_path: Path) -> Non
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
 
 
+def test_bfloat16_matmul_without_dot_products_reads_paired_weights_and_keeps_its_epilogue(tmp_path: Path) -> None:
+    """A bfloat16 matmul of a constant weight on a CPU without vdpbf16ps reads its weight as uint32
+    pairs of column vectors (bf16_pairs), and its bias and activation stay fused into it (TVM's
+    pattern analysis had called the decoded product a plain reduction: BERT-base got 96 more
+    kernels). Values: the same as TVM's plain build of the same module."""
+    rng = np.random.default_rng(7)
+    w = ", ".join(f"{v:.6f}" for v in rng.normal(0.0, 0.1, 64 * 64))
+    b = ", ".join(f"{v:.6f}" for v in rng.normal(0.0, 0.1, 64))
+    path = _save(tmp_path, f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[16, 64] x) => (float[16, 64] y) <float[64, 64] w = {{{w}}}, float[64] b = {{{b}}}> {{
+            m = MatMul(x, w)
+            a = Add(m, b)
+            y = Relu(a)
+        }}""")
+    for mcpu in ("emeraldrapids", "haswell"):  # AVX-512 whose dot product is slow (FMA kernels), AVX2
+        (kernel,) = [k for k in scheduled_kernels(path, "bfloat16", mcpu) if '"amp_matmul_update"' in k]
+        assert re.search(r'param_\d+: T\.Buffer\(.*?, "uint32"\)', kernel), kernel
+        assert "T.max(" in kernel, kernel  # the Relu, in the matmul's kernel
+    feeds = {"x": rng.standard_normal((16, 64)).astype(np.float32)}
+    ours, plain = _both(path, "bfloat16", feeds, ("-mattr=-avx512bf16",))
+    np.testing.assert_allclose(ours[0], plain[0], rtol=1e-2, atol=1e-2)
+
+
 @pytest.mark.parametrize(("spec", "lanes"), [
     ({"kind": "llvm", "mcpu": "znver4"}, 16),
     ({"kind": "llvm", "mcpu": "emeraldrapids"}, 16),

@@ -66,6 +66,9 @@ PACK_BLOCK = "amp_pack"
 
 _FLOATS = DTYPES
 
+#: TVM's ``OpPatternKind::kOutEWiseFusable``: a kernel whose output elementwise steps may fuse into it.
+OUT_ELEMWISE_FUSABLE = 4
+
 
 def vector_lanes(target: Any, bits: int = 32) -> int:
     """SIMD lanes of ``bits``-wide values on ``target`` (16 float32 with AVX-512, 8 with AVX2)."""
@@ -541,7 +544,7 @@ def _paired_bf16(weight: np.ndarray) -> np.ndarray:
 
 def _legalize_conv2d_nhwc(bb: Any, call: Any, w: np.ndarray, geometry: dict[str, list[int]]) -> Any:
     """An NHWC conv (``cpu_layout`` made it so) → :mod:`amptool.compiler.cpu_nhwc`'s kernels."""
-    from amptool.compiler import cpu_nhwc  # noqa: PLC0415
+    from amptool.compiler import bf16_pairs, cpu_nhwc  # noqa: PLC0415
 
     data, weight = call.args
     out_dtype = str(call.ty.dtype)
@@ -582,11 +585,13 @@ def _legalize_conv2d_nhwc(bb: Any, call: Any, w: np.ndarray, geometry: dict[str,
         vectors = tile_vectors(w.shape[0] // lanes, lanes, out_w)
         block, columns = lanes * vectors, nhwc_columns(out_w, lanes, vectors)
         if str(weight.ty.dtype) == "bfloat16" and vectors % 2 == 0:
-            # bfloat16 weights without vdpbf16ps: two channel vectors per 256/512-bit load
-            # (cpu_nhwc.pack_weight_pairs). ResNet-50 bfloat16 on an AVX2 EPYC: see the benchmarks README.
-            return _call_te(bb, cpu_nhwc.conv2d_nhwc, data, _constant(cpu_nhwc.pack_weight_pairs(w, block, lanes)),
-                            **geometry, columns=columns, out_dtype=out_dtype, out_channels=out_channels,
-                            pair_lanes=lanes, primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BLOCK)
+            # bfloat16 weights without vdpbf16ps: two channel vectors per load (bf16_pairs); still a
+            # conv to FuseOps (see _legalize_matmul).
+            paired = bf16_pairs.pack_pairs(cpu_nhwc.pack_conv_weight(w, block), lanes)
+            return _call_te(bb, cpu_nhwc.conv2d_nhwc, data, _constant(paired), **geometry, columns=columns,
+                            out_dtype=out_dtype, out_channels=out_channels, pair_lanes=lanes,
+                            primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BLOCK,
+                            primfunc_attrs={"op_pattern": OUT_ELEMWISE_FUSABLE})
     return _call_te(bb, cpu_nhwc.conv2d_nhwc, data, _constant(cpu_nhwc.pack_conv_weight(w, block)), **geometry,
                       columns=columns, out_dtype=out_dtype, out_channels=out_channels,
                       primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BLOCK)
@@ -755,19 +760,39 @@ def _legalize_matmul(bb: Any, call: Any) -> Any:
     if block is None:
         return _default(bb, call)
     rows = a_shape[-2]
+    vectors = 1
     if block == lanes:
         vectors, rows = matmul_tile(rows, n // lanes, lanes)
         block *= vectors
     packed = w.reshape(k, n // block, block).transpose(1, 0, 2)
+    if str(b.ty.dtype) == "bfloat16" and vectors % 2 == 0:
+        from amptool.compiler import bf16_pairs  # noqa: PLC0415
+
+        # Two column vectors per load (bf16_pairs). TVM's pattern analysis sees no multiply-add of
+        # two loads in the decoded weight and calls the kernel a plain reduction, which FuseOps
+        # kept apart from its bias and activation (BERT-base: 96 more kernels, each epilogue a pass
+        # of its own): it is the matmul it was.
+        return _call_te(bb, _matmul_packed, a, _constant(bf16_pairs.pack_pairs(packed, lanes)), n=n,
+                        out_dtype=out_dtype, rows=rows, pair_lanes=lanes, primfunc_name_hint=MATMUL_BLOCK,
+                        primfunc_attrs={"op_pattern": OUT_ELEMWISE_FUSABLE})
     return _call_te(bb, _matmul_packed, a, _constant(packed), n=n, out_dtype=out_dtype, rows=rows,
-                      primfunc_name_hint=MATMUL_BLOCK)
+                    primfunc_name_hint=MATMUL_BLOCK)
 
 
-def _matmul_packed(a: Any, packed: Any, *, n: int, out_dtype: str, rows: int) -> Any:
-    """``a @ w`` over a ``[N/B, K, B]`` weight; leading dims of ``a`` are batch dims."""
-    block = int(packed.shape[-1])
-    return _packed_product(a, lambda lead, k, j: packed[j // block, k, j % block], n=n, out_dtype=out_dtype,
-                           rows=rows, columns=n)
+def _matmul_packed(a: Any, packed: Any, *, n: int, out_dtype: str, rows: int, pair_lanes: int | None = None) -> Any:
+    """``a @ w`` over a ``[N/B, K, B]`` weight (``pair_lanes``: ``bf16_pairs``' ``[N/B, K, B/2]``
+    words); leading dims of ``a`` are batch dims."""
+    from amptool.compiler import bf16_pairs  # noqa: PLC0415
+
+    block = bf16_pairs.block_of(packed)
+
+    def weight(lead: list[Any], k: Any, j: Any) -> Any:
+        if pair_lanes:
+            return bf16_pairs.paired_float(packed[j // block, k, bf16_pairs.word_index(j % block, pair_lanes)],
+                                           j % block, pair_lanes)
+        return packed[j // block, k, j % block]
+
+    return _packed_product(a, weight, n=n, out_dtype=out_dtype, rows=rows, columns=n)
 
 
 def _packed_product(a: Any, weight: Callable[[list[Any], Any, Any], Any], *, n: int, out_dtype: str, rows: int,

@@ -130,49 +130,21 @@ def _subsampled(data: Any, sh: int, sw: int, out_h: int, out_w: int, wide: int, 
     return te.compute((batch, out_h, wide, channels), value, name=NHWC_PAD_BLOCK)
 
 
-def pack_weight_pairs(weight: np.ndarray, block: int, lanes: int) -> np.ndarray:
-    """A bfloat16 OIHW weight → uint32 ``[OC/B, KH, KW, IC, B/2]``: in each block's vectors of
-    ``lanes`` channels taken two at a time, word ``j`` holds channel ``j`` of the first in its low
-    half and of the second in its high half (``paired_weight``)."""
-    oc, ic, kh, kw = weight.shape
-    bits = np.ascontiguousarray(weight).view(np.uint16).astype(np.uint32)
-    # [OC/B, B/(2L), 2, L, IC, KH, KW] → halves (low, high) of each pair of vectors
-    pairs = bits.reshape(oc // block, block // (2 * lanes), 2, lanes, ic, kh, kw)
-    words = pairs[:, :, 0] | (pairs[:, :, 1] << 16)  # [OC/B, B/(2L), L, IC, KH, KW]
-    return np.ascontiguousarray(words.transpose(0, 4, 5, 3, 1, 2).reshape(oc // block, kh, kw, ic, block // 2))
-
-
-def paired_weight(packed: Any, c: Any, ry: Any, rx: Any, rc: Any, lanes: int) -> Any:
-    """Output channel ``c``'s float32 weight from ``pack_weight_pairs``' words: vector ``v`` of its
-    block reads word ``(v // 2)·L + lane`` — the low half shifted up (even ``v``), or the high
-    half masked (odd ``v``).
-
-    Why: a bfloat16 weight vector loaded alone is ``vpmovzxwd`` + ``vpslld``, two uops on the
-    pipes an AVX2 core's FMAs share; a pair of vectors from one 256-bit load is one shift and one
-    and (which any pipe takes)."""
-    from tvm import tirx  # noqa: PLC0415
-
-    block = int(packed.shape[-1]) * 2
-    q = c % block
-    word = packed[c // block, ry, rx, rc, q // (2 * lanes) * lanes + q % lanes]
-    low = (q // lanes) % 2 == 0
-    bits = tirx.if_then_else(low, tirx.shift_left(word, tirx.const(16, "uint32")),
-                             tirx.bitwise_and(word, tirx.const(0xFFFF0000, "uint32")))
-    return tirx.reinterpret("float32", bits)
-
-
 def conv2d_nhwc(data: Any, packed: Any, *, strides: list[int], padding: list[int], dilation: list[int],
                 columns: int, out_dtype: str, out_channels: int | None = None, groups: int = 1,
                 pair_lanes: int | None = None) -> Any:
-    """NHWC conv2d over a ``[OC/B, KH, KW, IC/groups, B]`` weight, ``columns`` output columns per
+    """NHWC conv2d over a ``[OC/B, KH, KW, IC/groups, B]`` weight (``pair_lanes``: ``bf16_pairs``'
+    ``[…, B/2]`` words of vectors of that many lanes), ``columns`` output columns per
     tile (``cpu_kernels.nhwc_columns``). ``out_channels``: fewer than the weights' (zero filters
     padding them to whole blocks): cropped. ``groups``: each block of ``B`` output channels lies
     in one group (``B`` divides the group's channels) and reads that group's input channels."""
     from tvm import te  # noqa: PLC0415
 
+    from amptool.compiler import bf16_pairs  # noqa: PLC0415
+
     batch, height, width, _ = (int(d) for d in data.shape)
-    blocks, kh, kw, in_channels, block = (int(d) for d in packed.shape)
-    block *= 2 if pair_lanes else 1
+    blocks, kh, kw, in_channels, _ = (int(d) for d in packed.shape)
+    block = bf16_pairs.block_of(packed)
     blocks_per_group = blocks // groups
     out_h, out_w, wide, extra = _geometry(height, width, kh, kw, padding, strides, dilation, columns)
     top, left, bottom, right = padding
@@ -193,8 +165,9 @@ def conv2d_nhwc(data: Any, packed: Any, *, strides: list[int], padding: list[int
         return rc if groups == 1 else c // block // blocks_per_group * in_channels + rc
 
     def weight(c: Any) -> Any:
-        if pair_lanes:
-            return paired_weight(packed, c, ry, rx, rc, pair_lanes)
+        if pair_lanes:  # bf16_pairs: two channel vectors per word
+            word = packed[c // block, ry, rx, rc, bf16_pairs.word_index(c % block, pair_lanes)]
+            return bf16_pairs.paired_float(word, c % block, pair_lanes)
         return packed[c // block, ry, rx, rc, c % block].astype(out_dtype)
 
     conv = te.compute(

@@ -47,6 +47,7 @@ from tvm.s_tir import dlight
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm.sym import detect_linear_equation
 
+from amptool.compiler.bf16_pairs import block_of
 from amptool.compiler.cpu_depthwise import (
     DEPTHWISE_BLOCK,
     DEPTHWISE_SRC_BLOCK,
@@ -583,7 +584,7 @@ def packed_matmul(sch: Any, tiling: Tiling) -> Any | None:
     if mm is None:
         return None
     *batch, m, n, k = sch.get_loops(mm)
-    block = int(sch.get(mm).reads[1].source.shape[-1])
+    block = block_of(sch.get(mm).reads[1].source)
     m_rows = _extent(sch, m)
     items = [_extent(sch, loop) for loop in batch]
     rows_loop = sch.fuse(*batch, m) if batch else m

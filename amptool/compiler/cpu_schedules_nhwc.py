@@ -18,6 +18,7 @@ import logging
 import math
 from typing import Any
 
+from amptool.compiler.bf16_pairs import block_of
 from amptool.compiler.cpu_depthwise import INTERIOR_ATTR
 from amptool.compiler.cpu_kernels import CHUNK_WEIGHTS, flat_tile, nhwc_columns
 from amptool.compiler.cpu_nhwc import CONV2D_NHWC_BLOCK, DEPTHWISE_NHWC_BLOCK, NHWC_PAD_BLOCK
@@ -272,8 +273,7 @@ def nhwc_conv2d(sch: Any, tiling: Tiling) -> Any | None:
     conv = _find_block(sch, CONV2D_NHWC_BLOCK)
     if conv is None:
         return None
-    weight = sch.get(conv).reads[1].source
-    block = int(weight.shape[-1]) * (2 if str(weight.dtype) == "uint32" else 1)  # cpu_nhwc.pack_weight_pairs
+    block = block_of(sch.get(conv).reads[1].source)
     if len(sch.get_loops(conv)) == 4:  # n, p, c | rc
         tiled = flat_tile_loops(sch, conv, block, tiling)
     else:
