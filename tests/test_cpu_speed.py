@@ -18,7 +18,6 @@ from tests.conftest import read_json
     # AVX512-FP16 is there, but amptool's kernels accumulate in float32: no faster than float32
     ({"kind": "llvm", "mcpu": "sapphirerapids"}, "float16", "compute float16 in float32"),
     ({"kind": "llvm", "mcpu": "znver4", "mattr": ["-avx512bf16"]}, "bfloat16", "no AVX512-BF16"),
-    ({"kind": "llvm", "mcpu": "skylake"}, "bfloat16", "no AVX512-BF16"),
     # AMX-BF16 without AVX512-BF16: amptool emits no AMX code, so bfloat16 is still not fast
     ({"kind": "llvm", "mcpu": "sapphirerapids", "mattr": ["-avx512bf16"]}, "bfloat16", "no AVX512-BF16"),
     # AVX512-BF16 at half the FMA rate: the products are float32 FMAs, no faster than float32
@@ -30,12 +29,11 @@ def test_notes_name_the_missing_feature(spec, dtype, needle):
     assert note is not None and needle in note and "measured" in note
 
 
-@pytest.mark.parametrize(("spec", "measured"), [
-    ({"kind": "llvm", "mcpu": "znver4", "mattr": ["-avx512bf16"]}, "1.02x"),  # AVX-512 left
-    ({"kind": "llvm", "mcpu": "znver3"}, "1.05-1.09x"),  # AVX2 only
-])
-def test_the_bf16_note_quotes_what_was_measured_on_that_vector_width(spec, measured):
-    assert f"measured {measured} float32" in str(low_precision_speed_note("bfloat16", spec))
+@pytest.mark.parametrize("mcpu", ["znver3", "skylake", "haswell"])
+def test_no_bf16_note_on_avx2_cpus_where_bf16_measured_faster(mcpu):
+    """AVX2 only: bfloat16 weights read as pairs of vectors made bfloat16 0.75-0.95x float32
+    (ResNet-50, MobileNetV2, BERT-base on an AVX2 EPYC); no warning of a slow dtype there."""
+    assert low_precision_speed_note("bfloat16", {"kind": "llvm", "mcpu": mcpu}) is None
 
 
 @pytest.mark.parametrize(("spec", "dtype"), [
@@ -52,8 +50,9 @@ def test_convert_warns_once_and_records_the_note(zoo_model, run_cli, tmp_path, m
     monkeypatch.setattr(cpu_speed, "_warned", set())
     out = tmp_path / "out"
     with caplog.at_level(logging.WARNING, logger="amptool.compiler.cpu_speed"):
-        result = run_cli("convert", zoo_model("tiny_cnn"), "--dtype", "bf16", "--target-options=-mattr=-avx512bf16",
-                         "-o", str(out))
+        # An AVX-512 CPU without AVX512-BF16 (an AVX2 host gets no note: bfloat16 measured faster there).
+        result = run_cli("convert", zoo_model("tiny_cnn"), "--dtype", "bf16",
+                         "--target-options=-mcpu=znver4 -mattr=-avx512bf16", "-o", str(out))
     assert result.exit_code == 0, result.output
     warnings = [r.getMessage() for r in caplog.records if r.name == "amptool.compiler.cpu_speed"]
     assert len(warnings) == 1 and "AVX512-BF16" in warnings[0]

@@ -13,12 +13,13 @@ F16C, no AVX512-FP16 (znver4)     1.01× (no speed-up)    —
 no AVX512-BF16 (-mattr=-avx512bf16)  —                   1.02× (no speed-up)
 AVX512-BF16 (znver4)              —                      0.76×
 AVX512-BF16, slow (emeraldrapids)  —                     1.03× (FMA kernels; ResNet-50, 2 threads)
-AVX2 only (znver3, an EPYC VM)     1.02× / 1.10× / 0.98×  1.09× / 1.05× / 1.05×
+AVX2 only (znver3, an EPYC VM)     1.02× / 1.04× / 0.96×  0.95× / 0.75× / 0.87×
 ================================  ====================  =========================================
 
-(The AVX2 row: ResNet-50 / MobileNetV2 / BERT-base, 2 threads, ``cpu_speed.py`` medians, 2026-12-04:
-without AVX-512 every bfloat16 activation is widened and rounded by 256-bit integer steps, which
-cost more beside AVX2's float32 FMAs than beside AVX-512's.)
+(The AVX2 row: ResNet-50 / MobileNetV2 / BERT-base, 2 threads, ``cpu_speed.py`` medians, 2026-12-04,
+with bfloat16 weights read as pairs of vectors (``bf16_pairs``); before them bfloat16 was 1.05–1.09×
+float32 there. The pairs apply to AVX-512 CPUs without a fast ``vdpbf16ps`` too; the 1.02× and
+1.03× rows above predate them.)
 
 (Issue 17 also saw 12–16× on BERT/ResNet-50 without F16C.) Native float16 arithmetic needs
 AVX512-FP16 (Sapphire Rapids and later), which amptool's kernels do not use (they accumulate in
@@ -84,9 +85,10 @@ def low_precision_speed_note(dtype: str, spec: dict[str, Any]) -> str | None:
         return (f"CPU {cpu} has AVX512-FP16, but amptool's CPU kernels compute float16 in float32 after conversion, "
                 "measured 1.05x float32 latency (ResNet-50, 2 threads; weights take half the memory; no speed-up)")
     if not has["avx512bf16"]:
-        measured = "1.02x" if has["avx512f"] else "1.05-1.09x"  # the table above: AVX-512, AVX2 only
+        if not has["avx512f"]:
+            return None  # AVX2 only: measured 0.75-0.95x float32 (the table above) — no warning due
         return (f"CPU {cpu} has no AVX512-BF16: bfloat16 computes in float32 after conversion, "
-                f"measured {measured} float32 latency (weights take half the memory; no speed-up)")
+                "measured 1.02x float32 latency (weights take half the memory; no speed-up)")
     if not bf16_dot_pays(spec.get("mcpu")):
         return (f"CPU {cpu} runs vdpbf16ps at half its float32 FMA rate: bfloat16 products are float32 FMAs "
                 f"after conversion, measured {SLOW_BF16_MEASURED} float32 latency (weights take half the memory; "
