@@ -7,9 +7,10 @@ L - 1``, the first in the low halves. A kernel decodes vector ``2i`` with a shif
 vector ``2i + 1`` with an and of the high halves; both are exact.
 
 Why: a bfloat16 vector loaded alone is ``vpmovzxwd`` + ``vpslld`` — two uops on the pipes an AVX2
-core's FMAs share — and a load per vector; a pair from one load costs a shift and an and (which
-any pipe takes). ResNet-50 bfloat16 on an AVX2 EPYC (kernel sums, 2 threads, alternated): 51.99 →
-46.67 ms, below its float32 47.89 (benchmarks/README.md, eighteenth session).
+core's FMAs share — and a load per vector; a pair from one load costs one shift and one and (LLVM
+emits a blend with zero): half the uops and half the loads. ResNet-50 bfloat16 on an AVX2 EPYC
+(kernel sums, 2 threads, alternated): 51.99 → 46.67 ms, below its float32 47.89
+(benchmarks/README.md, eighteenth session).
 
 When not: tiles of an odd number of vectors (nothing to pair), float16 (its conversion is one
 ``vcvtph2ps``), and the ``vdpbf16ps`` kernels (their own pair layout). Preserves: every weight.
