@@ -648,10 +648,12 @@ def test_paired_bfloat16_weights_decode_to_the_original_channels():
         np.testing.assert_array_equal(bits.view(np.float32), w[c].astype(np.float32).transpose(1, 2, 0))
 
 
-def test_bfloat16_convs_without_dot_products_read_paired_weights(tmp_path):
-    """Without ``vdpbf16ps`` a bfloat16 conv of several channel vectors reads its weights as
-    uint32 pairs of vectors (one load, a shift and an and per two vectors: ResNet-50 bfloat16 on
-    an AVX2 EPYC, see benchmarks/README.md); its values are the float32 sums of the bfloat16 inputs."""
+@pytest.mark.parametrize("group", [1, 2])
+def test_bfloat16_convs_without_dot_products_read_paired_weights(tmp_path, group):
+    """Without ``vdpbf16ps`` a bfloat16 conv of several channel vectors — grouped too — reads its
+    weights as uint32 pairs of vectors (one load, a shift and an and per two vectors: ResNet-50 and
+    RegNet bfloat16 on an AVX2 EPYC, see benchmarks/README.md); its values are the float32 sums of
+    the bfloat16 inputs."""
     import ml_dtypes
 
     rng = np.random.default_rng(17)
@@ -659,8 +661,9 @@ def test_bfloat16_convs_without_dot_products_read_paired_weights(tmp_path):
     def bf16(a):
         return a.astype(ml_dtypes.bfloat16).astype(np.float32)  # exact in bfloat16, so the build changes nothing
 
-    w = numpy_helper.from_array(bf16(rng.standard_normal((64, 32, 3, 3)) * 0.1), "w")
-    model = x_to_y_model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "conv", [1, 32, 28, 28], [w])
+    w = numpy_helper.from_array(bf16(rng.standard_normal((64, 32 // group, 3, 3)) * 0.1), "w")
+    conv = helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], group=group)
+    model = x_to_y_model([conv], "conv", [1, 32, 28, 28], [w])
     model.graph.output[0].type.tensor_type.shape.dim[1].dim_value = 64
     path = tmp_path / "conv.onnx"
     onnx.save(model, str(path))

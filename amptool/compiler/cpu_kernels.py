@@ -544,7 +544,7 @@ def _paired_bf16(weight: np.ndarray) -> np.ndarray:
 
 def _legalize_conv2d_nhwc(bb: Any, call: Any, w: np.ndarray, geometry: dict[str, list[int]]) -> Any:
     """An NHWC conv (``cpu_layout`` made it so) → :mod:`amptool.compiler.cpu_nhwc`'s kernels."""
-    from amptool.compiler import bf16_pairs, cpu_nhwc  # noqa: PLC0415
+    from amptool.compiler import cpu_nhwc  # noqa: PLC0415
 
     data, weight = call.args
     out_dtype = str(call.ty.dtype)
@@ -581,20 +581,28 @@ def _legalize_conv2d_nhwc(bb: Any, call: Any, w: np.ndarray, geometry: dict[str,
         return _call_te(bb, cpu_nhwc.pointwise_nhwc, data, _constant(cpu_nhwc.pack_conv_weight(w, lanes * vectors)),
                         strides=geometry["strides"], positions=positions, out_dtype=out_dtype,
                         out_channels=out_channels, primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BLOCK)
+    vectors = 1
     if block == lanes:
         vectors = tile_vectors(w.shape[0] // lanes, lanes, out_w)
         block, columns = lanes * vectors, nhwc_columns(out_w, lanes, vectors)
-        if str(weight.ty.dtype) == "bfloat16" and vectors % 2 == 0:
-            # bfloat16 weights without vdpbf16ps: two channel vectors per load (bf16_pairs); still a
-            # conv to FuseOps (see _legalize_matmul).
-            paired = bf16_pairs.pack_pairs(cpu_nhwc.pack_conv_weight(w, block), lanes)
-            return _call_te(bb, cpu_nhwc.conv2d_nhwc, data, _constant(paired), **geometry, columns=columns,
-                            out_dtype=out_dtype, out_channels=out_channels, pair_lanes=lanes,
-                            primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BLOCK,
-                            primfunc_attrs={"op_pattern": OUT_ELEMWISE_FUSABLE})
-    return _call_te(bb, cpu_nhwc.conv2d_nhwc, data, _constant(cpu_nhwc.pack_conv_weight(w, block)), **geometry,
-                      columns=columns, out_dtype=out_dtype, out_channels=out_channels,
-                      primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BLOCK)
+    return _nhwc_conv(bb, data, weight, w, block, vectors, **geometry, columns=columns, out_dtype=out_dtype,
+                      out_channels=out_channels)
+
+
+def _nhwc_conv(bb: Any, data: Any, weight: Any, w: np.ndarray, block: int, vectors: int, **kwargs: Any) -> Any:
+    """``cpu_nhwc.conv2d_nhwc`` over ``w`` packed in blocks of ``block`` channels (``vectors`` SIMD
+    vectors); bfloat16 weights of an even vector count as pairs of vectors (``bf16_pairs``: one
+    load, a shift and an and per two), the kernel still a conv to FuseOps (see ``_legalize_matmul``)."""
+    from amptool.compiler import bf16_pairs, cpu_nhwc  # noqa: PLC0415
+
+    packed = cpu_nhwc.pack_conv_weight(w, block)
+    if str(weight.ty.dtype) == "bfloat16" and vectors % 2 == 0:
+        lanes = block // vectors
+        return _call_te(bb, cpu_nhwc.conv2d_nhwc, data, _constant(bf16_pairs.pack_pairs(packed, lanes)), **kwargs,
+                        pair_lanes=lanes, primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BLOCK,
+                        primfunc_attrs={"op_pattern": OUT_ELEMWISE_FUSABLE})
+    return _call_te(bb, cpu_nhwc.conv2d_nhwc, data, _constant(packed), **kwargs,
+                    primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BLOCK)
 
 
 #: Weight bytes over a conv kernel's other bytes from which its schedule reduces over chunks of
@@ -623,21 +631,19 @@ def _dense_pointwise_map(data: Any, w: np.ndarray, geometry: dict[str, list[int]
 
 def _grouped_conv2d_nhwc(bb: Any, call: Any, w: np.ndarray, geometry: dict[str, list[int]], out_w: int) -> Any:
     """A grouped NHWC conv whose groups hold whole vectors of output channels, as the NHWC conv
-    kernel with each channel block reading its group's inputs (float32 FMAs, also for bfloat16).
+    kernel with each channel block reading its group's inputs (float32 FMAs, also for bfloat16:
+    its weights in pairs of vectors then, as ``_nhwc_conv`` packs them).
 
     Why: the grouped NCHW kernel broadcasts one weight per tap for a vector of columns, made for
     narrow groups; RegNet's 64-channel groups ran at a tenth of the FMA rate there (3×3, 128
     channels in 2 groups, 112² → 56²: 32.9 ms at one thread, onnxruntime 3.8).
     """
-    from amptool.compiler import cpu_nhwc  # noqa: PLC0415
-
     lanes = _current_lanes()
     per_group = w.shape[0] // int(call.attrs.groups)
     vectors = tile_vectors(per_group // lanes, lanes, out_w)
-    block = lanes * vectors
-    return _call_te(bb, cpu_nhwc.conv2d_nhwc, call.args[0], _constant(cpu_nhwc.pack_conv_weight(w, block)), **geometry,
+    return _nhwc_conv(bb, call.args[0], call.args[1], w, lanes * vectors, vectors, **geometry,
                       columns=nhwc_columns(out_w, lanes, vectors), out_dtype=str(call.ty.dtype),
-                      groups=int(call.attrs.groups), primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BLOCK)
+                      groups=int(call.attrs.groups))
 
 
 def _zero_filters(w: np.ndarray, multiple: int) -> np.ndarray:
