@@ -411,7 +411,8 @@ def test_dense_pointwise_convs_tile_runs_of_positions() -> None:
     per FMA) where rows of 14 columns take 2 × 14 (0.57); at 7² (49, no divisor the registers hold)
     4 × 5 over 50 positions, not 2 × 7 (0.64); Inception's 17² 4 × 5 over 290, not a cropped 3 × 9.
     None where rows already reach the floor (28², 56², three vectors × 7 at 7²), for one vector's
-    tiles, a single row, or AVX2 (its convs are not chunked)."""
+    tiles or a single row. AVX2: only a flat tile with at least the row tile's accumulators — 7²
+    as 2 × 5 over 50 (2 × 4 rows: 8), not 14² as 2 × 4 (2 × 5 rows: 10)."""
     from amptool.compiler.cpu_kernels import flat_tile
 
     assert flat_tile(16, 16, 14, 14) == (4, 4, 196) and flat_tile(64, 16, 14, 14) == (4, 4, 196)
@@ -419,7 +420,8 @@ def test_dense_pointwise_convs_tile_runs_of_positions() -> None:
     assert flat_tile(12, 16, 17, 17) == (4, 5, 290)
     for blocks, height, width in ((16, 28, 28), (16, 56, 56), (60, 7, 7), (1, 14, 14), (5, 14, 14), (16, 1, 14)):
         assert flat_tile(blocks, 16, height, width) is None, (blocks, height, width)
-    assert flat_tile(16, 8, 14, 14) is None
+    assert flat_tile(16, 8, 14, 14) is None and flat_tile(32, 8, 14, 14) is None
+    assert flat_tile(64, 8, 7, 7) == (2, 5, 50) and flat_tile(256, 8, 7, 7) == (2, 5, 50)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])

@@ -305,14 +305,19 @@ def flat_tile(blocks: int, lanes: int, height: int, width: int) -> tuple[int, in
     vectors' tiles (up to 6 columns) crop; its 196 positions take 4 × 4 (0.5). 1024 → 256 and
     256 → 1024 at 14², per-kernel minima alternated on an Ice Lake core: 7% faster at one thread,
     4–8% at two (chunked as ``cpu_schedules_nhwc.WEIGHT_CHUNK_SHARE`` has it). Its 7² maps (49
-    positions: 2 × 7, 0.64) take 4 × 5 over 50. A flat tile's conv always runs chunked (its
-    epilogue follows a channel block's whole map: ``cpu_schedules_nhwc``); so AVX-512 only, where
-    chunks were measured.
+    positions: 2 × 7, 0.64) take 4 × 5 over 50. With AVX-512 a flat tile's conv runs chunked
+    (``cpu_schedules_nhwc.flat_tile_loops``; its epilogue follows a channel block's whole map).
+
+    AVX2 (16 registers): only a flat tile holding at least the row tile's accumulators, unchunked.
+    Zen 3 needs 8+ FMAs in flight per core: ResNet-50's 7² maps as 2 × 5 over 50 positions instead
+    of 2 × 4 over 8 of every 7 columns ran 0.81–0.94×; its 14² maps as 2 × 4 flat (8 accumulators)
+    instead of 2 × 5 rows (10) ran 1.15–1.30× slower (an AVX2 EPYC, 2 threads, alternated).
     """
-    if height < 2 or lanes < 16:
+    if height < 2:
         return None
     row = tile_vectors(blocks, lanes, width)
-    best = _tile_cost(row, nhwc_columns(width, lanes, row), width)
+    row_columns = nhwc_columns(width, lanes, row)
+    best = _tile_cost(row, row_columns, width)
     positions = height * width
     flat = None
     for vectors in _vector_counts(blocks, lanes)[1:]:  # one vector's tiles keep nhwc_columns' caps
@@ -322,6 +327,8 @@ def flat_tile(blocks: int, lanes: int, height: int, width: int) -> tuple[int, in
             rows = min(range(max(2, most // 2), most + 1), key=lambda t: (-(-positions // t) * t, -t))
         computed = -(-positions // rows) * rows
         cost = max(LOADS_PER_FMA, 1 / vectors + 1 / rows) * computed / positions
+        if lanes < 16 and vectors * rows < row * row_columns:
+            continue  # AVX2: fewer accumulators in flight than the row tile (see Why)
         if cost < best - 1e-9:  # a tie keeps the rows
             best, flat = cost, (vectors, rows, computed)
     return flat

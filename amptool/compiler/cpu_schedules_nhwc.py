@@ -100,7 +100,8 @@ def flat_tile_loops(sch: Any, conv: Any, block: int,
         return None
     co, ci = sch.split(c, [None, block])
     po, pi = sch.split(p, [None, flat[1]])
-    chunk = _weight_chunk(sch, conv, block, tiling, planned=True)
+    # Chunks measured with AVX-512 only (on AVX2 they slowed every chunked conv: benchmarks/README).
+    chunk = _weight_chunk(sch, conv, block, tiling, planned=True) if tiling.lanes >= 16 else None
     if chunk is None:
         sch.reorder(n, co, po, rc, pi, ci)
         reductions = [rc]
