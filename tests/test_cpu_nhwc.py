@@ -635,7 +635,7 @@ def test_paired_bfloat16_weights_decode_to_the_original_channels():
     as ``paired_float`` does (low half shifted up, high half masked) gives back every weight."""
     import ml_dtypes
 
-    from amptool.compiler.bf16_pairs import pack_pairs, word_index
+    from amptool.compiler.bf16_pairs import pack_pairs
     from amptool.compiler.cpu_nhwc import pack_conv_weight
 
     rng = np.random.default_rng(16)
@@ -645,7 +645,7 @@ def test_paired_bfloat16_weights_decode_to_the_original_channels():
     assert words.dtype == np.uint32 and words.shape == (2, 3, 2, 5, block // 2)
     for c in range(64):
         q = c % block
-        word = words[c // block, :, :, :, word_index(q, lanes)]
+        word = words[c // block, :, :, :, q // (2 * lanes) * lanes + q % lanes]
         bits = (word << 16) if (q // lanes) % 2 == 0 else (word & 0xFFFF0000)
         np.testing.assert_array_equal(bits.view(np.float32), w[c].astype(np.float32).transpose(1, 2, 0))
 

@@ -32,16 +32,13 @@ def pack_pairs(blocked: np.ndarray, lanes: int) -> np.ndarray:
     return np.ascontiguousarray(words.reshape(*lead, block // 2))
 
 
-def word_index(channel: Any, lanes: int) -> Any:
-    """The word holding ``channel`` (its place in the block) of ``pack_pairs``' output."""
-    return channel // (2 * lanes) * lanes + channel % lanes
-
-
-def paired_float(word: Any, channel: Any, lanes: int) -> Any:
-    """The float32 value of ``channel`` in its ``word``: the low half shifted up for an even
-    vector of the block, the high half for an odd one (a constant once the vector loop is unrolled)."""
+def read(packed: Any, lead: tuple[Any, ...], channel: Any, lanes: int) -> Any:
+    """The float32 weight of ``channel`` (its place in the block) at ``packed[*lead, …]``, a
+    ``pack_pairs`` buffer: the low half of its word shifted up for an even vector of the block, the
+    high half for an odd one (a constant once the vector loop is unrolled)."""
     from tvm import tirx  # noqa: PLC0415
 
+    word = packed[(*lead, channel // (2 * lanes) * lanes + channel % lanes)]
     bits = tirx.if_then_else((channel // lanes) % 2 == 0, tirx.shift_left(word, tirx.const(16, "uint32")),
                              tirx.bitwise_and(word, tirx.const(0xFFFF0000, "uint32")))
     return tirx.reinterpret("float32", bits)

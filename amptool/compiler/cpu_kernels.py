@@ -48,6 +48,7 @@ import numpy as np
 
 from amptool import _tvm
 from amptool._tvm import static_shape
+from amptool.compiler import bf16_pairs
 from amptool.compiler.cpu_depthwise import DEPTHWISE_BLOCK, depthwise_conv2d, pack_weight
 from amptool.compiler.cpu_tail_reduction import REDUCTIONS
 from amptool.compiler.cpu_tail_reduction import legalization as tail_reduction
@@ -592,24 +593,26 @@ def _legalize_conv2d_nhwc(bb: Any, call: Any, w: np.ndarray, geometry: dict[str,
     if block == lanes:
         vectors = tile_vectors(w.shape[0] // lanes, lanes, out_w)
         block, columns = lanes * vectors, nhwc_columns(out_w, lanes, vectors)
-    return _nhwc_conv(bb, data, weight, w, block, vectors, **geometry, columns=columns, out_dtype=out_dtype,
-                      out_channels=out_channels)
+    return _call_packed(bb, cpu_nhwc.conv2d_nhwc, data, cpu_nhwc.pack_conv_weight(w, block), weight, vectors,
+                        **geometry, columns=columns, out_dtype=out_dtype, out_channels=out_channels,
+                        primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BLOCK)
 
 
-def _nhwc_conv(bb: Any, data: Any, weight: Any, w: np.ndarray, block: int, vectors: int, **kwargs: Any) -> Any:
-    """``cpu_nhwc.conv2d_nhwc`` over ``w`` packed in blocks of ``block`` channels (``vectors`` SIMD
-    vectors); bfloat16 weights of an even vector count as pairs of vectors (``bf16_pairs``: one
-    load, a shift and an and per two), the kernel still a conv to FuseOps (see ``_legalize_matmul``)."""
-    from amptool.compiler import bf16_pairs, cpu_nhwc  # noqa: PLC0415
+def _call_packed(bb: Any, compute: Callable[..., Any], data: Any, packed: np.ndarray, weight: Any, vectors: int,
+                 **kwargs: Any) -> Any:
+    """``compute(data, packed, **kwargs)`` over a weight packed in blocks of ``vectors`` SIMD vectors
+    (``packed.shape[-1]`` channels). A bfloat16 ``weight`` of an even vector count goes in as pairs of
+    vectors (``bf16_pairs``: one load, a shift and an and per two; ``compute`` takes ``pair_lanes``).
 
-    packed = cpu_nhwc.pack_conv_weight(w, block)
-    if str(weight.ty.dtype) == "bfloat16" and vectors % 2 == 0:
-        lanes = block // vectors
-        return _call_te(bb, cpu_nhwc.conv2d_nhwc, data, _constant(bf16_pairs.pack_pairs(packed, lanes)), **kwargs,
-                        pair_lanes=lanes, primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BLOCK,
-                        primfunc_attrs={"op_pattern": OUT_ELEMWISE_FUSABLE})
-    return _call_te(bb, cpu_nhwc.conv2d_nhwc, data, _constant(packed), **kwargs,
-                    primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BLOCK)
+    Why the op pattern: TVM's pattern analysis sees no multiply-add of two loads in a product whose
+    weight is decoded and calls the kernel a plain reduction, which FuseOps kept apart from its bias
+    and activation (BERT-base: 96 more kernels, each epilogue a pass of its own): it is the conv or
+    matmul it was."""
+    if str(weight.ty.dtype) != "bfloat16" or vectors % 2:
+        return _call_te(bb, compute, data, _constant(packed), **kwargs)
+    lanes = int(packed.shape[-1]) // vectors
+    return _call_te(bb, compute, data, _constant(bf16_pairs.pack_pairs(packed, lanes)), **kwargs, pair_lanes=lanes,
+                    primfunc_attrs={"op_pattern": OUT_ELEMWISE_FUSABLE})
 
 
 #: Weight bytes over a conv kernel's other bytes from which its schedule reduces over chunks of
@@ -639,18 +642,21 @@ def _dense_pointwise_map(data: Any, w: np.ndarray, geometry: dict[str, list[int]
 def _grouped_conv2d_nhwc(bb: Any, call: Any, w: np.ndarray, geometry: dict[str, list[int]], out_w: int) -> Any:
     """A grouped NHWC conv whose groups hold whole vectors of output channels, as the NHWC conv
     kernel with each channel block reading its group's inputs (float32 FMAs, also for bfloat16:
-    its weights in pairs of vectors then, as ``_nhwc_conv`` packs them).
+    its weights in pairs of vectors then, as ``_call_packed`` passes them).
 
     Why: the grouped NCHW kernel broadcasts one weight per tap for a vector of columns, made for
     narrow groups; RegNet's 64-channel groups ran at a tenth of the FMA rate there (3×3, 128
     channels in 2 groups, 112² → 56²: 32.9 ms at one thread, onnxruntime 3.8).
     """
+    from amptool.compiler import cpu_nhwc  # noqa: PLC0415
+
     lanes = _current_lanes()
     per_group = w.shape[0] // int(call.attrs.groups)
     vectors = tile_vectors(per_group // lanes, lanes, out_w)
-    return _nhwc_conv(bb, call.args[0], call.args[1], w, lanes * vectors, vectors, **geometry,
-                      columns=nhwc_columns(out_w, lanes, vectors), out_dtype=str(call.ty.dtype),
-                      groups=int(call.attrs.groups))
+    return _call_packed(bb, cpu_nhwc.conv2d_nhwc, call.args[0], cpu_nhwc.pack_conv_weight(w, lanes * vectors),
+                        call.args[1], vectors, **geometry, columns=nhwc_columns(out_w, lanes, vectors),
+                        out_dtype=str(call.ty.dtype), groups=int(call.attrs.groups),
+                        primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BLOCK)
 
 
 def _zero_filters(w: np.ndarray, multiple: int) -> np.ndarray:
@@ -778,31 +784,18 @@ def _legalize_matmul(bb: Any, call: Any) -> Any:
         vectors, rows = matmul_tile(rows, n // lanes, lanes)
         block *= vectors
     packed = w.reshape(k, n // block, block).transpose(1, 0, 2)
-    if str(b.ty.dtype) == "bfloat16" and vectors % 2 == 0:
-        from amptool.compiler import bf16_pairs  # noqa: PLC0415
-
-        # Two column vectors per load (bf16_pairs). TVM's pattern analysis sees no multiply-add of
-        # two loads in the decoded weight and calls the kernel a plain reduction, which FuseOps
-        # kept apart from its bias and activation (BERT-base: 96 more kernels, each epilogue a pass
-        # of its own): it is the matmul it was.
-        return _call_te(bb, _matmul_packed, a, _constant(bf16_pairs.pack_pairs(packed, lanes)), n=n,
-                        out_dtype=out_dtype, rows=rows, pair_lanes=lanes, primfunc_name_hint=MATMUL_BLOCK,
-                        primfunc_attrs={"op_pattern": OUT_ELEMWISE_FUSABLE})
-    return _call_te(bb, _matmul_packed, a, _constant(packed), n=n, out_dtype=out_dtype, rows=rows,
-                    primfunc_name_hint=MATMUL_BLOCK)
+    return _call_packed(bb, _matmul_packed, a, packed, b, vectors, n=n, out_dtype=out_dtype, rows=rows,
+                        primfunc_name_hint=MATMUL_BLOCK)
 
 
 def _matmul_packed(a: Any, packed: Any, *, n: int, out_dtype: str, rows: int, pair_lanes: int | None = None) -> Any:
     """``a @ w`` over a ``[N/B, K, B]`` weight (``pair_lanes``: ``bf16_pairs``' ``[N/B, K, B/2]``
     words); leading dims of ``a`` are batch dims."""
-    from amptool.compiler import bf16_pairs  # noqa: PLC0415
-
     block = bf16_pairs.block_of(packed)
 
     def weight(lead: list[Any], k: Any, j: Any) -> Any:
         if pair_lanes:
-            return bf16_pairs.paired_float(packed[j // block, k, bf16_pairs.word_index(j % block, pair_lanes)],
-                                           j % block, pair_lanes)
+            return bf16_pairs.read(packed, (j // block, k), j % block, pair_lanes)
         return packed[j // block, k, j % block]
 
     return _packed_product(a, weight, n=n, out_dtype=out_dtype, rows=rows, columns=n)

@@ -166,8 +166,7 @@ def conv2d_nhwc(data: Any, packed: Any, *, strides: list[int], padding: list[int
 
     def weight(c: Any) -> Any:
         if pair_lanes:  # bf16_pairs: two channel vectors per word
-            word = packed[c // block, ry, rx, rc, bf16_pairs.word_index(c % block, pair_lanes)]
-            return bf16_pairs.paired_float(word, c % block, pair_lanes)
+            return bf16_pairs.read(packed, (c // block, ry, rx, rc), c % block, pair_lanes)
         return packed[c // block, ry, rx, rc, c % block].astype(out_dtype)
 
     conv = te.compute(

@@ -644,7 +644,7 @@ def _box_items(extents: list[int], cap: int) -> int:
                 rest = 1 if extent % rest == 0 else 0  # a divisor of this axis: a box; else none
                 break
             rest //= extent
-        if rest == 1 and total % count == 0:
+        if rest == 1:  # whole inner runs times a divisor of the next axis: divides the total too
             return count
     return 1
 
