@@ -355,6 +355,33 @@ def test_odd_channel_counts_pad_to_whole_vectors(tmp_path, dtype, tolerance):
     np.testing.assert_allclose(got, want, rtol=0, atol=tolerance * float(np.abs(want).max()))
 
 
+@pytest.mark.parametrize(("dtype", "tolerance"), [("float32", 1e-5), ("bfloat16", 3e-2)])
+def test_rows_end_in_a_narrower_tile(tmp_path, dtype, tolerance):
+    """23 columns in tiles no width divides (AVX2: 4 tiles of 6, AVX-512: 2 of 12) are computed as
+    they are, the last tile narrower and each row's tiles unrolled, not as 24 cropped; the sums and
+    the fused residual and ReLU on the last tile's columns match onnxruntime."""
+    from amptool.compiler.cpu_nhwc import NHWC_CROP_BLOCK
+
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array((rng.standard_normal((16, 16, 3, 3)) * 0.2).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "b")]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c", "x"], ["s"]),
+             helper.make_node("Relu", ["s"], ["y"])]
+    model = x_to_y_model(nodes, "ragged", [1, 16, 9, 23], inits)
+    path = tmp_path / "ragged.onnx"
+    onnx.save(model, str(path))
+    if dtype == "float32":
+        text = _lowered_kernels(str(path), dtype)
+        assert NHWC_CROP_BLOCK not in text
+        assert re.search(r"for x_0 in T\.unroll\(T\.int64\([234]\)\)", text), "the row's tiles are unrolled"
+    x = rng.standard_normal((1, 16, 9, 23)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    amptool.convert(path, dtype=dtype, output=tmp_path / "out")
+    got = np.asarray(amptool.load(tmp_path / "out").run({"x": x})["y"], dtype=np.float32)
+    np.testing.assert_allclose(got, want, rtol=0, atol=tolerance * float(np.abs(want).max()))
+
+
 @pytest.mark.parametrize("width", [17, 19, 23, 29, 31, 37])
 def test_prime_widths_waste_few_columns(width: int) -> None:
     """A width with no divisor in the tile range computes the next multiple of the tile that wastes

@@ -21,7 +21,7 @@ from typing import Any
 from amptool.compiler.bf16_pairs import block_of
 from amptool.compiler.cpu_depthwise import INTERIOR_ATTR
 from amptool.compiler.cpu_kernels import CHUNK_WEIGHTS, flat_tile, nhwc_columns
-from amptool.compiler.cpu_nhwc import CONV2D_NHWC_BLOCK, DEPTHWISE_NHWC_BLOCK, NHWC_PAD_BLOCK
+from amptool.compiler.cpu_nhwc import CONV2D_NHWC_BLOCK, DEPTHWISE_NHWC_BLOCK, NHWC_PAD_BLOCK, ragged_row
 from amptool.compiler.cpu_schedules import (
     Tiling,
     _epilogue_at,
@@ -51,10 +51,15 @@ def nhwc_tile(sch: Any, conv: Any, block: int, tiling: Tiling,
     if width is None or _extent(sch, c) is None:
         return None
     tile = nhwc_columns(width, tiling.lanes, max(1, block // tiling.lanes))
-    if width % tile:
+    ragged = ragged_row(width, tile)
+    if width % tile and not ragged:
         return None  # the compute was planned for another target's tile: leave it to the generic rules
     co, ci = sch.split(c, [None, block])
     xo, xi = sch.split(x, [None, tile])
+    if ragged:
+        # The last tile's columns past the row are a bound on its block, a constant in each
+        # unrolled copy of the tile loop: the unrolled code has no test left (cpu_nhwc.ragged_row).
+        sch.unroll(xo)
     chunk = (_weight_chunk(sch, conv, block, tiling)
              if chunk_weights and len(reductions) == 3 and tiling.lanes >= 16 else None)  # measured with AVX-512 only
     if chunk is not None:
@@ -69,7 +74,7 @@ def nhwc_tile(sch: Any, conv: Any, block: int, tiling: Tiling,
     else:
         sch.reorder(n, y, co, xo, *reductions, xi, ci)
         outer = [n, y] if _copy_rows_at(sch, conv, y, tiling) else [n, y, co]
-    if _fewer_steps(sch, outer):
+    if _fewer_steps(sch, outer) and not ragged:
         # A conv1d is a one-row map: a 64-channel one has a single block of AVX-512 channel tiles,
         # and left all threads but one idle.
         outer.append(xo)
