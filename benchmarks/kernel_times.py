@@ -28,8 +28,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from amptool import _tvm  # noqa: E402
-from amptool.app.artifact import load_artifact  # noqa: E402
+from amptool import _tvm
+from amptool.app.artifact import load_artifact
 
 
 def _inputs(manifest: dict[str, Any], seed: int) -> list[np.ndarray]:
@@ -119,7 +119,7 @@ def main() -> None:
         cells = [f"{t * 1e3:.3f}" for t in times] + [f"{t / times[0]:.2f}×" for t in times[1:]]
         print(f"| {label} | " + " | ".join(cells) + " |")
     sums = [sum(s for _, s in m) for m in minima]
-    print(f"\nsum of per-call minima: " + ", ".join(f"{n} {s * 1e3:.2f} ms" for n, s in zip(names, sums))
+    print("\nsum of per-call minima: " + ", ".join(f"{n} {s * 1e3:.2f} ms" for n, s in zip(names, sums))
           + "".join(f"; {n} / {names[0]} {s / sums[0]:.3f}×" for n, s in zip(names[1:], sums[1:]))
           + f"  ({len(minima[0])} calls in the first)")
 
