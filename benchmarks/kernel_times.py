@@ -8,7 +8,7 @@ instrument hook times every kernel call (``vm.builtin.*`` calls are left out); e
 build once, in turn, so load that comes and goes slows them alike, and each call keeps its minimum
 over the rounds. A kernel called several times (the same fused conv in several blocks) counts per
 call. The table lists the calls that take the most time in the first build, matched by position
-when the builds call the same number of kernels (else by name), with each later build's ratio to
+when the builds call the same number of kernels (else aligned by the kernels' main op), with each later build's ratio to
 the first, and the sums of the minima — the figure to compare, less noisy than whole-run medians.
 
 Inputs: floats a seeded standard normal, integers ones (valid token ids and masks). Not a
@@ -19,6 +19,8 @@ cost (about a microsecond a call) included.
 from __future__ import annotations
 
 import argparse
+import difflib
+import re
 import sys
 import time
 from pathlib import Path
@@ -67,11 +69,28 @@ def _minima(runs: list[list[tuple[str, float]]]) -> list[tuple[str, float]]:
     return [(first[i][0], min(run[i][1] for run in runs)) for i in range(len(first))]
 
 
-def _by_name(calls: list[tuple[str, float]]) -> dict[str, float]:
-    totals: dict[str, float] = {}
-    for symbol, seconds in calls:
-        totals[symbol] = totals.get(symbol, 0.0) + seconds
-    return totals
+
+#: Fused-name tokens of epilogues and casts, which a bfloat16 build adds or moves between kernels.
+_EPILOGUE_TOKENS = {"fused", "add", "relu", "cast", "inplace", "multiply", "subtract", "divide", "clip", "compute"}
+
+
+def _first_op(symbol: str) -> str:
+    """``fused_amp_conv2d_nhwc16_add9_relu7_inplace0`` → ``amp_conv2d_nhwc``: the kernel less its
+    numbering and epilogue, to align two builds' calls by."""
+    tokens = re.sub(r"(?<=[a-z])\d+(?=_|$)", "", symbol).split("_")
+    return "_".join(t for t in tokens if t not in _EPILOGUE_TOKENS)
+
+
+def _aligned(first: list[tuple[str, float]], other: list[tuple[str, float]]) -> list[tuple[str, float]]:
+    """``other``'s calls under the labels of the ``first`` build's calls they align with."""
+    matcher = difflib.SequenceMatcher(a=[_first_op(s) for s, _ in first], b=[_first_op(s) for s, _ in other],
+                                      autojunk=False)
+    rows = []
+    for block in matcher.get_matching_blocks():
+        for k in range(block.size):
+            i = block.a + k
+            rows.append((f"{i} {first[i][0][:56]}", other[block.b + k][1]))
+    return rows
 
 
 def main() -> None:
@@ -106,9 +125,10 @@ def main() -> None:
     if len({len(m) for m in minima}) == 1:
         rows = [[(f"{i} {m[i][0][:56]}", m[i][1]) for i in range(len(m))] for m in minima]
         matched = "by call position"
-    else:  # the builds fused differently: a kernel's calls summed, matched by name
-        rows = [sorted(_by_name(m).items()) for m in minima]
-        matched = "builds differ: per kernel name, calls summed"
+    else:  # the builds fused differently (a bfloat16 build's casts): calls aligned by their first op
+        rows = [[(f"{i} {m[i][0][:56]}", m[i][1]) for i in range(len(m))] for m in minima[:1]]
+        rows += [_aligned(minima[0], m) for m in minima[1:]]
+        matched = "aligned by first op; a later build's kernels without a match left out"
     first = rows[0]
     later = [dict(r) for r in rows[1:]]
     print(f"| kernel ({matched}) | " + " | ".join(f"{n} ms" for n in names)
