@@ -677,29 +677,35 @@ def test_paired_bfloat16_weights_decode_to_the_original_channels():
         np.testing.assert_array_equal(bits.view(np.float32), w[c].astype(np.float32).transpose(1, 2, 0))
 
 
-@pytest.mark.parametrize("group", [1, 2])
-def test_bfloat16_convs_without_dot_products_read_paired_weights(tmp_path, group):
-    """Without ``vdpbf16ps`` a bfloat16 conv of several channel vectors — grouped too — reads its
-    weights as uint32 pairs of vectors (one load, a shift and an and per two vectors: ResNet-50 and
-    RegNet bfloat16 on an AVX2 EPYC, see benchmarks/README.md); its values are the float32 sums of
-    the bfloat16 inputs."""
+@pytest.mark.parametrize(("group", "taps", "size", "channels"), [(1, 3, 28, (32, 64)), (2, 3, 28, (32, 64)),
+                                                              (1, 1, 7, (256, 512))])
+def test_bfloat16_convs_without_dot_products_read_paired_weights(tmp_path, group, taps, size, channels):
+    """Without ``vdpbf16ps`` a bfloat16 conv of several channel vectors — grouped too, and a 1×1
+    conv over a small map computed as one run of positions (``flat_tile``) — reads its weights as
+    uint32 pairs of vectors (one load, a shift and an and per two vectors: ResNet-50 and RegNet
+    bfloat16 on an AVX2 EPYC, see benchmarks/README.md); its values are the float32 sums of the
+    bfloat16 inputs."""
     import ml_dtypes
 
     rng = np.random.default_rng(17)
+    inputs, outputs = channels
 
     def bf16(a):
         return a.astype(ml_dtypes.bfloat16).astype(np.float32)  # exact in bfloat16, so the build changes nothing
 
-    w = numpy_helper.from_array(bf16(rng.standard_normal((64, 32 // group, 3, 3)) * 0.1), "w")
-    conv = helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], group=group)
-    model = x_to_y_model([conv], "conv", [1, 32, 28, 28], [w])
-    model.graph.output[0].type.tensor_type.shape.dim[1].dim_value = 64
+    w = numpy_helper.from_array(bf16(rng.standard_normal((outputs, inputs // group, taps, taps)) * 0.1), "w")
+    conv = helper.make_node("Conv", ["x", "w"], ["y"], pads=[taps // 2] * 4, group=group)
+    model = x_to_y_model([conv], "conv", [1, inputs, size, size], [w])
+    model.graph.output[0].type.tensor_type.shape.dim[1].dim_value = outputs
     path = tmp_path / "conv.onnx"
     onnx.save(model, str(path))
     for mcpu in ("emeraldrapids", "haswell"):  # AVX-512 with the slow dot product (FMA kernels), AVX2
         (kernel,) = [k for k in scheduled_kernels(str(path), "bfloat16", mcpu) if '"amp_conv2d_nhwc_init"' in k]
         assert re.search(r'param_\d+: T\.Buffer\(.*?, "uint32"\)', kernel), kernel  # the packed weight
-    x = bf16(rng.standard_normal((1, 32, 28, 28)))
+        if taps == 1 and mcpu == "haswell":  # positions × channels: the flat tile's product (2 × 5 over 50)
+            flat = rf"T\.sblock_alloc_buffer\(\(T\.int64\(1\), T\.int64\(50\), T\.int64\({outputs}\)\)"
+            assert re.search(flat, kernel), kernel
+    x = bf16(rng.standard_normal((1, inputs, size, size)))
     want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
     amptool.convert(path, dtype="bfloat16", output=tmp_path / "out", target_options=["-mattr=-avx512bf16"])
     got = np.asarray(amptool.load(tmp_path / "out").run({"x": x})["y"], dtype=np.float32)

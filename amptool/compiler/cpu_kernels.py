@@ -586,9 +586,9 @@ def _legalize_conv2d_nhwc(bb: Any, call: Any, w: np.ndarray, geometry: dict[str,
     flat = flat_tile(w.shape[0] // lanes, lanes, *_dense_pointwise_map(data, w, geometry)) if block == lanes else None
     if flat is not None:
         vectors, _, positions = flat
-        return _call_te(bb, cpu_nhwc.pointwise_nhwc, data, _constant(cpu_nhwc.pack_conv_weight(w, lanes * vectors)),
-                        strides=geometry["strides"], positions=positions, out_dtype=out_dtype,
-                        out_channels=out_channels, primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BLOCK)
+        return _call_packed(bb, cpu_nhwc.pointwise_nhwc, data, cpu_nhwc.pack_conv_weight(w, lanes * vectors), weight,
+                            vectors, strides=geometry["strides"], positions=positions, out_dtype=out_dtype,
+                            out_channels=out_channels, primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BLOCK)
     vectors = 1
     if block == lanes:
         vectors = tile_vectors(w.shape[0] // lanes, lanes, out_w)

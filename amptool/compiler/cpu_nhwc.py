@@ -200,16 +200,20 @@ def conv2d_nhwc(data: Any, packed: Any, *, strides: list[int], padding: list[int
 
 
 def pointwise_nhwc(data: Any, packed: Any, *, strides: list[int], positions: int, out_dtype: str,
-                   out_channels: int | None = None) -> Any:
+                   out_channels: int | None = None, pair_lanes: int | None = None) -> Any:
     """An unpadded 1×1 conv as a product over one run of positions (``cpu_kernels.flat_tile``):
     ``out[n, p, c] = Σ_rc in[n, p, rc] · w[c/B, 0, 0, rc, c%B]`` for ``positions`` ≥ the map's
     (a multiple of the register tile; the ones past the map read its last and are dropped), then
     read back as ``[n, y, x, c]`` (the epilogue reads ``out[n, y·W + x, c]``). Strided, the
-    subsampled copy is the input. Same sums as ``conv2d_nhwc``."""
+    subsampled copy is the input. ``pair_lanes``: a ``bf16_pairs`` weight, as ``conv2d_nhwc``
+    takes it. Same sums as ``conv2d_nhwc``."""
     from tvm import te, tirx  # noqa: PLC0415
 
+    from amptool.compiler import bf16_pairs  # noqa: PLC0415
+
     batch, height, width, _ = (int(d) for d in data.shape)
-    blocks, _, _, in_channels, block = (int(d) for d in packed.shape)
+    blocks, _, _, in_channels, _ = (int(d) for d in packed.shape)
+    block = bf16_pairs.block_of(packed)
     sh, sw = strides
     out_h, out_w = (height - 1) // sh + 1, (width - 1) // sw + 1
     src = (_subsampled(data, sh, sw, out_h, out_w, out_w, out_dtype) if (sh, sw) != (1, 1)
@@ -221,10 +225,14 @@ def pointwise_nhwc(data: Any, packed: Any, *, strides: list[int], positions: int
         q = p if positions == last + 1 else tirx.min(p, last)
         return q // out_w, q % out_w
 
+    def weight(c: Any) -> Any:
+        if pair_lanes:
+            return bf16_pairs.read(packed, (c // block, 0, 0, rc), c % block, pair_lanes)
+        return packed[c // block, 0, 0, rc, c % block].astype(out_dtype)
+
     conv = te.compute(
         (batch, positions, blocks * block),
-        lambda n, p, c: te.sum(src[(n, *position(p), rc)] * packed[c // block, 0, 0, rc, c % block].astype(out_dtype),
-                               axis=[rc]),
+        lambda n, p, c: te.sum(src[(n, *position(p), rc)] * weight(c), axis=[rc]),
         name=CONV2D_NHWC_BLOCK,
     )
     rows = te.compute((batch, out_h, out_w, blocks * block), lambda n, y, x, c: conv[n, y * out_w + x, c],
