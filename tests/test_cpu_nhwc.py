@@ -438,8 +438,9 @@ def test_dense_pointwise_convs_tile_runs_of_positions() -> None:
     per FMA) where rows of 14 columns take 2 × 14 (0.57); at 7² (49, no divisor the registers hold)
     4 × 5 over 50 positions, not 2 × 7 (0.64); Inception's 17² 4 × 5 over 290, not a cropped 3 × 9.
     None where rows already reach the floor (28², 56², three vectors × 7 at 7²), for one vector's
-    tiles or a single row. AVX2: only a flat tile with at least the row tile's accumulators — 7²
-    as 2 × 5 over 50 (2 × 4 rows: 8), not 14² as 2 × 4 (2 × 5 rows: 10)."""
+    tiles or a single row. AVX2: the flat tile of least waste with at least the row tile's
+    accumulators — 7² as 2 × 5 over 50 (2 × 4 rows: 8), 14² as 2 × 6 over 198, not 2 × 4 (2 × 5
+    rows: 10); none where the rows divide (28²: 2 × 4)."""
     from amptool.compiler.cpu_kernels import flat_tile
 
     assert flat_tile(16, 16, 14, 14) == (4, 4, 196) and flat_tile(64, 16, 14, 14) == (4, 4, 196)
@@ -447,8 +448,41 @@ def test_dense_pointwise_convs_tile_runs_of_positions() -> None:
     assert flat_tile(12, 16, 17, 17) == (4, 5, 290)
     for blocks, height, width in ((16, 28, 28), (16, 56, 56), (60, 7, 7), (1, 14, 14), (5, 14, 14), (16, 1, 14)):
         assert flat_tile(blocks, 16, height, width) is None, (blocks, height, width)
-    assert flat_tile(16, 8, 14, 14) is None and flat_tile(32, 8, 14, 14) is None
+    assert flat_tile(16, 8, 14, 14) == (2, 6, 198) and flat_tile(32, 8, 14, 14) == (2, 6, 198)
     assert flat_tile(64, 8, 7, 7) == (2, 5, 50) and flat_tile(256, 8, 7, 7) == (2, 5, 50)
+    assert flat_tile(16, 8, 28, 28) is None
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_weight_heavy_convs_with_taps_tile_runs_of_positions_on_avx2(tmp_path, dtype):
+    """On AVX2 a conv whose weights outweigh its activations twice over — 3×3 ones too, strided or
+    dilated — is computed over its 7² map as one run of 50 positions, 2 vectors × 5 a tile (a row
+    of 7 took 2 × 4 + 2 × 3, the 3-column tile starving the FMA pipes); not on AVX-512, where only
+    1×1 convs go flat (chunked), nor where the weights do not dominate (28²). The stride, the
+    dilation's reach into the padding and the residual epilogue give onnxruntime's values."""
+    rng = np.random.default_rng(21)
+    inits = [numpy_helper.from_array((rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32), n)
+             for n, shape in (("wa", (128, 64, 3, 3)), ("wb", (128, 128, 3, 3)))]
+    nodes = [helper.make_node("Conv", ["x", "wa"], ["a"], strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["a"], ["r"]),
+             helper.make_node("Conv", ["r", "wb"], ["b"], dilations=[2, 2], pads=[2, 2, 2, 2]),
+             helper.make_node("Add", ["b", "r"], ["s"]),
+             helper.make_node("Relu", ["s"], ["y"])]
+    graph = helper.make_graph(nodes, "taps", [info("x", [1, 64, 14, 14])], [info("y", [1, 128, 7, 7])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    path = tmp_path / "taps.onnx"
+    onnx.save(model, str(path))
+    flat = r"T\.sblock_alloc_buffer\(\(T\.int64\(1\), T\.int64\(50\), T\.int64\(128\)\)"
+    for mcpu, flat_convs in (("haswell", 2), ("icelake-server", 0)):
+        convs = [k for k in scheduled_kernels(str(path), dtype, mcpu) if '"amp_conv2d_nhwc_init"' in k]
+        assert len(convs) == 2 and sum(bool(re.search(flat, k)) for k in convs) == flat_convs, (mcpu, convs)
+    x = rng.standard_normal((1, 64, 14, 14)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    amptool.convert(path, dtype=dtype, output=tmp_path / "out")
+    got = np.asarray(amptool.load(tmp_path / "out").run({"x": x})["y"], dtype=np.float32)
+    tolerance = 1e-5 if dtype == "float32" else 3e-2
+    np.testing.assert_allclose(got, want, rtol=0, atol=tolerance * float(np.abs(want).max()))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])

@@ -293,26 +293,28 @@ def _tile_cost(vectors: int, columns: int, width: int) -> float:
 
 
 def flat_tile(blocks: int, lanes: int, height: int, width: int) -> tuple[int, int, int] | None:
-    """(channel vectors, positions per tile, positions computed) of a register tile over a dense
-    1×1 conv's map read as one run of ``height * width`` positions, when it costs fewer loads per
-    useful FMA than ``tile_vectors``' tile on rows of ``width``; else None. Positions per tile: the
-    largest divisor of the map's size the registers hold beside the tile's weight vectors and
-    broadcast (as ``nhwc_columns``), or the tile of at least half that wasting fewest positions —
-    the kernel computes a multiple of it (``cpu_nhwc.pointwise_nhwc``), the extra ones dropped in
-    the epilogue's read, not by a pass of their own.
+    """(channel vectors, positions per tile, positions computed) of a register tile over a conv's
+    map read as one run of ``height * width`` output positions (``_flat_map`` says which convs),
+    when it costs fewer loads per useful FMA than ``tile_vectors``' tile on rows of ``width``; else
+    None. Positions per tile: the largest divisor of the map's size the registers hold beside the
+    tile's weight vectors and broadcast (as ``nhwc_columns``), or the tile of at least half that
+    wasting fewest positions — the kernel computes a multiple of it (``cpu_nhwc.flat_nhwc``), the
+    extra ones dropped in the epilogue's read, not by a pass of their own.
 
-    Why: a 1×1 conv's input and output positions lie in one contiguous run, so a tile may span
-    rows. ResNet-50's 14-column rows took 2 vectors × 14 columns (0.57 loads per FMA), as four
-    vectors' tiles (up to 6 columns) crop; its 196 positions take 4 × 4 (0.5). 1024 → 256 and
-    256 → 1024 at 14², per-kernel minima alternated on an Ice Lake core: 7% faster at one thread,
-    4–8% at two (chunked as ``cpu_schedules_nhwc.WEIGHT_CHUNK_SHARE`` has it). Its 7² maps (49
-    positions: 2 × 7, 0.64) take 4 × 5 over 50. With AVX-512 a flat tile's conv runs chunked
+    Why: a tile of consecutive positions may span rows (each position's input is found on its own),
+    so a row length no tile divides costs no cropped columns. ResNet-50's 14-column rows took 2
+    vectors × 14 columns (0.57 loads per FMA), as four vectors' tiles (up to 6 columns) crop; its
+    196 positions take 4 × 4 (0.5). 1024 → 256 and 256 → 1024 at 14², per-kernel minima
+    alternated on an Ice Lake core: 7% faster at one thread, 4–8% at two (chunked as
+    ``cpu_schedules_nhwc.WEIGHT_CHUNK_SHARE`` has it). Its 7² maps (49 positions: 2 × 7, 0.64)
+    take 4 × 5 over 50. With AVX-512 a flat tile's conv runs chunked
     (``cpu_schedules_nhwc.flat_tile_loops``; its epilogue follows a channel block's whole map).
 
-    AVX2 (16 registers): only a flat tile holding at least the row tile's accumulators, unchunked.
-    Zen 3 needs 8+ FMAs in flight per core: ResNet-50's 7² maps as 2 × 5 over 50 positions instead
-    of 2 × 4 over 8 of every 7 columns ran 0.81–0.94×; its 14² maps as 2 × 4 flat (8 accumulators)
-    instead of 2 × 5 rows (10) ran 1.15–1.30× slower (an AVX2 EPYC, 2 threads, alternated).
+    AVX2 (16 registers): the flat tile of least waste among those holding at least the row tile's
+    accumulators, unchunked. Zen 3 needs 8+ FMAs in flight per core: ResNet-50's 7² maps as 2 × 5
+    over 50 positions instead of 2 × 4 over 8 of every 7 columns ran 0.81–0.94×; its 14² maps as
+    2 × 4 flat (8 accumulators) instead of 2 × 5 rows (10) ran 1.15–1.30× slower (an AVX2 EPYC,
+    2 threads, alternated).
     """
     if height < 2:
         return None
@@ -323,13 +325,19 @@ def flat_tile(blocks: int, lanes: int, height: int, width: int) -> tuple[int, in
     flat = None
     for vectors in _vector_counts(blocks, lanes)[1:]:  # one vector's tiles keep nhwc_columns' caps
         most = min((_vector_registers(lanes) - vectors - 1) // vectors, positions)
-        rows = next((d for d in range(most, 1, -1) if positions % d == 0), None)
-        if rows is None or 3 * rows < 2 * most:
-            rows = min(range(max(2, most // 2), most + 1), key=lambda t: (-(-positions // t) * t, -t))
+        if lanes < 16:  # AVX2: no fewer accumulators in flight than the row tile (see Why), least waste
+            fewest = -(-row * row_columns // vectors)
+            if fewest > most:
+                continue
+            rows = min(range(fewest, most + 1), key=lambda t: (-(-positions // t) * t, -t))
+        else:
+            divisor = next((d for d in range(most, 1, -1) if positions % d == 0), None)
+            if divisor is not None and 3 * divisor >= 2 * most:
+                rows = divisor
+            else:
+                rows = min(range(max(2, most // 2), most + 1), key=lambda t: (-(-positions // t) * t, -t))
         computed = -(-positions // rows) * rows
         cost = max(LOADS_PER_FMA, 1 / vectors + 1 / rows) * computed / positions
-        if lanes < 16 and vectors * rows < row * row_columns:
-            continue  # AVX2: fewer accumulators in flight than the row tile (see Why)
         if cost < best - 1e-9:  # a tie keeps the rows
             best, flat = cost, (vectors, rows, computed)
     return flat
@@ -583,12 +591,12 @@ def _legalize_conv2d_nhwc(bb: Any, call: Any, w: np.ndarray, geometry: dict[str,
         # packed kernel at all.
         block = lanes
         w = _zero_filters(w, block)
-    flat = flat_tile(w.shape[0] // lanes, lanes, *_dense_pointwise_map(data, w, geometry)) if block == lanes else None
+    flat = flat_tile(w.shape[0] // lanes, lanes, *_flat_map(data, w, geometry, lanes)) if block == lanes else None
     if flat is not None:
         vectors, _, positions = flat
-        return _call_packed(bb, cpu_nhwc.pointwise_nhwc, data, cpu_nhwc.pack_conv_weight(w, lanes * vectors), weight,
-                            vectors, strides=geometry["strides"], positions=positions, out_dtype=out_dtype,
-                            out_channels=out_channels, primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BLOCK)
+        return _call_packed(bb, cpu_nhwc.flat_nhwc, data, cpu_nhwc.pack_conv_weight(w, lanes * vectors), weight,
+                            vectors, **geometry, positions=positions, out_dtype=out_dtype, out_channels=out_channels,
+                            primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BLOCK)
     vectors = 1
     if block == lanes:
         vectors = tile_vectors(w.shape[0] // lanes, lanes, out_w)
@@ -617,24 +625,40 @@ def _call_packed(bb: Any, compute: Callable[..., Any], data: Any, packed: np.nda
 
 #: Weight bytes over a conv kernel's other bytes from which its schedule reduces over chunks of
 #: input channels (``cpu_schedules_nhwc._weight_chunk``), and from which a dense 1×1 conv may
-#: take a flat tile (``_dense_pointwise_map``), whose epilogue needs that chunked order.
+#: take a flat tile with AVX-512 (``_flat_map``), whose epilogue needs that chunked order.
 CHUNK_WEIGHTS = 0.5
 
 
-def _dense_pointwise_map(data: Any, w: np.ndarray, geometry: dict[str, list[int]]) -> tuple[int, int]:
-    """(out_h, out_w) of an unpadded 1×1 conv whose kernel reads its input (or, strided, the
-    subsampled copy) as one run of positions and whose weights are chunked (``flat_tile``); (1, 0)
-    for any other conv.
+#: Weight bytes over a conv kernel's other bytes above which it walks its channel blocks outermost
+#: (``cpu_schedules_nhwc._weights_dominate``), and above which, on AVX2, it may take a flat tile.
+WEIGHTS_DOMINATE = 2.0
 
-    Why chunked only: the flat tile's epilogue must follow a channel block's whole map (see
-    ``cpu_schedules_nhwc.flat_tile_loops``), which the chunked order does anyway, with every channel
-    block in parallel; the weights of a conv chunked so outweigh half its input and output.
+
+def _flat_map(data: Any, w: np.ndarray, geometry: dict[str, list[int]], lanes: int) -> tuple[int, int]:
+    """(out_h, out_w) of a conv that may be computed over its map as one run of positions
+    (``flat_tile``, ``cpu_nhwc.flat_nhwc``); (1, 0) for any other conv.
+
+    AVX-512: unpadded 1×1 convs whose weights outweigh half their input and output
+    (``CHUNK_WEIGHTS``): their flat tile runs chunked, and its epilogue must follow a channel block's
+    whole map (see ``cpu_schedules_nhwc.flat_tile_loops``), which the chunked order does anyway.
+    AVX2 (unchunked): any dense conv whose weights outweigh ``WEIGHTS_DOMINATE`` times its input and
+    output, the convs that walk their channel blocks outermost in any case — a flat tile walks each
+    block over the whole map. ResNet-50's 3×3 convs at 7² (2 × 4 + 2 × 3 tiles a row) ran 0.84–0.87×
+    as 2 × 5 over 50 positions, at 14² (5 + 5 + 4) 0.92–1.02× as 2 × 6 over 198; at 28², where the
+    weights do not dominate, 1.05–1.20×; its 14² 1×1 256 → 1024 (weights level with the rest)
+    1.2× (an AVX2 EPYC, 2 threads, per-call minima alternated).
     """
-    if w.shape[2:] != (1, 1) or any(geometry["padding"]) or any(d != 1 for d in geometry["dilation"]):
-        return 1, 0
-    (sh, sw), (_, height, width, channels) = geometry["strides"], (int(d) for d in data.ty.shape)
-    out_h, out_w = (height - 1) // sh + 1, (width - 1) // sw + 1
-    if w.size < CHUNK_WEIGHTS * (height * width * channels + out_h * out_w * w.shape[0]):
+    _, height, width, channels = (int(d) for d in data.ty.shape)
+    kh, kw = w.shape[2:]
+    top, left, bottom, right = geometry["padding"]
+    (sh, sw), (dh, dw) = geometry["strides"], geometry["dilation"]
+    out_h = (height + top + bottom - (kh - 1) * dh - 1) // sh + 1
+    out_w = (width + left + right - (kw - 1) * dw - 1) // sw + 1
+    activations = height * width * channels + out_h * out_w * w.shape[0]
+    if lanes >= 16:
+        if (kh, kw) != (1, 1) or any(geometry["padding"]) or w.size < CHUNK_WEIGHTS * activations:
+            return 1, 0
+    elif w.size <= WEIGHTS_DOMINATE * activations:
         return 1, 0
     return out_h, out_w
 

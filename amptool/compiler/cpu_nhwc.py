@@ -7,8 +7,8 @@ layers between them; ``cpu_kernels`` legalizes each NHWC ``relax.nn.conv2d`` her
   w[c/B, ry, rx, rc, c%B]``, the weight packed at compile time so that ``B`` output channels
   (one vector) are adjacent; register tile ``T`` columns × ``B`` channels, one broadcast input
   and one vector weight load per ``T`` FMAs.
-  An unpadded 1×1 conv with chunked weights may instead run over its map as one run of
-  positions, ``out[n, p, c]`` (``pointwise_nhwc``), its tile spanning rows (``cpu_kernels.flat_tile``).
+  A conv whose weights outweigh its activations may instead run over its map as one run of
+  positions, ``out[n, p, c]`` (``flat_nhwc``), its tile spanning rows (``cpu_kernels.flat_tile``).
 * ``amp_conv2d_nhwc_bf16`` — the same tile for bfloat16 on CPUs with AVX512-BF16: input
   channels in pairs (adjacent in NHWC), weight ``[OC/16, KH, KW, IC/2, 16, 2]``, each
   16-channel × pair step one ``vdpbf16ps`` (:mod:`amptool.compiler.cpu_intrinsics`).
@@ -199,40 +199,47 @@ def conv2d_nhwc(data: Any, packed: Any, *, strides: list[int], padding: list[int
     return _crop_channels(_crop(conv, out_w), out_channels)
 
 
-def pointwise_nhwc(data: Any, packed: Any, *, strides: list[int], positions: int, out_dtype: str,
-                   out_channels: int | None = None, pair_lanes: int | None = None) -> Any:
-    """An unpadded 1×1 conv as a product over one run of positions (``cpu_kernels.flat_tile``):
-    ``out[n, p, c] = Σ_rc in[n, p, rc] · w[c/B, 0, 0, rc, c%B]`` for ``positions`` ≥ the map's
-    (a multiple of the register tile; the ones past the map read its last and are dropped), then
-    read back as ``[n, y, x, c]`` (the epilogue reads ``out[n, y·W + x, c]``). Strided, the
-    subsampled copy is the input. ``pair_lanes``: a ``bf16_pairs`` weight, as ``conv2d_nhwc``
-    takes it. Same sums as ``conv2d_nhwc``."""
+def flat_nhwc(data: Any, packed: Any, *, strides: list[int], padding: list[int], dilation: list[int],
+              positions: int, out_dtype: str, out_channels: int | None = None, pair_lanes: int | None = None) -> Any:
+    """A conv as a product over one run of output positions (``cpu_kernels.flat_tile``): ``out[n, p,
+    c] = Σ in[n, y·sh + ry·dh, x·sw + rx·dw, rc] · w[c/B, ry, rx, rc, c%B]`` with ``(y, x)`` the
+    ``p``-th position of the map, for ``positions`` ≥ the map's (a multiple of the register tile;
+    the ones past the map read its last and are dropped), then read back as ``[n, y, x, c]`` (the
+    epilogue reads ``out[n, y·W + x, c]``). An unpadded 1×1 conv reads its input (strided: the
+    subsampled copy) with no tap loops; any other the padded copy. ``pair_lanes``: a ``bf16_pairs``
+    weight, as ``conv2d_nhwc`` takes it. Same sums as ``conv2d_nhwc``."""
     from tvm import te, tirx  # noqa: PLC0415
 
     from amptool.compiler import bf16_pairs  # noqa: PLC0415
 
     batch, height, width, _ = (int(d) for d in data.shape)
-    blocks, _, _, in_channels, _ = (int(d) for d in packed.shape)
+    blocks, kh, kw, in_channels, _ = (int(d) for d in packed.shape)
     block = bf16_pairs.block_of(packed)
-    sh, sw = strides
-    out_h, out_w = (height - 1) // sh + 1, (width - 1) // sw + 1
-    src = (_subsampled(data, sh, sw, out_h, out_w, out_w, out_dtype) if (sh, sw) != (1, 1)
-           else _padded(data, 0, 0, 0, 0, out_dtype, NHWC_PAD_BLOCK))
+    out_h, out_w, _, _ = _geometry(height, width, kh, kw, padding, strides, dilation, 1)
+    (sh, sw), (dh, dw) = strides, dilation
+    if (kh, kw) == (1, 1) and not any(padding) and (sh, sw) != (1, 1):
+        src = _subsampled(data, sh, sw, out_h, out_w, out_w, out_dtype)
+        sh = sw = 1
+    else:
+        top, left, bottom, right = padding
+        src = _padded(data, top, left, bottom, right, out_dtype, NHWC_PAD_BLOCK)
     last = out_h * out_w - 1
+    taps = [] if (kh, kw) == (1, 1) else [te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx")]
+    ry, rx = taps or (0, 0)
     rc = te.reduce_axis((0, in_channels), "rc")
 
     def position(p: Any) -> tuple[Any, Any]:
         q = p if positions == last + 1 else tirx.min(p, last)
-        return q // out_w, q % out_w
+        return q // out_w * sh + ry * dh, q % out_w * sw + rx * dw
 
     def weight(c: Any) -> Any:
         if pair_lanes:
-            return bf16_pairs.read(packed, (c // block, 0, 0, rc), c % block, pair_lanes)
-        return packed[c // block, 0, 0, rc, c % block].astype(out_dtype)
+            return bf16_pairs.read(packed, (c // block, ry, rx, rc), c % block, pair_lanes)
+        return packed[c // block, ry, rx, rc, c % block].astype(out_dtype)
 
     conv = te.compute(
         (batch, positions, blocks * block),
-        lambda n, p, c: te.sum(src[(n, *position(p), rc)] * weight(c), axis=[rc]),
+        lambda n, p, c: te.sum(src[(n, *position(p), rc)] * weight(c), axis=[*taps, rc]),
         name=CONV2D_NHWC_BLOCK,
     )
     rows = te.compute((batch, out_h, out_w, blocks * block), lambda n, y, x, c: conv[n, y * out_w + x, c],

@@ -20,7 +20,7 @@ from typing import Any
 
 from amptool.compiler.bf16_pairs import block_of
 from amptool.compiler.cpu_depthwise import INTERIOR_ATTR
-from amptool.compiler.cpu_kernels import CHUNK_WEIGHTS, flat_tile, nhwc_columns
+from amptool.compiler.cpu_kernels import CHUNK_WEIGHTS, WEIGHTS_DOMINATE, flat_tile, nhwc_columns
 from amptool.compiler.cpu_nhwc import CONV2D_NHWC_BLOCK, DEPTHWISE_NHWC_BLOCK, NHWC_PAD_BLOCK, ragged_row
 from amptool.compiler.cpu_schedules import (
     Tiling,
@@ -90,17 +90,18 @@ def _fewer_steps(sch: Any, loops: list[Any]) -> bool:
 
 def flat_tile_loops(sch: Any, conv: Any, block: int,
                     tiling: Tiling) -> tuple[list[Any], list[Any], Any, Any, Any] | None:
-    """``cpu_nhwc.pointwise_nhwc``'s ``n, p, c | rc`` as ``n, c/B, rc/K, p/T | K | T, B`` (its
-    ``cpu_kernels.flat_tile``; ``K`` from ``_weight_chunk``, without chunks ``n, c/B, p/T | rc |
-    T, B``), the epilogue after each channel block's whole map: under a tile of positions that
-    spans two rows it would cover both rows whole (MobileNetV2's 384 → 64 at 14², 1.6× slower so).
-    Returns what ``nhwc_tile`` does; None when the tile is not the one planned."""
-    n, p, c, rc = sch.get_loops(conv)
-    src = sch.get(conv).reads[0].source
+    """``cpu_nhwc.flat_nhwc``'s ``n, p, c | taps, rc`` as ``n, c/B, rc/K, p/T | taps, K | T, B``
+    (its ``cpu_kernels.flat_tile``; ``K`` from ``_weight_chunk``, without chunks ``n, c/B, p/T |
+    taps, rc | T, B``), the epilogue after each channel block's whole map: under a tile of positions
+    that spans two rows it would cover both rows whole (MobileNetV2's 384 → 64 at 14², 1.6× slower
+    so). Returns what ``nhwc_tile`` does; None when the tile is not the one planned."""
+    n, p, c, *taps, rc = sch.get_loops(conv)
+    rows_block = sch.get_consumers(conv)[0]  # [n, y, x, c]: the map's shape
+    height, width = (int(d) for d in sch.get(rows_block).writes[0].source.shape[1:3])
     channels = _extent(sch, c)
     if channels is None or channels % tiling.lanes:
         return None
-    flat = flat_tile(channels // tiling.lanes, tiling.lanes, int(src.shape[1]), int(src.shape[2]))
+    flat = flat_tile(channels // tiling.lanes, tiling.lanes, height, width)
     if flat is None or flat[0] * tiling.lanes != block or flat[2] != _extent(sch, p):
         return None
     co, ci = sch.split(c, [None, block])
@@ -108,13 +109,12 @@ def flat_tile_loops(sch: Any, conv: Any, block: int,
     # Chunks measured with AVX-512 only (on AVX2 they slowed every chunked conv: benchmarks/README).
     chunk = _weight_chunk(sch, conv, block, tiling, planned=True) if tiling.lanes >= 16 else None
     if chunk is None:
-        sch.reorder(n, co, po, rc, pi, ci)
-        reductions = [rc]
+        sch.reorder(n, co, po, *taps, rc, pi, ci)
+        reductions = [*taps, rc]
     else:
         rco, rci = sch.split(rc, [None, chunk])
-        sch.reorder(n, co, rco, po, rci, pi, ci)
-        reductions = [rco, rci]
-    height, width = (int(d) for d in src.shape[1:3])
+        sch.reorder(n, co, rco, po, *taps, rci, pi, ci)
+        reductions = [rco, *taps, rci]
     # The steps writing the map (an injective step of another shape, if fusion ever brought one,
     # stays at the root for the leftover rule).
     chain = list(itertools.takewhile(lambda step: _writes_map(sch, step, height, width), _epilogue_chain(sch, conv)))
@@ -250,10 +250,6 @@ def _weight_chunk(sch: Any, conv: Any, block: int, tiling: Tiling, planned: bool
     return next((d for d in range(channels - 1, 7, -1) if channels % d == 0 and d * per_channel <= budget), None)
 
 
-#: Weight bytes over the kernel's other bytes above which a conv walks channel blocks outermost.
-WEIGHTS_DOMINATE = 2.0
-
-
 def _weights_dominate(sch: Any, conv: Any, ratio: float = WEIGHTS_DOMINATE) -> bool:
     """Whether the conv's loop over channel blocks should go outside its loop over rows (weights
     over ``ratio`` times the other bytes).
@@ -280,7 +276,7 @@ def nhwc_conv2d(sch: Any, tiling: Tiling) -> Any | None:
     if conv is None:
         return None
     block = block_of(sch.get(conv).reads[1].source)
-    if len(sch.get_loops(conv)) == 4:  # n, p, c | rc
+    if len(sch.get(conv).writes[0].source.shape) == 3:  # flat_nhwc's [n, p, c]
         tiled = flat_tile_loops(sch, conv, block, tiling)
     else:
         tiled = nhwc_tile(sch, conv, block, tiling, chunk_weights=True)
