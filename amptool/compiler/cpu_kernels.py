@@ -361,6 +361,12 @@ def matmul_row_cap(lanes: int, vectors: int) -> int:
 #: crops) when that tile holds at least this many times the accumulators of the best exact one.
 PAD_ROWS_GAIN = 1.5
 
+#: ``PAD_ROWS_GAIN`` on AVX2, where the best exact tile of a row count such as 128 is 2 vectors × 4
+#: rows, 8 accumulators: just the FMAs Zen 3 keeps in flight, so any stall idles a pipe. BERT-base's
+#: 128-row products as 2 × 6 over 132 rows ran 0.96–0.97× (kernel sums 147.4 → 142.7 and 141.3 →
+#: 137.2 ms, outputs bit-identical; 2 × 5 over 130, 0.96×); an AVX2 EPYC, 2 threads, alternated.
+PAD_ROWS_GAIN_AVX2 = 1.3
+
 
 def _exact_rows(rows: int, vectors: int, lanes: int) -> int:
     """Rows of the largest tile of ``vectors`` column vectors that divides ``rows``."""
@@ -380,7 +386,7 @@ def matmul_tile(rows: int, blocks: int, lanes: int) -> tuple[int, int]:
     ``blocks`` vectors of columns. Vectors: of the divisors of ``blocks`` up to 4 (AVX-512) or 2
     (AVX2), the one whose tile of rows (a divisor of ``rows`` within ``matmul_row_cap``) holds the
     most accumulators, the more vectors on a tie (fewer broadcasts per FMA). Rows: ``rows``, unless
-    padding them (``PAD_ROWS_GAIN``) fills the tile; the kernel then crops.
+    padding them (``PAD_ROWS_GAIN``, ``PAD_ROWS_GAIN_AVX2``) fills the tile; the kernel then crops.
 
     Why the vectors: two vectors × 8 rows left 16 accumulators and one broadcast per two FMAs;
     BERT-base's 128-row projections as 3 vectors × 8 rows: fp32 153.9 → 140.6 ms (2 threads,
@@ -395,7 +401,8 @@ def matmul_tile(rows: int, blocks: int, lanes: int) -> tuple[int, int]:
     exact = max(candidates, key=lambda v: (v * _exact_rows(rows, v, lanes), v))
     padded = max(candidates, key=lambda v: (_padded_rows(rows, v, lanes)[1], v))
     padded_rows, useful = _padded_rows(rows, padded, lanes)
-    if useful >= PAD_ROWS_GAIN * exact * _exact_rows(rows, exact, lanes):
+    gain = PAD_ROWS_GAIN if lanes >= 16 else PAD_ROWS_GAIN_AVX2
+    if useful >= gain * exact * _exact_rows(rows, exact, lanes):
         return padded, padded_rows
     return exact, rows
 
