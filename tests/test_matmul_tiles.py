@@ -10,8 +10,7 @@ import numpy as np
 import onnx.parser
 import pytest
 
-from amptool import _tvm
-from amptool.compiler.cpu_kernels import matmul_row_cap, matmul_tile, vector_lanes
+from amptool.compiler.cpu_kernels import matmul_row_cap, matmul_tile
 from tests.conftest import scheduled_kernels
 from tests.onnx_checks import onnxruntime_and_amptool
 
@@ -60,26 +59,6 @@ def test_prime_row_counts_are_padded_and_others_are_not(lanes: int) -> None:
         assert matmul_tile(128, 48, 8) == (2, 132) and matmul_tile(196, 48, 8) == (2, 198)
 
 
-def test_avx2_tiles_over_several_batch_items_keep_eight_accumulators(tmp_path: Path) -> None:
-    """On AVX2 the rows of several batch items (one fused loop) take tiles of at most 8
-    accumulators — LLVM kept some of a 2 × 6 tile's in memory there (1.8× slower) — and are not
-    padded to reach more; one item's rows may (BERT's 128 as 132). The kernel a haswell target
-    schedules for 56 items × 60 rows takes 4-row tiles, and its values are onnxruntime's."""
-    assert matmul_row_cap(8, 2, 56) == 4 and matmul_row_cap(8, 2) == 6 and matmul_row_cap(16, 2, 56) == 14
-    assert matmul_tile(60, 48, 8, 56) == (2, 60) and matmul_tile(56, 48, 8, 56) == (2, 56)
-    assert matmul_tile(128, 48, 8, 1) == (2, 132)
-    path = _save(tmp_path, f"""
-        <ir_version: 8, opset_import: ["" : 17]>
-        g (float[1, 7, 60, 96] x) => (float[1, 7, 60, 64] y) <float[96, 64] w = {{{_values(96 * 64, 4)}}}> {{
-            y = MatMul(x, w)
-        }}""")
-    (kernel,) = [k for k in scheduled_kernels(path, "float32", "haswell") if '"amp_matmul_init"' in k]
-    assert "in T.unroll(T.int64(4))" in kernel and "in T.unroll(T.int64(6))" not in kernel, kernel
-    x = np.random.default_rng(6).standard_normal((1, 7, 60, 96)).astype(np.float32)
-    want, got = onnxruntime_and_amptool(path, {"x": x})
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-
-
 @pytest.mark.parametrize("batch", [1, 2])
 def test_a_prime_row_count_matches_onnxruntime(tmp_path: Path, batch: int) -> None:
     """197 rows computed as 198 and cropped, with a bias and GELU-like epilogue; two items must not
@@ -93,9 +72,7 @@ def test_a_prime_row_count_matches_onnxruntime(tmp_path: Path, batch: int) -> No
             y = Tanh(s)
         }}""")
     text = "\n".join(scheduled_kernels(path, "float32"))
-    lanes = vector_lanes(_tvm.make_target({"kind": "llvm", "mcpu": _tvm.host_cpu()}))
-    padded = matmul_tile(197, 96 // lanes, lanes, batch)[1]  # 198; 200 (2 × 4 tiles) for two items on AVX2
-    assert padded > 197 and f"T.int64({padded})" in text  # the padded rows
+    assert "T.int64(198)" in text  # the padded rows
     x = np.random.default_rng(3).standard_normal((batch, 197, 64)).astype(np.float32)
     want, got = onnxruntime_and_amptool(path, {"x": x})
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

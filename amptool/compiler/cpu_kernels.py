@@ -348,23 +348,13 @@ def _vector_registers(lanes: int) -> int:
     return 32 if lanes >= 16 else 16
 
 
-def matmul_row_cap(lanes: int, vectors: int, items: int = 1) -> int:
+def matmul_row_cap(lanes: int, vectors: int) -> int:
     """Rows a packed-matmul register tile of ``vectors`` column vectors may take: the accumulator
     budget for one vector; for several, the registers beside their weight vectors and the
-    broadcast row value (as ``nhwc_columns``) — on AVX2, for the rows of several batch ``items``
-    (one loop over items × rows), no more than the accumulator budget.
-
-    Why the AVX2 limit: over a loop of several items' rows LLVM kept some of a 2 × 6 or 2 × 5 tile's
-    accumulators in memory, a store and a load around each of their FMAs (56 items × 60 rows ×
-    96 · 96 × 384: 2 × 6 3.64 ms, 2 × 5 4.13, 2 × 4 2.03; ConvNeXt's 56 × 56-row MLPs padded to
-    2 × 6 over 60 rows ran 1.8–2.3× slower; an AVX2 EPYC, 2 threads). One item's rows keep all 12
-    in registers."""
+    broadcast row value (as ``nhwc_columns``)."""
     if vectors == 1:
         return accumulator_budget(lanes)
-    cap = (_vector_registers(lanes) - vectors - 1) // vectors
-    if items > 1 and lanes < 16:
-        cap = min(cap, max(1, accumulator_budget(lanes) // vectors))
-    return cap
+    return (_vector_registers(lanes) - vectors - 1) // vectors
 
 
 #: A matmul computes padded rows (a multiple of a register tile that does not divide them, then
@@ -378,25 +368,24 @@ PAD_ROWS_GAIN = 1.5
 PAD_ROWS_GAIN_AVX2 = 1.3
 
 
-def _exact_rows(rows: int, vectors: int, lanes: int, items: int = 1) -> int:
+def _exact_rows(rows: int, vectors: int, lanes: int) -> int:
     """Rows of the largest tile of ``vectors`` column vectors that divides ``rows``."""
-    cap = matmul_row_cap(lanes, vectors, items)
+    cap = matmul_row_cap(lanes, vectors)
     return next(d for d in range(min(cap, rows), 0, -1) if rows % d == 0)
 
 
-def _padded_rows(rows: int, vectors: int, lanes: int, items: int = 1) -> tuple[int, float]:
+def _padded_rows(rows: int, vectors: int, lanes: int) -> tuple[int, float]:
     """``rows`` rounded up to the fewest tiles the registers allow (each as narrow as that count
     permits), and the tile's useful accumulators."""
-    tiles = -(-rows // matmul_row_cap(lanes, vectors, items))
+    tiles = -(-rows // matmul_row_cap(lanes, vectors))
     return tiles * -(-rows // tiles), vectors * rows / tiles
 
 
-def matmul_tile(rows: int, blocks: int, lanes: int, items: int = 1) -> tuple[int, int]:
-    """(column vectors, rows computed) of a packed-matmul register tile for ``rows`` rows of each of
-    ``items`` batch items and ``blocks`` vectors of columns. Vectors: of the divisors of ``blocks``
-    up to 4 (AVX-512) or 2 (AVX2), the one whose tile of rows (a divisor of ``rows`` within
-    ``matmul_row_cap``) holds the most accumulators, the more vectors on a tie (fewer broadcasts
-    per FMA). Rows: ``rows``, unless
+def matmul_tile(rows: int, blocks: int, lanes: int) -> tuple[int, int]:
+    """(column vectors, rows computed) of a packed-matmul register tile for ``rows`` rows and
+    ``blocks`` vectors of columns. Vectors: of the divisors of ``blocks`` up to 4 (AVX-512) or 2
+    (AVX2), the one whose tile of rows (a divisor of ``rows`` within ``matmul_row_cap``) holds the
+    most accumulators, the more vectors on a tie (fewer broadcasts per FMA). Rows: ``rows``, unless
     padding them (``PAD_ROWS_GAIN``, ``PAD_ROWS_GAIN_AVX2``) fills the tile; the kernel then crops.
 
     Why the vectors: two vectors × 8 rows left 16 accumulators and one broadcast per two FMAs;
@@ -409,18 +398,18 @@ def matmul_tile(rows: int, blocks: int, lanes: int, items: int = 1) -> tuple[int
         return 1, rows
     most = 4 if lanes >= 16 else 2
     candidates = [v for v in range(1, min(most, blocks) + 1) if blocks % v == 0]
-    exact = max(candidates, key=lambda v: (v * _exact_rows(rows, v, lanes, items), v))
-    padded = max(candidates, key=lambda v: (_padded_rows(rows, v, lanes, items)[1], v))
-    padded_rows, useful = _padded_rows(rows, padded, lanes, items)
+    exact = max(candidates, key=lambda v: (v * _exact_rows(rows, v, lanes), v))
+    padded = max(candidates, key=lambda v: (_padded_rows(rows, v, lanes)[1], v))
+    padded_rows, useful = _padded_rows(rows, padded, lanes)
     gain = PAD_ROWS_GAIN if lanes >= 16 else PAD_ROWS_GAIN_AVX2
-    if useful >= gain * exact * _exact_rows(rows, exact, lanes, items):
+    if useful >= gain * exact * _exact_rows(rows, exact, lanes):
         return padded, padded_rows
     return exact, rows
 
 
-def matmul_vectors(rows: int, blocks: int, lanes: int, items: int = 1) -> int:
+def matmul_vectors(rows: int, blocks: int, lanes: int) -> int:
     """The column vectors of ``matmul_tile``."""
-    return matmul_tile(rows, blocks, lanes, items)[0]
+    return matmul_tile(rows, blocks, lanes)[0]
 
 
 def nhwc_columns(width: int, lanes: int, vectors: int = 1) -> int:
@@ -823,7 +812,7 @@ def _legalize_matmul(bb: Any, call: Any) -> Any:
     rows = a_shape[-2]
     vectors = 1
     if block == lanes:
-        vectors, rows = matmul_tile(rows, n // lanes, lanes, math.prod(a_shape[:-2]))
+        vectors, rows = matmul_tile(rows, n // lanes, lanes)
         block *= vectors
     packed = w.reshape(k, n // block, block).transpose(1, 0, 2)
     return _call_packed(bb, _matmul_packed, a, packed, b, vectors, n=n, out_dtype=out_dtype, rows=rows,
@@ -892,7 +881,7 @@ def _legalize_matmul_of_activations(bb: Any, call: Any, a_shape: list[int], b_sh
         # at one thread: 54 MB more through memory)
         return _default(bb, call)
     blocks = -(-n // lanes)
-    vectors, rows = matmul_tile(m, blocks, lanes, math.prod(a_shape[:-2]))
+    vectors, rows = matmul_tile(m, blocks, lanes)
     return bb.call_te(_matmul_of_activations, call.args[0], b, block=vectors * lanes, rows=rows, out_dtype=out_dtype,
                       primfunc_name_hint=MATMUL_BLOCK)
 

@@ -591,7 +591,7 @@ def packed_matmul(sch: Any, tiling: Tiling) -> Any | None:
     if m_rows is None or None in items:
         return None
     vectors = max(1, block // tiling.lanes)
-    cap = max(1, matmul_row_cap(tiling.lanes, vectors, math.prod(items)))  # type: ignore[arg-type]
+    cap = max(1, matmul_row_cap(tiling.lanes, vectors))
     # A tile of the fused batch×rows loop must not straddle two batch items: the epilogue
     # computed under it then wrote the wrong rows (GPT-2's 2×24-row LM head: cosine 0.92).
     tile = _divisor(m_rows, cap) or 1
