@@ -44,8 +44,8 @@ def _values(count: int, seed: int) -> str:
 def test_prime_row_counts_are_padded_and_others_are_not(lanes: int) -> None:
     """197 rows (a prime) had a one-row tile; padded, the tile fills (ViT-B/16's projections 2.4×
     faster). Row counts with a good divisor keep it: BERT's 128 rows stay 3 vectors × 8 exactly.
-    AVX2 pads sooner (``PAD_ROWS_GAIN_AVX2``): 128 and 196 rows' exact 2 × 4 tiles (8 accumulators)
-    become 2 × 6 over 132 and 198."""
+    AVX2 pads one batch item's rows sooner (``PAD_ROWS_GAIN_AVX2``): 128 and 196 rows' exact 2 × 4
+    tiles (8 accumulators) become 2 × 6 over 132 and 198."""
     for rows in (197, 577, 257):
         vectors, computed = matmul_tile(rows, 48, lanes)
         tile = next(d for d in range(matmul_row_cap(lanes, vectors), 0, -1) if computed % d == 0)
@@ -57,6 +57,9 @@ def test_prime_row_counts_are_padded_and_others_are_not(lanes: int) -> None:
         assert matmul_tile(128, 48, 16) == (3, 128)
     else:
         assert matmul_tile(128, 48, 8) == (2, 132) and matmul_tile(196, 48, 8) == (2, 198)
+        # Several batch items' rows form one loop, where 2 × 6 tiles were slow: the usual gain applies.
+        assert matmul_tile(56, 48, 8, items=56) == (2, 56) and matmul_tile(128, 48, 8, items=2) == (2, 128)
+        assert matmul_tile(49, 12, 8, items=64) == (2, 54)  # Swin's windows: 2 × 6 beat 1 × 7
 
 
 @pytest.mark.parametrize("batch", [1, 2])

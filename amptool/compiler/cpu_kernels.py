@@ -361,10 +361,14 @@ def matmul_row_cap(lanes: int, vectors: int) -> int:
 #: crops) when that tile holds at least this many times the accumulators of the best exact one.
 PAD_ROWS_GAIN = 1.5
 
-#: ``PAD_ROWS_GAIN`` on AVX2, where the best exact tile of a row count such as 128 is 2 vectors × 4
-#: rows, 8 accumulators: just the FMAs Zen 3 keeps in flight, so any stall idles a pipe. BERT-base's
-#: 128-row products as 2 × 6 over 132 rows ran 0.96–0.97× (kernel sums 147.4 → 142.7 and 141.3 →
-#: 137.2 ms, outputs bit-identical; 2 × 5 over 130, 0.96×); an AVX2 EPYC, 2 threads, alternated.
+#: ``PAD_ROWS_GAIN`` on AVX2 for one batch item's rows, where the best exact tile of a row count such
+#: as 128 is 2 vectors × 4 rows, 8 accumulators: just the FMAs Zen 3 keeps in flight, so any stall
+#: idles a pipe. BERT-base's 128-row products as 2 × 6 over 132 rows ran 0.96–0.97× (kernel sums
+#: 147.4 → 142.7 and 141.3 → 137.2 ms, outputs bit-identical; 2 × 5 over 130, 0.96×); an AVX2 EPYC,
+#: 2 threads, alternated. Not over several items, whose rows are one fused loop: there LLVM kept
+#: some of a 2 × 6 tile's accumulators in memory (ConvNeXt's 56 × 56-row MLPs padded to 2 × 6 over
+#: 60 ran 1.8–2.3× slower; a 56 × 60-row product's exact 2 × 6 took 3.64 ms where 2 × 4 took 2.03),
+#: yet Swin's 64 windows × 49 rows ran 1.6× faster as 2 × 6 over 54 than as 1 × 7 (the 1.5 gain).
 PAD_ROWS_GAIN_AVX2 = 1.3
 
 
@@ -381,12 +385,13 @@ def _padded_rows(rows: int, vectors: int, lanes: int) -> tuple[int, float]:
     return tiles * -(-rows // tiles), vectors * rows / tiles
 
 
-def matmul_tile(rows: int, blocks: int, lanes: int) -> tuple[int, int]:
-    """(column vectors, rows computed) of a packed-matmul register tile for ``rows`` rows and
-    ``blocks`` vectors of columns. Vectors: of the divisors of ``blocks`` up to 4 (AVX-512) or 2
-    (AVX2), the one whose tile of rows (a divisor of ``rows`` within ``matmul_row_cap``) holds the
-    most accumulators, the more vectors on a tie (fewer broadcasts per FMA). Rows: ``rows``, unless
-    padding them (``PAD_ROWS_GAIN``, ``PAD_ROWS_GAIN_AVX2``) fills the tile; the kernel then crops.
+def matmul_tile(rows: int, blocks: int, lanes: int, items: int = 1) -> tuple[int, int]:
+    """(column vectors, rows computed) of a packed-matmul register tile for ``rows`` rows of each of
+    ``items`` batch items and ``blocks`` vectors of columns. Vectors: of the divisors of ``blocks``
+    up to 4 (AVX-512) or 2 (AVX2), the one whose tile of rows (a divisor of ``rows`` within
+    ``matmul_row_cap``) holds the most accumulators, the more vectors on a tie (fewer broadcasts
+    per FMA). Rows: ``rows``, unless padding them (``PAD_ROWS_GAIN``, ``PAD_ROWS_GAIN_AVX2``)
+    fills the tile; the kernel then crops.
 
     Why the vectors: two vectors × 8 rows left 16 accumulators and one broadcast per two FMAs;
     BERT-base's 128-row projections as 3 vectors × 8 rows: fp32 153.9 → 140.6 ms (2 threads,
@@ -401,15 +406,15 @@ def matmul_tile(rows: int, blocks: int, lanes: int) -> tuple[int, int]:
     exact = max(candidates, key=lambda v: (v * _exact_rows(rows, v, lanes), v))
     padded = max(candidates, key=lambda v: (_padded_rows(rows, v, lanes)[1], v))
     padded_rows, useful = _padded_rows(rows, padded, lanes)
-    gain = PAD_ROWS_GAIN if lanes >= 16 else PAD_ROWS_GAIN_AVX2
+    gain = PAD_ROWS_GAIN_AVX2 if lanes < 16 and items == 1 else PAD_ROWS_GAIN
     if useful >= gain * exact * _exact_rows(rows, exact, lanes):
         return padded, padded_rows
     return exact, rows
 
 
-def matmul_vectors(rows: int, blocks: int, lanes: int) -> int:
+def matmul_vectors(rows: int, blocks: int, lanes: int, items: int = 1) -> int:
     """The column vectors of ``matmul_tile``."""
-    return matmul_tile(rows, blocks, lanes)[0]
+    return matmul_tile(rows, blocks, lanes, items)[0]
 
 
 def nhwc_columns(width: int, lanes: int, vectors: int = 1) -> int:
@@ -812,7 +817,7 @@ def _legalize_matmul(bb: Any, call: Any) -> Any:
     rows = a_shape[-2]
     vectors = 1
     if block == lanes:
-        vectors, rows = matmul_tile(rows, n // lanes, lanes)
+        vectors, rows = matmul_tile(rows, n // lanes, lanes, math.prod(a_shape[:-2]))
         block *= vectors
     packed = w.reshape(k, n // block, block).transpose(1, 0, 2)
     return _call_packed(bb, _matmul_packed, a, packed, b, vectors, n=n, out_dtype=out_dtype, rows=rows,
@@ -881,7 +886,7 @@ def _legalize_matmul_of_activations(bb: Any, call: Any, a_shape: list[int], b_sh
         # at one thread: 54 MB more through memory)
         return _default(bb, call)
     blocks = -(-n // lanes)
-    vectors, rows = matmul_tile(m, blocks, lanes)
+    vectors, rows = matmul_tile(m, blocks, lanes, math.prod(a_shape[:-2]))
     return bb.call_te(_matmul_of_activations, call.args[0], b, block=vectors * lanes, rows=rows, out_dtype=out_dtype,
                       primfunc_name_hint=MATMUL_BLOCK)
 
