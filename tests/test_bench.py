@@ -135,17 +135,23 @@ def test_onnxruntime_time_matches_a_standalone_session(tmp_path):
     pool: it agrees with a standalone session (same model, threads, inputs) in a fresh process.
     Issue 13 saw ~4x with every runtime in one process; the band is wide because machines are noisy,
     and the fastest runs are compared: another test's build on the same cores (pytest -n 2) slows some
-    runs of either side by as much (a median read 3.6x once), a spinning pool slows every run."""
+    runs of either side by as much (a median read 3.6x once), a spinning pool slows every run. A
+    measurement outside the band is taken again, up to three times: another test's build on the two
+    cores once held every bench run of a round set at 2.03x; a spinning pool fails every attempt."""
     path = str(tmp_path / "encoder.onnx")
     onnx.save(model_zoo.transformer_encoder(vocab=1000, seq=64, d_model=128, heads=4, layers=2), path)
     feeds = seeded_feeds(path)
-    alone = standalone_onnxruntime_ms(path, feeds, threads=2, runs=30)
-    report = bench_model(BenchConfig(model=path, dtypes=("float32",), threads=2, rounds=4, runs=5))
-    alone += standalone_onnxruntime_ms(path, feeds, threads=2, runs=30)
-    timing = report.timing(ONNXRUNTIME)
-    assert timing is not None and len(timing.times_ms) == 20
-    ratio = min(timing.times_ms) / min(alone)
-    assert 0.5 <= ratio <= 2.0, f"bench {min(timing.times_ms):.3f} ms vs standalone {min(alone):.3f} ms (fastest)"
+    seen = []
+    for _attempt in range(3):
+        alone = standalone_onnxruntime_ms(path, feeds, threads=2, runs=30)
+        report = bench_model(BenchConfig(model=path, dtypes=("float32",), threads=2, rounds=4, runs=5))
+        alone += standalone_onnxruntime_ms(path, feeds, threads=2, runs=30)
+        timing = report.timing(ONNXRUNTIME)
+        assert timing is not None and len(timing.times_ms) == 20
+        seen.append(f"bench {min(timing.times_ms):.3f} ms vs standalone {min(alone):.3f} ms")
+        if 0.5 <= min(timing.times_ms) / min(alone) <= 2.0:
+            return
+    pytest.fail("onnxruntime in bench is not its standalone speed (fastest runs): " + "; ".join(seen))
 
 
 def test_workers_and_scratch_are_gone_after_an_error(zoo_model, monkeypatch, tmp_path):
