@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 import amptool
 from amptool import _tvm
 from tests.conftest import scheduled_kernels
-from tests.onnx_checks import info, x_to_y_model
+from tests.onnx_checks import info, onnxruntime_and_amptool, x_to_y_model
 
 TARGET = {"kind": "llvm", "mcpu": _tvm.host_cpu()}
 
@@ -376,10 +376,8 @@ def test_rows_end_in_a_narrower_tile(tmp_path, dtype, tolerance):
         assert NHWC_CROP_BLOCK not in text
         assert re.search(r"for x_0 in T\.unroll\(T\.int64\([234]\)\)", text), "the row's tiles are unrolled"
     x = rng.standard_normal((1, 16, 9, 23)).astype(np.float32)
-    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
-    amptool.convert(path, dtype=dtype, output=tmp_path / "out")
-    got = np.asarray(amptool.load(tmp_path / "out").run({"x": x})["y"], dtype=np.float32)
-    np.testing.assert_allclose(got, want, rtol=0, atol=tolerance * float(np.abs(want).max()))
+    want, got = onnxruntime_and_amptool(str(path), {"x": x}, dtype)
+    np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=0, atol=tolerance * float(np.abs(want).max()))
 
 
 @pytest.mark.parametrize("width", [17, 19, 23, 29, 31, 37])
@@ -478,11 +476,9 @@ def test_weight_heavy_convs_with_taps_tile_runs_of_positions_on_avx2(tmp_path, d
         convs = [k for k in scheduled_kernels(str(path), dtype, mcpu) if '"amp_conv2d_nhwc_init"' in k]
         assert len(convs) == 2 and sum(bool(re.search(flat, k)) for k in convs) == flat_convs, (mcpu, convs)
     x = rng.standard_normal((1, 64, 14, 14)).astype(np.float32)
-    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
-    amptool.convert(path, dtype=dtype, output=tmp_path / "out")
-    got = np.asarray(amptool.load(tmp_path / "out").run({"x": x})["y"], dtype=np.float32)
+    want, got = onnxruntime_and_amptool(str(path), {"x": x}, dtype)
     tolerance = 1e-5 if dtype == "float32" else 3e-2
-    np.testing.assert_allclose(got, want, rtol=0, atol=tolerance * float(np.abs(want).max()))
+    np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=0, atol=tolerance * float(np.abs(want).max()))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])

@@ -151,6 +151,30 @@ def _subsampled(data: Any, sh: int, sw: int, out_h: int, out_w: int, wide: int, 
     return te.compute((batch, out_h, wide, channels), value, name=NHWC_PAD_BLOCK)
 
 
+def _conv_source(data: Any, kernel: tuple[int, int], padding: list[int], strides: list[int], out_h: int, out_w: int,
+                 wide: int, dtype: str) -> tuple[Any, tuple[int, int]]:
+    """A conv's input in ``dtype`` and the strides to read it at, for ``wide`` ≥ ``out_w`` computed
+    columns: a strided unpadded 1×1 conv (a ResNet shortcut) reads every sh-th row and sw-th column
+    only — those are copied (a quarter of a stride-2 input) and read densely, at stride 1; any other
+    reads its padded copy, with the columns past ``out_w`` more padding on the right."""
+    sh, sw = strides
+    if kernel == (1, 1) and not any(padding) and (sh, sw) != (1, 1):
+        return _subsampled(data, sh, sw, out_h, out_w, wide, dtype), (1, 1)
+    top, left, bottom, right = padding
+    return _padded(data, top, left, bottom, right + (wide - out_w) * sw, dtype, NHWC_PAD_BLOCK), (sh, sw)
+
+
+def _weight(packed: Any, c: Any, taps: tuple[Any, Any, Any], pair_lanes: int | None, dtype: str) -> Any:
+    """Output channel ``c``'s weight at ``taps`` (kernel row, column, input channel) of a packed
+    ``[OC/B, KH, KW, IC, B]`` buffer in ``dtype``, or of ``bf16_pairs``' words (``pair_lanes``)."""
+    from amptool.compiler import bf16_pairs  # noqa: PLC0415
+
+    block = bf16_pairs.block_of(packed)
+    if pair_lanes:  # bf16_pairs: two channel vectors per word
+        return bf16_pairs.read(packed, (c // block, *taps), c % block, pair_lanes)
+    return packed[(c // block, *taps, c % block)].astype(dtype)
+
+
 def conv2d_nhwc(data: Any, packed: Any, *, strides: list[int], padding: list[int], dilation: list[int],
                 columns: int, out_dtype: str, out_channels: int | None = None, groups: int = 1,
                 pair_lanes: int | None = None) -> Any:
@@ -167,16 +191,9 @@ def conv2d_nhwc(data: Any, packed: Any, *, strides: list[int], padding: list[int
     blocks, kh, kw, in_channels, _ = (int(d) for d in packed.shape)
     block = bf16_pairs.block_of(packed)
     blocks_per_group = blocks // groups
-    out_h, out_w, wide, extra = _geometry(height, width, kh, kw, padding, strides, dilation, columns, ragged=True)
-    top, left, bottom, right = padding
-    (sh, sw), (dh, dw) = strides, dilation
-    if (kh, kw) == (1, 1) and not any(padding) and (sh, sw) != (1, 1):
-        # A strided 1×1 conv (a ResNet shortcut) reads every sh-th row and sw-th column only: those
-        # are copied (a quarter of a stride-2 input) and convolved with stride 1, densely.
-        src = _subsampled(data, sh, sw, out_h, out_w, wide, out_dtype)
-        sh = sw = 1
-    else:
-        src = _padded(data, top, left, bottom, right + extra, out_dtype, NHWC_PAD_BLOCK)
+    out_h, out_w, wide, _ = _geometry(height, width, kh, kw, padding, strides, dilation, columns, ragged=True)
+    src, (sh, sw) = _conv_source(data, (kh, kw), padding, strides, out_h, out_w, wide, out_dtype)
+    dh, dw = dilation
     ry = te.reduce_axis((0, kh), "ry")
     rx = te.reduce_axis((0, kw), "rx")
     rc = te.reduce_axis((0, in_channels), "rc")
@@ -185,15 +202,10 @@ def conv2d_nhwc(data: Any, packed: Any, *, strides: list[int], padding: list[int
         input does not depend on its vector lane."""
         return rc if groups == 1 else c // block // blocks_per_group * in_channels + rc
 
-    def weight(c: Any) -> Any:
-        if pair_lanes:  # bf16_pairs: two channel vectors per word
-            return bf16_pairs.read(packed, (c // block, ry, rx, rc), c % block, pair_lanes)
-        return packed[c // block, ry, rx, rc, c % block].astype(out_dtype)
-
     conv = te.compute(
         (batch, out_h, wide, blocks * block),
-        lambda n, y, x, c: te.sum(src[n, y * sh + ry * dh, x * sw + rx * dw, channel(c)] * weight(c),
-                                  axis=[ry, rx, rc]),
+        lambda n, y, x, c: te.sum(src[n, y * sh + ry * dh, x * sw + rx * dw, channel(c)]
+                                  * _weight(packed, c, (ry, rx, rc), pair_lanes, out_dtype), axis=[ry, rx, rc]),
         name=CONV2D_NHWC_BLOCK,
     )
     return _crop_channels(_crop(conv, out_w), out_channels)
@@ -216,13 +228,8 @@ def flat_nhwc(data: Any, packed: Any, *, strides: list[int], padding: list[int],
     blocks, kh, kw, in_channels, _ = (int(d) for d in packed.shape)
     block = bf16_pairs.block_of(packed)
     out_h, out_w, _, _ = _geometry(height, width, kh, kw, padding, strides, dilation, 1)
-    (sh, sw), (dh, dw) = strides, dilation
-    if (kh, kw) == (1, 1) and not any(padding) and (sh, sw) != (1, 1):
-        src = _subsampled(data, sh, sw, out_h, out_w, out_w, out_dtype)
-        sh = sw = 1
-    else:
-        top, left, bottom, right = padding
-        src = _padded(data, top, left, bottom, right, out_dtype, NHWC_PAD_BLOCK)
+    src, (sh, sw) = _conv_source(data, (kh, kw), padding, strides, out_h, out_w, out_w, out_dtype)
+    dh, dw = dilation
     last = out_h * out_w - 1
     taps = [] if (kh, kw) == (1, 1) else [te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx")]
     ry, rx = taps or (0, 0)
@@ -232,14 +239,10 @@ def flat_nhwc(data: Any, packed: Any, *, strides: list[int], padding: list[int],
         q = p if positions == last + 1 else tirx.min(p, last)
         return q // out_w * sh + ry * dh, q % out_w * sw + rx * dw
 
-    def weight(c: Any) -> Any:
-        if pair_lanes:
-            return bf16_pairs.read(packed, (c // block, ry, rx, rc), c % block, pair_lanes)
-        return packed[c // block, ry, rx, rc, c % block].astype(out_dtype)
-
     conv = te.compute(
         (batch, positions, blocks * block),
-        lambda n, p, c: te.sum(src[(n, *position(p), rc)] * weight(c), axis=[*taps, rc]),
+        lambda n, p, c: te.sum(src[(n, *position(p), rc)] * _weight(packed, c, (ry, rx, rc), pair_lanes, out_dtype),
+                               axis=[*taps, rc]),
         name=CONV2D_NHWC_BLOCK,
     )
     rows = te.compute((batch, out_h, out_w, blocks * block), lambda n, y, x, c: conv[n, y * out_w + x, c],
