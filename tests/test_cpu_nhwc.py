@@ -405,7 +405,7 @@ def test_register_tiles_of_several_vectors_fit_the_registers(lanes: int) -> None
     assert tile_vectors(16, lanes, 1) == (4 if lanes == 16 else 2)  # one column: four FMAs per broadcast
     for blocks, width in itertools.product(range(2, 17), range(1, 120)):
         vectors = tile_vectors(blocks, lanes, width)
-        assert blocks % vectors == 0 and vectors <= (4 if lanes == 16 else 2)
+        assert blocks % vectors == 0 and vectors <= (4 if lanes == 16 else 3 if blocks % 2 else 2)
         if vectors == 1:
             continue
         tile = nhwc_columns(width, lanes, vectors)
@@ -419,7 +419,7 @@ def test_tiles_take_the_fewest_loads_per_fma() -> None:
     columns on 56-, 28- and 112-column rows, not 2 × 14 (0.5 loads per FMA, not 0.57); 2 × 14 and
     2 × 7 on 14- and 7-column rows, where four vectors' tiles would crop columns past the row
     (``CROPPED_TILE_COST``); 3 × 8 for 144 channels at 56; a cropped 2 × 8 on 15 columns, not an
-    exact 1 × 5 (1.2 loads per FMA); AVX2 keeps two vectors where they fit."""
+    exact 1 × 5 (1.2 loads per FMA); AVX2 keeps two vectors where they fit, three for an odd count."""
     from amptool.compiler.cpu_kernels import nhwc_columns, tile_vectors
 
     for width in (56, 28, 112):
@@ -429,6 +429,9 @@ def test_tiles_take_the_fewest_loads_per_fma() -> None:
     assert tile_vectors(32, 16, 7) == 2 and nhwc_columns(7, 16, 2) == 7
     assert tile_vectors(9, 16, 56) == 3 and nhwc_columns(56, 16, 3) == 8  # 144 channels
     assert tile_vectors(2, 16, 15) == 2 and nhwc_columns(15, 16, 2) == 8
+    # AVX2: three vectors × 4 columns for an odd count (24 channels), two where two divide.
+    assert tile_vectors(3, 8, 28) == 3 and nhwc_columns(28, 8, 3) == 4
+    assert tile_vectors(6, 8, 28) == 2 and tile_vectors(5, 8, 28) == 1
 
 
 def test_dense_pointwise_convs_tile_runs_of_positions() -> None:

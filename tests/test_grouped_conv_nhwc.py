@@ -1,6 +1,6 @@
-"""Grouped convs whose groups hold whole vectors of output channels (RegNet's 64-channel groups)
-run as the NHWC conv kernel, each channel block reading its own group's inputs; narrower groups
-keep the grouped NCHW kernel. Values against onnxruntime."""
+"""Grouped convs whose groups hold whole vectors of output channels (RegNet's 64-channel groups; its
+24-channel ones on AVX2) run as the NHWC conv kernel, each channel block reading its own group's
+inputs; narrower groups keep the grouped NCHW kernel. Values against onnxruntime."""
 
 from __future__ import annotations
 
@@ -61,10 +61,33 @@ def test_wide_groups_run_the_nhwc_conv_and_match_onnxruntime(tmp_path: Path, gro
 
 
 def test_narrow_groups_keep_the_grouped_kernel(tmp_path: Path) -> None:
-    """8 output channels per group (no whole AVX-512 vector): the grouped NCHW kernel."""
+    """4 output channels per group (no whole vector on any x86 target): the grouped NCHW kernel."""
     path = tmp_path / "narrow.onnx"
-    onnx.save(_grouped(4, 8, 8, 1), str(path))
+    onnx.save(_grouped(8, 4, 4, 1), str(path))
     assert '"amp_depthwise' in "\n".join(scheduled_kernels(str(path), "float32"))
+
+
+def _host_lanes() -> int:
+    from amptool import _tvm
+    from amptool.compiler.cpu_kernels import vector_lanes
+
+    return vector_lanes(_tvm.make_target({"kind": "llvm", "mcpu": _tvm.host_cpu()}))
+
+
+def test_groups_of_whole_target_vectors_run_the_nhwc_conv(tmp_path: Path) -> None:
+    """RegNet's 24-channel groups: three AVX2 vectors — the NHWC conv with a three-vector tile on
+    an AVX2 build (it ran 3.1× onnxruntime in the NCHW grouped kernel), the grouped kernel where a
+    vector is 16 lanes. Values against onnxruntime either way."""
+    model = _grouped(6, 24, 24, 1, size=14)
+    path = tmp_path / "regnet_groups.onnx"
+    onnx.save(model, str(path))
+    text = "\n".join(scheduled_kernels(str(path), "float32"))
+    assert ('"amp_depthwise' not in text) == (24 % _host_lanes() == 0)
+    x = np.random.default_rng(2).standard_normal([1, 144, 14, 16]).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    amptool.convert(path, dtype="float32", output=tmp_path / "out")
+    got = np.asarray(amptool.load(tmp_path / "out").run({"x": x})["y"], dtype=np.float32)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * float(np.abs(want).max()))
 
 
 def test_an_empty_map_keeps_the_grouped_kernel(tmp_path: Path) -> None:

@@ -280,8 +280,16 @@ def tile_vectors(blocks: int, lanes: int, width: int) -> int:
 
 
 def _vector_counts(blocks: int, lanes: int) -> list[int]:
-    """Channel vectors a register tile may take: the divisors of ``blocks`` up to 4 (AVX-512) or 2."""
-    most = 4 if lanes >= 16 else 2
+    """Channel vectors a register tile may take: the divisors of ``blocks`` up to 4 (AVX-512) or 2
+    (AVX2), 3 on AVX2 when ``blocks`` is odd.
+
+    Why the 3: an odd count of AVX2 vectors (24 channels; RegNet's 24-channel groups) otherwise had
+    one vector a tile, a broadcast load per FMA; 3 × 4 columns keeps as many accumulators as 2 × 6
+    (12 of 16 registers). RegNet's 3×3 144 → 144 in 6 groups at 28² 0.58 → 0.33 ms (onnxruntime
+    0.42), MobileNetV2's 1×1 convs to 24 channels 0.56–0.58×, its kernel sum 0.97–0.98×; an AVX2
+    EPYC, 2 threads, per-call minima in both load orders. Even counts keep 2: where both divide,
+    the cost model would take 3 × 4 over 2 × 6, which nothing measured."""
+    most = 4 if lanes >= 16 else (3 if blocks % 2 else 2)
     return [v for v in range(1, min(most, blocks) + 1) if blocks % v == 0]
 
 

@@ -32,16 +32,34 @@ log = logging.getLogger(__name__)
 
 #: Channels a depthwise conv needs for its channel blocks (one AVX2 vector).
 CHANNEL_MULTIPLE = 8
-#: Output channels per group a grouped conv needs for the NHWC conv kernel: whole AVX-512
-#: vectors, so each register tile's channels lie in one group.
+#: Output channels per group a grouped conv needs for the NHWC conv kernel outside a target's
+#: context: whole AVX-512 vectors, so each register tile's channels lie in one group
+#: (``group_channels`` asks the target being built).
 GROUP_CHANNELS = 16
+
+
+def group_channels() -> int:
+    """Output channels per group a grouped conv needs for the NHWC conv kernel: whole SIMD vectors of
+    the target being built (8 with AVX2, 16 with AVX-512), ``GROUP_CHANNELS`` outside a target.
+
+    Why the target's: with 16 for every target, AVX2 builds left groups of 8, 24, 40 channels to the
+    NCHW grouped kernel, one weight per tap broadcast over a vector of columns: RegNet's 3×3 144 →
+    144 in 6 groups at 28² ran 3.1× onnxruntime (``op_sweep.py``), 0.58 ms as NHWC with a vector a
+    tile, 0.33 ms with three (``cpu_kernels._vector_counts``; onnxruntime 0.42)."""
+    import tvm  # noqa: PLC0415
+
+    from amptool.compiler.cpu_kernels import vector_lanes  # noqa: PLC0415
+
+    target = tvm.target.Target.current(allow_none=True)
+    return GROUP_CHANNELS if target is None else max(CHANNEL_MULTIPLE, vector_lanes(target))
 
 
 def wants_nhwc(call: Any) -> bool:
     """An NCHW/OIHW ``relax.nn.conv2d`` with static shapes, a constant weight and float dtypes
     that the NHWC kernels cover: one group (any output channel count: the kernels pad their
-    filters to whole vectors), groups of a multiple of ``GROUP_CHANNELS`` output channels each
-    (RegNet's), or depthwise (channel multiplier 1) over a multiple of 8 channels."""
+    filters to whole vectors), groups of whole SIMD vectors of output channels each
+    (``group_channels``: RegNet's 64-channel groups, its 24-channel ones with AVX2), or depthwise
+    (channel multiplier 1) over a multiple of 8 channels."""
     import tvm  # noqa: PLC0415
 
     attrs = call.attrs
@@ -56,7 +74,7 @@ def wants_nhwc(call: Any) -> bool:
     if shape is None or wshape is None or len(shape) != 4 or not dtypes <= set(DTYPES) or 0 in shape:
         return False  # (an empty map has no tiles to plan: TVM's legalization takes it)
     groups, out_channels, in_channels = int(attrs.groups), wshape[0], shape[1]
-    if groups == 1 or (out_channels % groups == 0 and (out_channels // groups) % GROUP_CHANNELS == 0):
+    if groups == 1 or (out_channels % groups == 0 and (out_channels // groups) % group_channels() == 0):
         return True
     return groups == in_channels == out_channels and wshape[1] == 1 and out_channels % CHANNEL_MULTIPLE == 0
 
