@@ -94,3 +94,34 @@ def test_gelu_op_matches_onnxruntime_without_libm(tmp_path: Path, approximate: s
     listing = subprocess.run(["objdump", "-d", str(tmp_path / "out" / "model.so")], capture_output=True, text=True,
                              check=True).stdout
     assert not re.search(r"\bcall\s.*<(erff|tanhf|expf)@plt>", listing)
+
+
+def _elementwise(function, x: np.ndarray) -> np.ndarray:
+    """``function`` (a TIR scalar expression builder) over ``x``, compiled for the host CPU."""
+    import tvm
+    from tvm import te
+
+    from amptool import _tvm
+
+    placeholder = te.placeholder((x.size,), "float32", name="x")
+    out = te.compute((x.size,), lambda i: function(placeholder[i]), name="y")
+    lib = tvm.compile(te.create_prim_func([placeholder, out]), target=_tvm.make_target({"kind": "llvm"}))
+    result = tvm.runtime.tensor(np.zeros(x.size, np.float32))
+    lib(tvm.runtime.tensor(x), result)
+    return result.numpy()
+
+
+def test_the_softmax_exp_equals_exp_down_to_the_normal_range_and_is_zero_below() -> None:
+    """``exp_nonpositive_f32`` (attention's exp of shifted scores): ``exp_f32``'s values bit for bit
+    from ``LOWEST_NORMAL`` to 0, exactly 0 below it and for a masked score (-inf), NaN kept."""
+    from amptool.compiler.cpu_exp import LOWEST_NORMAL, exp_f32, exp_nonpositive_f32
+
+    low = np.float32(LOWEST_NORMAL)
+    x = np.concatenate([np.linspace(-110.0, 0.0, 50_001, dtype=np.float32),
+                        np.float32([-np.inf, np.nan, -0.0, low, np.nextafter(low, np.float32(0)),
+                                    np.nextafter(low, np.float32(-1))])])
+    got, full = _elementwise(exp_nonpositive_f32, x), _elementwise(exp_f32, x)
+    normal = x >= low
+    np.testing.assert_array_equal(got[normal], full[normal])
+    assert (got[x < low] == 0).all() and np.isnan(got[np.isnan(x)]).all()
+    assert got[x == -np.inf][0] == 0

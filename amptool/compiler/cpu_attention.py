@@ -367,7 +367,7 @@ def _attention(q: Any, kt: Any, v: Any, *operands: Any, keys: int, steps: list[t
     (as the unfused float16 build's cast does) and the product is over normalized values."""
     from tvm import te, tirx  # noqa: PLC0415
 
-    from amptool.compiler.cpu_exp import exp_f32  # noqa: PLC0415
+    from amptool.compiler.cpu_exp import exp_nonpositive_f32  # noqa: PLC0415
 
     *batch, padded_rows, depth = (int(d) for d in q.shape)
     padded = int(kt.shape[-1])
@@ -400,7 +400,8 @@ def _attention(q: Any, kt: Any, v: Any, *operands: Any, keys: int, steps: list[t
     masked = te.compute((*batch, padded_rows, padded), stepped, name="amp_attention_masked")
     c1 = te.reduce_axis((0, padded), name="c1")
     top = te.compute((*batch, padded_rows), lambda *i: te.max(masked(*i, c1), axis=c1), name=_MAX)
-    exps = te.compute((*batch, padded_rows, padded), lambda *i: exp_f32(masked(*i) - top(*i[:-1])), name=_EXP)
+    exps = te.compute((*batch, padded_rows, padded), lambda *i: exp_nonpositive_f32(masked(*i) - top(*i[:-1])),
+                      name=_EXP)
     c2 = te.reduce_axis((0, padded), name="c2")
     total = te.compute((*batch, padded_rows), lambda *i: te.sum(exps(*i, c2), axis=c2), name=_SUM)
     c3 = te.reduce_axis((0, keys), name="c3")
