@@ -64,6 +64,12 @@ class KernelClock:
         return 0
 
 
+def prepared(directory: str) -> tuple[Any, Any]:
+    """(the loaded model, a call of it on its seed-0 inputs) for the build in ``directory``."""
+    manifest, model = load_artifact(directory)
+    return model, _tvm.prepared_call(model.vm, _inputs(manifest, 0), model.device)
+
+
 def _minima(runs: list[list[tuple[str, float]]]) -> list[tuple[str, float]]:
     first = runs[0]
     return [(first[i][0], min(run[i][1] for run in runs)) for i in range(len(first))]
@@ -105,8 +111,7 @@ def main() -> None:
 
     loaded = []
     for directory in args.builds:
-        manifest, model = load_artifact(directory)
-        call = _tvm.prepared_call(model.vm, _inputs(manifest, 0), model.device)
+        model, call = prepared(directory)
         clock = KernelClock()
         model.vm.set_instrument(clock)
         loaded.append((directory, call, clock))

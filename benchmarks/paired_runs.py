@@ -32,13 +32,9 @@ def _pairs(first: str, second: str, seconds: float, threads: int) -> dict[str, l
     import kernel_times
 
     from amptool import _tvm
-    from amptool.app.artifact import load_artifact
 
     _tvm.set_num_threads(threads)
-    calls = []
-    for directory in (first, second):
-        manifest, model = load_artifact(directory)
-        calls.append(_tvm.prepared_call(model.vm, kernel_times._inputs(manifest, 0), model.device))
+    calls = [kernel_times.prepared(directory)[1] for directory in (first, second)]
     for call in calls * 3:  # warm: pools, caches, lazily loaded code
         call()
     times: list[list[float]] = [[], []]

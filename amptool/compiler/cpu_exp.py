@@ -48,14 +48,7 @@ def exp_f32(x: Any) -> Any:
     """The TIR value of ``exp(x)`` for a float32 scalar expression ``x`` (see the module docstring)."""
     from tvm import tirx  # noqa: PLC0415
 
-    clamped = tirx.max(tirx.min(x, _f32(HIGH)), _f32(LOW))
-    n = tirx.floor(clamped * _f32(_LOG2E) + _f32(0.5))
-    r = (clamped - n * _f32(_C1)) - n * _f32(_C2)
-    poly = _f32(_POLY[0])
-    for coefficient in _POLY[1:]:
-        poly = poly * r + _f32(coefficient)
-    p = poly * (r * r) + r + _f32(1.0)
-    whole = n.astype("int32")
+    p, whole = _reduced(tirx.max(tirx.min(x, _f32(HIGH)), _f32(LOW)))
     half = whole >> 1  # ⌊n/2⌋; n − ⌊n/2⌋ is the rest: n in [−150, 128], both halves normal powers of two
     value = p * _power_of_two(half) * _power_of_two(whole - half)
     return tirx.Select(_tvm.is_nan(x), x, value)
@@ -73,15 +66,22 @@ def exp_nonpositive_f32(x: Any) -> Any:
     from ``LOWEST_NORMAL`` to 0; NaN passed through. Five vector operations fewer than ``exp_f32``."""
     from tvm import tirx  # noqa: PLC0415
 
-    clamped = tirx.max(x, _f32(LOWEST_NORMAL))
+    p, whole = _reduced(tirx.max(x, _f32(LOWEST_NORMAL)))
+    value = tirx.Select(x < _f32(LOWEST_NORMAL), _f32(0.0), p * _power_of_two(whole))
+    return tirx.Select(_tvm.is_nan(x), x, value)
+
+
+def _reduced(clamped: Any) -> tuple[Any, Any]:
+    """``(p, n)`` with ``exp(clamped) = p · 2ⁿ``: ``n = round(clamped / ln 2)`` as int32, ``p`` Cephes'
+    polynomial at ``clamped − n · ln 2`` (Cody–Waite, in two steps) — both exps' shared part."""
+    from tvm import tirx  # noqa: PLC0415
+
     n = tirx.floor(clamped * _f32(_LOG2E) + _f32(0.5))
     r = (clamped - n * _f32(_C1)) - n * _f32(_C2)
     poly = _f32(_POLY[0])
     for coefficient in _POLY[1:]:
         poly = poly * r + _f32(coefficient)
-    p = poly * (r * r) + r + _f32(1.0)
-    value = tirx.Select(x < _f32(LOWEST_NORMAL), _f32(0.0), p * _power_of_two(n.astype("int32")))
-    return tirx.Select(_tvm.is_nan(x), x, value)
+    return poly * (r * r) + r + _f32(1.0), n.astype("int32")
 
 
 def _f32(value: float) -> Any:

@@ -704,8 +704,9 @@ def _grouped_conv2d_nhwc(bb: Any, call: Any, w: np.ndarray, geometry: dict[str, 
 
 
 def _zero_filters(w: np.ndarray, multiple: int) -> np.ndarray:
-    """An OIHW weight with zero filters appended up to a multiple of ``multiple`` output channels
-    (the kernel computes them and stores only the real ones)."""
+    """A weight with zero filters appended up to a multiple of ``multiple`` output channels, its first
+    axis (OIHW's; a transposed matmul weight's columns): the kernel computes them and stores only
+    the real ones."""
     missing = -w.shape[0] % multiple
     return np.concatenate([w, np.zeros((missing, *w.shape[1:]), dtype=w.dtype)]) if missing else w
 
@@ -827,7 +828,7 @@ def _legalize_matmul(bb: Any, call: Any) -> Any:
         # vocabulary), cropped after: TVM's legalization left such a product unscheduled — a GRU
         # tagger's [80, 512] · [512, 97] took 2.3 ms, onnxruntime's Gemm 0.095.
         block = lanes
-        w = np.concatenate([w, np.zeros((k, -n % lanes), w.dtype)], axis=1)
+        w = _zero_filters(w.T, lanes).T
     rows = a_shape[-2]
     vectors = 1
     if block == lanes:

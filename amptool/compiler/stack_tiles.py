@@ -77,8 +77,8 @@ def _cpu_pipeline() -> tuple[Any, Any, Any]:
     """TVM's default pipeline, ``DynamicShares`` and ``KeepTilesOnStack`` first among the host's finalizing
     passes (in that order: a loop's segment counters are a buffer ``KeepTilesOnStack`` may keep on the stack)."""
     pipeline, finalize_host, finalize_device = tirx.get_tir_pipeline("default")
-    first = [DynamicShares, KeepTilesOnStack]
-    return pipeline, lambda: tvm.ir.transform.Sequential([*first, finalize_host()]), finalize_device
+    return (pipeline, lambda: tvm.ir.transform.Sequential([DynamicShares, KeepTilesOnStack, finalize_host()]),
+            finalize_device)
 
 
 tirx.register_tir_pipeline(CPU_TIR_PIPELINE, _cpu_pipeline)
