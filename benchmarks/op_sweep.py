@@ -81,12 +81,15 @@ def _single(op: str, shape: list[int], out: list[int] | None = None,
                           [_value("y", *(out or shape))], list(initializers))
 
 
-def _conv_transpose() -> onnx.ModelProto:
-    w = _weights(1)
-    node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], strides=[2, 2], pads=[1, 1, 1, 1],
-                            output_padding=[1, 1], kernel_shape=[3, 3])
-    return _model([node], [_value("x", 1, 128, 28, 28)], [_value("y", 1, 64, 56, 56)],
-                  [w("w", 128, 64, 3, 3), w("b", 64)])
+def _conv_transpose(kernel: int, pad: int, output_padding: int) -> Layer:
+    """128→64, stride 2, 28² → 56² (the kernel/pad/output_padding of a decoder's upsampling)."""
+    def build() -> onnx.ModelProto:
+        w = _weights(1)
+        node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], strides=[2, 2], pads=[pad] * 4,
+                                output_padding=[output_padding] * 2, kernel_shape=[kernel, kernel])
+        return _model([node], [_value("x", 1, 128, 28, 28)], [_value("y", 1, 64, 56, 56)],
+                      [w("w", 128, 64, kernel, kernel), w("b", 64)])
+    return build
 
 
 def _recurrent(op: str, gates: int) -> Layer:
@@ -166,7 +169,9 @@ LAYERS: dict[str, tuple[str, Layer]] = {
                         _conv(240, 240, [28, 28], 5, group=240, strides=[2, 2], pads=[2, 2, 2, 2])),
     "conv1d": ("Conv1d 256→256 k5, 400 steps (speech)", _conv(256, 256, [400], 5)),
     "conv1x7": ("Conv 128→128 1×7, 17² (Inception-v3)", _conv1x7),
-    "conv_transpose": ("ConvTranspose 128→64 3×3 stride 2, 28²→56² (decoder)", _conv_transpose),
+    "conv_transpose": ("ConvTranspose 128→64 3×3 stride 2, 28²→56² (decoder)", _conv_transpose(3, 1, 1)),
+    "conv_transpose4x4": ("ConvTranspose 128→64 4×4 stride 2, 28²→56² (CenterNet, GAN)", _conv_transpose(4, 1, 0)),
+    "conv_transpose2x2": ("ConvTranspose 128→64 2×2 stride 2, 28²→56² (U-Net)", _conv_transpose(2, 0, 0)),
     "squeeze_excite": ("Conv + squeeze-excite block, 96ch 56² (MobileNetV3)", _squeeze_excite),
     "batch_norm": ("BatchNormalization alone, 128×56² (DenseNet)", _batch_norm),
     "einsum_attention": ("Einsum bhqd,bhkd->bhqk, 8 heads 256² (attention scores)", _einsum),
