@@ -124,9 +124,9 @@ def bf16_dot_target_options() -> tuple[str, ...] | None:
     return () if bf16_dot_pays(host) else ("-mcpu=znver4",)
 
 
-def scheduled_kernels(path: str, dtype: str, mcpu: str | None = None) -> list[str]:
-    """The scripts of the kernels the CPU pipeline schedules for ``path`` in ``dtype`` (``mcpu``,
-    default this host's CPU): every stage up to and including ``schedule``, no codegen."""
+def staged_module(path: str, dtype: str, last_stage: str, mcpu: str | None = None) -> Any:
+    """The module the CPU pipeline has made of ``path`` in ``dtype`` (``mcpu``, default this host's
+    CPU) after its stages up to and including ``last_stage``; no codegen."""
     import tvm
 
     from amptool import _tvm
@@ -138,6 +138,15 @@ def scheduled_kernels(path: str, dtype: str, mcpu: str | None = None) -> list[st
     with target:
         for name, passes in cpu.stage_passes(target):
             mod = tvm.transform.Sequential(passes)(mod)
-            if name == "schedule":
-                break
+            if name == last_stage:
+                return mod
+    raise ValueError(f"no CPU stage {last_stage!r}")
+
+
+def scheduled_kernels(path: str, dtype: str, mcpu: str | None = None) -> list[str]:
+    """The scripts of the kernels the CPU pipeline schedules for ``path`` in ``dtype`` (``mcpu``,
+    default this host's CPU): every stage up to and including ``schedule``, no codegen."""
+    import tvm
+
+    mod = staged_module(path, dtype, "schedule", mcpu)
     return [f.script() for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import amptool
 from amptool import _tvm
-from tests.conftest import scheduled_kernels
+from tests.conftest import scheduled_kernels, staged_module
 from tests.onnx_checks import info, onnxruntime_and_amptool, x_to_y_model
 
 TARGET = {"kind": "llvm", "mcpu": _tvm.host_cpu()}
@@ -784,3 +784,21 @@ def test_large_maps_copy_their_padded_input_a_row_band_at_a_time(tmp_path, size,
     amptool.convert(path, dtype="float32", output=tmp_path / "out")
     got = amptool.load(tmp_path / "out").run({"x": x})["y"]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+
+
+def test_a_tensor_read_by_several_nhwc_convs_is_transposed_once(tmp_path):
+    """Two branches read the input (an Inception block, a transposed conv's phase convs): ConvertLayout
+    gave each conv its own NCHW → NHWC copy; one serves both. Values stay onnxruntime's."""
+    rng = np.random.default_rng(5)
+    inits = [numpy_helper.from_array((rng.standard_normal((16, 16, k, k)) * 0.1).astype(np.float32), f"w{k}")
+             for k in (1, 3)]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"]),
+             helper.make_node("Conv", ["x", "w3"], ["b"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["a", "b"], ["y"])]
+    path = tmp_path / "branches.onnx"
+    onnx.save(x_to_y_model(nodes, "branches", [1, 16, 12, 12], inits), str(path))
+    script = staged_module(str(path), "float32", "layout")["main"].script()
+    assert script.count("R.permute_dims(x, ") == 1, script
+    x = rng.standard_normal((1, 16, 12, 12)).astype(np.float32)
+    want, got = onnxruntime_and_amptool(str(path), {"x": x})
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

@@ -7,6 +7,7 @@ What: one pass, ``amptool.ToNHWC``, run before legalization when a conv ``wants_
                              constant: legalization packs it); elementwise ops, pooling, reductions
                              and concat between such convs follow; a transpose back to NCHW only
                              where an op needs it (a reshape, a conv kept NCHW, an output)
+    common subexpressions    one NCHW → NHWC copy of a tensor several convs read, not one each
     fold constants           the bias constants ConvertLayout transposed, folded in numpy
 
 Why: :mod:`amptool.compiler.cpu_nhwc`: NHWC register tiles are stored as they are computed and
@@ -103,7 +104,9 @@ def layout_passes() -> list[Any]:
         except Exception as err:  # noqa: BLE001 - TVM's layout rules raise on some ops (3-D Max: "Invalid SLayout")
             log.info("convolutions kept in NCHW: TVM's ConvertLayout failed (%s)", str(err).splitlines()[-1:])
             return mod
-        return fold_constants(converted)
+        # A tensor read by several NHWC convs (a transposed conv's phase convs, an Inception
+        # block's branches) got one transpose per conv: one is enough.
+        return fold_constants(relax.transform.EliminateCommonSubexpr(call_only=True)(converted))
 
     return [to_nhwc]
 
