@@ -104,8 +104,8 @@ def layout_passes() -> list[Any]:
         except Exception as err:  # noqa: BLE001 - TVM's layout rules raise on some ops (3-D Max: "Invalid SLayout")
             log.info("convolutions kept in NCHW: TVM's ConvertLayout failed (%s)", str(err).splitlines()[-1:])
             return mod
-        # A tensor read by several NHWC convs (a transposed conv's phase convs, an Inception
-        # block's branches) got one transpose per conv: one is enough.
+        # A tensor read by several NHWC convs (a transposed conv's phase convs, branches off a model's
+        # input) got one transpose per conv: one is enough.
         return fold_constants(relax.transform.EliminateCommonSubexpr(call_only=True)(converted))
 
     return [to_nhwc]
