@@ -1,7 +1,8 @@
 """The CPU (LLVM) build pipeline: fusion, packed-weight kernels, schedules — no tuning.
 
     layout               transposed convs as phase convs (cpu_conv_transpose), 1-D convs as 2-D
-                         (cpu_conv1d); convolutions and the layers between them to NHWC (cpu_layout)
+                         (cpu_conv1d), softmax over a middle axis moved last (cpu_softmax_axis);
+                         convolutions and the layers between them to NHWC (cpu_layout)
     epilogues            low-precision elementwise chains after a cast computed in float32 (widen_epilogues)
     library dispatch     sampling/sort ops → TVM's CPU implementations
     legalize             Relax ops → TIR; conv2d/matmul/erf/tanh via amptool.compiler.cpu_kernels
@@ -56,6 +57,7 @@ from amptool.compiler.cpu_schedules import (
     tiled_reduction,
 )
 from amptool.compiler.cpu_schedules_nhwc import nhwc_conv2d, nhwc_depthwise
+from amptool.compiler.cpu_softmax_axis import softmax_to_last_axis
 from amptool.compiler.in_place import write_in_place
 from amptool.compiler.kernel_cache import KernelCache
 from amptool.compiler.schedule_fallback import codegen_or_fall_back
@@ -105,7 +107,8 @@ def stage_passes(target: Any) -> stages.Stages:
     """(stage, passes) in build order, for ``target`` (an LLVM Target): the ``layout`` stage
     (``cpu_layout``), then the stages every backend has."""
     shared = stages.relax_stages(target, cpu_generic, legalize_map(), default_rules())
-    return [("layout", [_FUSE_ATTENTION, _SPLIT_CONV_TRANSPOSE, _CONV1D_AS_CONV2D, _ROW_SCANS, *layout_passes()]),
+    return [("layout", [_FUSE_ATTENTION, _SPLIT_CONV_TRANSPOSE, _CONV1D_AS_CONV2D, _ROW_SCANS, _SOFTMAX_LAST_AXIS,
+                        *layout_passes()]),
             ("epilogues", [_WIDEN_EPILOGUES]),
             *shared[:_SCHEDULED], ("in place", [_IN_PLACE]), *shared[_SCHEDULED:]]
 
@@ -119,6 +122,7 @@ _FUSE_ATTENTION = _module_pass(fuse_attention, "FuseAttention")
 _SPLIT_CONV_TRANSPOSE = _module_pass(split_conv_transpose, "SplitConvTranspose")
 _CONV1D_AS_CONV2D = _module_pass(conv1d_as_conv2d, "Conv1dAsConv2d")
 _ROW_SCANS = _module_pass(rewrite_scans, "RowScans")
+_SOFTMAX_LAST_AXIS = _module_pass(softmax_to_last_axis, "SoftmaxLastAxis")
 _WIDEN_EPILOGUES = _module_pass(widen_epilogues, "WidenEpilogues")
 _IN_PLACE = _module_pass(write_in_place, "WriteInPlace")
 
