@@ -1,9 +1,10 @@
 """CPU speed across architectures people ship, at realistic sizes: ``amptool bench`` per model.
 
-cpu_speed.py times three models well; this sweep times seventeen once, to find the architecture whose
+cpu_speed.py times three models well; this sweep times twenty-one once, to find the architecture whose
 shapes a schedule misses (ViT's 197 tokens had a one-row matmul tile and a scalar attention
 product: 2.28× onnxruntime before the fix). PyTorch modules with seeded random weights (transformers
-configs, nothing downloaded), exported with the TorchScript exporter at opset 18; each then runs
+configs; a detector, a U-Net and an optical-flow net from ``vision_archs.py``; nothing downloaded),
+exported with the TorchScript exporter at opset 18; each then runs
 ``amptool bench`` (every runtime in its own worker process, rounds alternated).
 
     .venv/bin/python benchmarks/arch_sweep.py                          # every model, float32, 2 threads
@@ -28,7 +29,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from amptool.app.bench import ONNXRUNTIME, BenchConfig, BenchReport, amptool_variant, bench_model  # noqa: E402
-from amptool.testing.torch_zoo import TorchCase, export_case, hf_case  # noqa: E402
+from amptool.testing.torch_zoo import TorchCase, crnn_ocr, export_case, hf_case  # noqa: E402
+from benchmarks.vision_archs import raft_flow, unet, yolo_detector  # noqa: E402
 
 
 def _torch() -> Any:
@@ -111,6 +113,10 @@ MODELS: dict[str, tuple[str, Callable[[], TorchCase]]] = {
                                 encoder_ffn_dim=1536, decoder_ffn_dim=1536)),
     "lstm": ("2-layer bidirectional LSTM 80 → 512, 100 steps", lambda: _recurrent("LSTM", 80, 512, 100, 29)),
     "gru": ("2-layer bidirectional GRU 256 → 256, 80 steps", lambda: _recurrent("GRU", 256, 256, 80, 97)),
+    "yolo": ("YOLOv8n-style detector with its box decode, 320²", yolo_detector),
+    "unet": ("U-Net 32-256 channels, 2×2 transposed convs, 256²", unet),
+    "raft": ("RAFT-style flow, 256×320, all-pairs correlation, 4 GRU iterations", raft_flow),
+    "crnn": ("CRNN OCR: convs over a 32×128 text line, bidirectional GRU, log-softmax", crnn_ocr),
 }
 
 
