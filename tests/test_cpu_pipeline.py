@@ -496,3 +496,39 @@ def test_gathers_with_contiguous_channels_are_copied_in_tiles(tmp_path: Path, bo
     x = np.random.default_rng(3).standard_normal([1, 14, 14, 64]).astype(np.float32)
     want, got = onnxruntime_and_amptool(path, {"x": x})
     np.testing.assert_array_equal(got, want)
+
+
+def test_a_concat_is_vectorized_within_each_input(tmp_path: Path) -> None:
+    """Three 16-channel pieces concatenated along channels: vectors of 16 (each inside one piece,
+    its select the same for every lane), not 24 lanes that straddle two pieces and run as scalars."""
+    path = _save(tmp_path, """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, 20, 20, 16] a, float[1, 20, 20, 16] b, float[1, 20, 20, 16] c) => (float[1, 20, 20, 48] y) {
+            ra = Relu(a)
+            y = Concat<axis = 3>(ra, b, c)
+        }""")
+    kernels = [k for k in scheduled_kernels(path, "float32") if "T_concat" in k]
+    assert len(kernels) == 1
+    assert re.findall(r"in T\.vectorized\(T\.int64\((\d+)\)\)", kernels[0]) == ["16"], kernels[0]
+    rng = np.random.default_rng(4)
+    feeds = {name: rng.standard_normal([1, 20, 20, 16]).astype(np.float32) for name in "abc"}
+    want, got = onnxruntime_and_amptool(path, feeds)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_concat_read_by_a_polynomial_is_computed_once(tmp_path: Path) -> None:
+    """A sigmoid over a concat (a detector's class scores from three scales) reads its operand
+    dozens of times: the concat is its own step, not a select over gathered loads at every read."""
+    path = _save(tmp_path, """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, 80, 64] a, float[1, 80, 16] b, float[1, 80, 4] c) => (float[1, 80, 84] y) {
+            t = Concat<axis = 2>(a, b, c)
+            y = Sigmoid(t)
+        }""")
+    kernels = [k for k in scheduled_kernels(path, "float32") if "T_concat" in k]
+    assert len(kernels) == 1
+    assert 'T.sblock("T_concat")' in kernels[0] and "T.sblock_alloc_buffer" in kernels[0], kernels[0]
+    rng = np.random.default_rng(5)
+    feeds = {name: rng.standard_normal([1, 80, n]).astype(np.float32) for name, n in (("a", 64), ("b", 16), ("c", 4))}
+    want, got = onnxruntime_and_amptool(path, feeds)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
