@@ -802,3 +802,28 @@ def test_a_tensor_read_by_several_nhwc_convs_is_transposed_once(tmp_path):
     x = rng.standard_normal((1, 16, 12, 12)).astype(np.float32)
     want, got = onnxruntime_and_amptool(str(path), {"x": x})
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_convs_before_a_recurrent_layer_run_nhwc(tmp_path):
+    """A text recogniser's shape: convs, then a GRU whose unrolled steps are stacked. TVM's layout
+    rule for ``stack`` fails on every call, which kept the whole module (its convs too) in NCHW;
+    stacks become concats first."""
+    rng = np.random.default_rng(6)
+    inits = [numpy_helper.from_array((rng.standard_normal((8, 4, 1, 3)) * 0.3).astype(np.float32), "w"),
+             numpy_helper.from_array(np.array([2], np.int64), "axes"),
+             numpy_helper.from_array((rng.standard_normal((1, 18, 8)) * 0.3).astype(np.float32), "W"),
+             numpy_helper.from_array((rng.standard_normal((1, 18, 6)) * 0.3).astype(np.float32), "R")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[0, 1, 0, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Squeeze", ["r", "axes"], ["s"]),
+             helper.make_node("Transpose", ["s"], ["t"], perm=[2, 0, 1]),
+             helper.make_node("GRU", ["t", "W", "R"], ["y"], hidden_size=6)]
+    graph = helper.make_graph(nodes, "crnn", [info("x", [1, 4, 1, 12])], [info("y", [12, 1, 1, 6])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tmp_path / "crnn.onnx"
+    onnx.save(model, str(path))
+    assert '"amp_conv2d_nhwc_init"' in "\n".join(scheduled_kernels(str(path), "float32"))
+    x = rng.standard_normal((1, 4, 1, 12)).astype(np.float32)
+    want, got = onnxruntime_and_amptool(str(path), {"x": x})
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

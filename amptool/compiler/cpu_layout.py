@@ -3,6 +3,7 @@
 What: one pass, ``amptool.ToNHWC``, run before legalization when a conv ``wants_nhwc`` —
 
     clip → minimum/maximum   ``relax.clip`` has no layout rule in TVM; its two halves do (same values)
+    stack → concat           TVM's rule for ``relax.stack`` fails on every call; expand_dims + concat
     ConvertLayout            each conv ``wants_nhwc`` accepts becomes NHWC (its OIHW weight stays a
                              constant: legalization packs it); elementwise ops, pooling, reductions
                              and concat between such convs follow; a transpose back to NCHW only
@@ -98,9 +99,9 @@ def layout_passes() -> list[Any]:
 
         if not _any_conv(mod, wants_nhwc):
             return mod
-        split = _split_clip(mod)
+        friendly = _layout_friendly(mod)
         try:
-            converted = relax.transform.ConvertLayout({}, desired)(split)
+            converted = relax.transform.ConvertLayout({}, desired)(friendly)
         except Exception as err:  # noqa: BLE001 - TVM's layout rules raise on some ops (3-D Max: "Invalid SLayout")
             log.info("convolutions kept in NCHW: TVM's ConvertLayout failed (%s)", str(err).splitlines()[-1:])
             return mod
@@ -119,20 +120,35 @@ def _any_conv(mod: Any, accept: Any) -> bool:
     return _tvm.any_call(mod, lambda call: _tvm.calls_op(call, conv) and accept(call))
 
 
-def _split_clip(mod: Any) -> Any:
-    """``clip(x, lo, hi)`` on a float tensor as ``maximum(minimum(x, hi), lo)``: TOPI's clip, op by op."""
+def _layout_friendly(mod: Any) -> Any:
+    """``mod`` with the ops TVM's ConvertLayout cannot take written as ops it can, same values:
+
+    * ``clip(x, lo, hi)`` on a float tensor as ``maximum(minimum(x, hi), lo)`` (TOPI's clip, op by
+      op): ``relax.clip`` has no layout rule.
+    * ``stack(xs, axis)`` as ``concat`` of each ``expand_dims(x, axis)``: ConvertLayout's rule for
+      stack fails on every call ("String index out of bounds"), and so the whole module stayed
+      NCHW — a CRNN text recogniser (convs, then a GRU whose steps are stacked) among them."""
     import tvm  # noqa: PLC0415
     from tvm import relax  # noqa: PLC0415
     from tvm.relax.expr_functor import PyExprMutator, mutator  # noqa: PLC0415
 
-    clip = tvm.ir.Op.get("relax.clip")
+    clip, stack = tvm.ir.Op.get("relax.clip"), tvm.ir.Op.get("relax.stack")
 
     @mutator
-    class _Splitter(PyExprMutator):
+    class _Rewriter(PyExprMutator):
         def visit_call_(self, call: Any) -> Any:
             call = super().visit_call_(call)
-            if not (isinstance(call.op, tvm.ir.Op) and call.op.same_as(clip)):
+            if not isinstance(call.op, tvm.ir.Op):
                 return call
+            if call.op.same_as(clip):
+                return self._clip(call)
+            if call.op.same_as(stack) and isinstance(call.args[0], relax.Tuple):
+                axis = int(call.attrs.axis)
+                parts = [self.builder_.emit(relax.op.expand_dims(x, axis)) for x in call.args[0].fields]
+                return relax.op.concat(parts, axis=axis)
+            return call
+
+        def _clip(self, call: Any) -> Any:
             x, low, high = call.args
             dtype = str(getattr(x.ty, "dtype", ""))
             if dtype not in DTYPES or not all(isinstance(b, (tvm.tirx.FloatImm, tvm.tirx.IntImm)) for b in (low, high)):
@@ -140,4 +156,4 @@ def _split_clip(mod: Any) -> Any:
             upper = relax.op.minimum(x, relax.const(float(high.value), dtype))
             return relax.op.maximum(self.builder_.emit(upper), relax.const(float(low.value), dtype))
 
-    return _tvm.rewrite_functions(mod, _Splitter(mod))
+    return _tvm.rewrite_functions(mod, _Rewriter(mod))
