@@ -827,3 +827,30 @@ def test_convs_before_a_recurrent_layer_run_nhwc(tmp_path):
     x = rng.standard_normal((1, 4, 1, 12)).astype(np.float32)
     want, got = onnxruntime_and_amptool(str(path), {"x": x})
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_convs_around_a_dropout_run_nhwc(tmp_path):
+    """Model-zoo exports (SqueezeNet, Inception-v1) keep a Dropout: TVM's layout pass refused the
+    (output, mask) tuple of its converter and left every conv in NCHW. At inference it is the input
+    and a mask of trues (bool, as onnxruntime's; TVM's was float)."""
+    rng = np.random.default_rng(8)
+    inits = [numpy_helper.from_array((rng.standard_normal((8, 8, 3, 3)) * 0.2).astype(np.float32), f"w{i}")
+             for i in range(2)]
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node("Dropout", ["a"], ["d", "mask"]),
+             helper.make_node("Conv", ["d", "w1"], ["y"], pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(nodes, "dropout", [info("x", [1, 8, 10, 10])],
+                              [info("y", [1, 8, 10, 10]), info("mask", [1, 8, 10, 10], TensorProto.BOOL)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    path = tmp_path / "dropout.onnx"
+    onnx.save(model, str(path))
+    text = "\n".join(scheduled_kernels(str(path), "float32"))
+    assert '"amp_conv2d_nhwc_init"' in text and '"amp_conv2d_init"' not in text
+    x = rng.standard_normal((1, 8, 10, 10)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})
+    amptool.convert(path, dtype="float32", output=tmp_path / "out")
+    got = amptool.load(tmp_path / "out").run({"x": x})
+    np.testing.assert_allclose(got["y"], want[0], rtol=1e-5, atol=1e-5)
+    assert np.asarray(got["mask"]).dtype == np.bool_
+    np.testing.assert_array_equal(np.asarray(got["mask"]), want[1])

@@ -345,7 +345,28 @@ def convert_array_feature_extractor(bb: Any, inputs: list[Any], attrs: dict[str,
     return relax.op.expand_dims(result, 0) if len(shape) == 1 else result
 
 
+def convert_dropout(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
+    """Dropout at inference: the input, and its optional mask all true (bool), as onnxruntime's.
+
+    Why: TVM's converter emits ``relax.nn.dropout``, whose mask has the input's dtype (float 1.0
+    where ONNX says bool), whose legalization copies the input, and whose (output, mask) tuple
+    TVM's ConvertLayout refuses — SqueezeNet and Inception-v1 from the model zoo stayed NCHW
+    throughout (SqueezeNet's kernels 10.2 → 6.1 ms in NHWC). A ``training_mode`` that is not a
+    constant false declines to TVM's converter (random masks cannot match anyway)."""
+    from tvm import relax  # noqa: PLC0415
+
+    x = inputs[0]
+    training = _constant(inputs[2]) if len(inputs) > 2 and inputs[2] is not None else np.array(False)
+    if training is None or bool(training):
+        return None
+    if int(attrs.get("tvm_custom", {}).get("num_outputs", 1)) < 2:
+        return x
+    shape = _static(x, attrs, "Dropout")
+    return relax.Tuple([x, relax.const(np.ones(shape, np.bool_), "bool")])
+
+
 SMALL_OP_CONVERTERS: dict[str, Any] = {
+    "Dropout": convert_dropout,
     "Celu": convert_celu,
     "EyeLike": convert_eye_like,
     "Pow": convert_pow,
