@@ -62,7 +62,8 @@ CASES = {
                                                           "y = ReduceSum <keepdims = 0> (x, axes)", False, [4]),
     "softmax of one row of 8 (a unit row dropped from one block only)": ([1, 8], "", "y = Softmax <axis = -1> (x)",
                                                                           False),
-    "softmax over channels (not contiguous)": ([2, 64, 4, 4], "", "y = Softmax <axis = 1> (x)", False),
+    # moved to the last axis first (cpu_softmax_axis): contiguous rows, vector partials
+    "softmax over channels": ([2, 64, 4, 4], "", "y = Softmax <axis = 1> (x)", True),
     "layer norm 768": ([1, 16, 768], *_layer_norm(768), True),
     "rms norm 96": ([2, 5, 96], "<float[1] eps = {0.000001}, int64[1] axes = {-1}>", _RMS_NORM[1], True),
     "reduce max alone": ([8, 256], "<int64[1] axes = {-1}>", "y = ReduceMax <keepdims = 0> (x, axes)", True, [8]),
