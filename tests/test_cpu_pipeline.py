@@ -550,3 +550,16 @@ def test_a_vector_count_no_tile_divides_gets_a_zero_vector(tmp_path: Path) -> No
     x = np.random.default_rng(9).standard_normal([1, 8, 12, 10]).astype(np.float32)
     want, got = onnxruntime_and_amptool(path, {"x": x})
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_pad_along_the_last_axis_keeps_the_usual_vectors(tmp_path: Path) -> None:
+    """A pad's selects compare the last axis with 1 and its length: runs no vector divides, so the
+    axis is split as any other (19 lanes of 3002), never vectorized whole (LLVM takes minutes)."""
+    path = _save(tmp_path, """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, 4, 8, 3000] x) => (float[1, 4, 8, 3002] y) <int64[8] p = {0, 0, 0, 1, 0, 0, 0, 1}> {
+            t = Pad(x, p)
+            y = Relu(t)
+        }""")
+    kernels = scheduled_kernels(path, "float32")
+    assert [re.findall(r"in T\.vectorized\(T\.int64\((\d+)\)\)", k) for k in kernels] == [["19"]]

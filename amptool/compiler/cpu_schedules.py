@@ -400,13 +400,13 @@ def _parallel_vectorized(sch: Any, block: Any, tiling: Tiling, vectorize: bool =
     outer = list(loops[:k])
     runs = _selected_runs(sch, block) if k == len(loops) - 1 else None
     runs = math.gcd(runs, sizes[k]) if runs else None  # runs that also tile the axis: no bounds test
-    if runs is not None and runs < sizes[k]:
-        # a concat along this axis: each vector within one input's run (see _selected_runs)
-        chunk = next((d for step in (tiling.lanes, 4) for d in range(widest - widest % step, 0, -step)
-                      if runs % d == 0), None)  # whole vectors, else whole SSE vectors
-        if chunk is not None:
-            head, inner = sch.split(inner, [None, chunk])
-            outer.append(head)
+    # a concat along this axis: each vector within one input's run (see _selected_runs), in whole
+    # vectors, else whole SSE vectors; runs no such vector divides (a pad's bound of 1) as before
+    chunk = next((d for step in (tiling.lanes, 4) for d in range(widest - widest % step, 0, -step)
+                  if runs % d == 0), None) if runs is not None and runs < sizes[k] else None
+    if chunk is not None:
+        head, inner = sch.split(inner, [None, chunk])
+        outer.append(head)
     elif sizes[k] > widest:
         chunk = _divisor(sizes[k], widest, tiling.lanes) or _divisor(sizes[k], widest, 4)
         if chunk is None:
