@@ -423,6 +423,11 @@ def _parallel_vectorized(sch: Any, block: Any, tiling: Tiling, vectorize: bool =
 _COMPARISONS = (tirx.LT, tirx.LE, tirx.GT, tirx.GE, tirx.EQ, tirx.NE)
 
 
+def _is_select(call: Any) -> bool:
+    """Whether a TIR call is ``if_then_else`` (a concat's or a pad's choice between values)."""
+    return bool(call.op.same_as(ir.Op.get("prim.if_then_else")))
+
+
 def _selected_runs(sch: Any, block: Any) -> int | None:
     """The length of the runs along the block's last axis over which every ``if_then_else`` it
     selects by that axis alone (a concat's ``c < 32 ? a : …``) decides alike: the gcd of the
@@ -437,7 +442,6 @@ def _selected_runs(sch: Any, block: Any) -> int | None:
         return None
     axis = stmt.iter_vars[-1].var
     bounds: list[int] = []
-    selector = ir.Op.get("prim.if_then_else")
 
     def compare(node: Any) -> None:
         if not isinstance(node, _COMPARISONS):
@@ -449,7 +453,7 @@ def _selected_runs(sch: Any, block: Any) -> int | None:
                 bounds.append(abs(int(other) - int(coef[1])))
 
     def select(call: Any) -> None:
-        if call.op.same_as(selector):
+        if _is_select(call):
             tvm_ffi.structural_walk(call.args[0], (ir.expr.Expr, compare))
 
     tvm_ffi.structural_walk(stmt.body, (ir.expr.Call, select))
@@ -869,7 +873,6 @@ def _concat_read_often(sch: Any, block: Any) -> bool:
 def _selects_buffers(expr: Any) -> bool:
     """Whether ``expr`` has an ``if_then_else`` whose branches both read a buffer (a concat's; a
     pad's has a constant branch)."""
-    selector = ir.Op.get("prim.if_then_else")
     found = [False]
 
     def reads(branch: Any) -> bool:
@@ -878,7 +881,7 @@ def _selects_buffers(expr: Any) -> bool:
         return loads[0]
 
     def select(call: Any) -> None:
-        if call.op.same_as(selector) and reads(call.args[1]) and reads(call.args[2]):
+        if _is_select(call) and reads(call.args[1]) and reads(call.args[2]):
             found[0] = True
 
     tvm_ffi.structural_walk(expr, (ir.expr.Call, select))
