@@ -69,16 +69,17 @@ def split_conv_transpose(mod: Any) -> Any:
 
 
 class _Plan:
-    """Per spatial dim: stride ``s``, taps per phase ``K``, rows computed per phase ``M``, the
-    conv's padding (front ``K-1``, back ``M - L`` when positive) and the crop (from ``pad``)."""
+    """Per spatial dim: stride ``s``, taps per phase ``K`` (a phase conv pads ``taps - 1`` in
+    front), rows computed per phase ``M``, the back padding every phase conv takes (``M - L`` when
+    positive) and the crop (from ``pad``)."""
 
     def __init__(self, length: int, kernel: int, stride: int, pad_front: int, out: int) -> None:
         self.stride = stride
         self.kernel = kernel
         self.taps = math.ceil(kernel / stride)
         self.rows = math.ceil((pad_front + out) / stride)
-        self.pad = (self.taps - 1, max(0, self.rows - length))
-        self.conv_rows = length + self.pad[1]  # ≥ rows
+        self.pad_back = max(0, self.rows - length)
+        self.conv_rows = length + self.pad_back  # ≥ rows
         self.crop = (pad_front, pad_front + out)
 
 
@@ -143,7 +144,7 @@ def _emit(builder: Any, call: Any, plans: list[_Plan]) -> Any:
 
     def conv(phase_weights: np.ndarray) -> Any:
         taps = phase_weights.shape[2:]
-        padding = [t - 1 for t in taps] + [p.pad[1] for p in plans]
+        padding = [t - 1 for t in taps] + [p.pad_back for p in plans]
         return builder.emit(conv_op(data, relax.const(phase_weights, dtype), strides=1, padding=padding, dilation=1,
                                     groups=1, data_layout=layouts[0], kernel_layout="OI" + layouts[0][2:],
                                     out_dtype=out_dtype))
