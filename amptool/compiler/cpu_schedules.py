@@ -266,9 +266,7 @@ def try_inline(sch: Any, block: Any) -> bool:
     stmt = sch.get(block)
     if not isinstance(stmt.body, tirx.BufferStore):
         return False
-    buffer = stmt.body.buffer
-    reads = max((_loads_of(sch.get(c), buffer) for c in sch.get_consumers(block)), default=0)
-    if _size(stmt.body.value) * max(reads, 1) > INLINE_LIMIT:
+    if _size(stmt.body.value) * max(_most_reads(sch, block), 1) > INLINE_LIMIT:
         return False
     try:
         sch.compute_inline(block)
@@ -282,6 +280,12 @@ def _size(expr: Any) -> int:
     count = [0]
     tvm_ffi.structural_walk(expr, (ir.expr.Expr, lambda _node: count.__setitem__(0, count[0] + 1)))
     return count[0]
+
+
+def _most_reads(sch: Any, block: Any) -> int:
+    """The most loads of ``block``'s output (a BufferStore's buffer) in any one of its consumers."""
+    buffer = sch.get(block).body.buffer
+    return max((_loads_of(sch.get(c), buffer) for c in sch.get_consumers(block)), default=0)
 
 
 def _loads_of(stmt: Any, buffer: Any) -> int:
@@ -866,8 +870,7 @@ def _concat_read_often(sch: Any, block: Any) -> bool:
     stmt = sch.get(block)
     if not isinstance(stmt.body, tirx.BufferStore) or not _selects_buffers(stmt.body.value):
         return False
-    buffer = stmt.body.buffer
-    return max((_loads_of(sch.get(c), buffer) for c in sch.get_consumers(block)), default=0) > 1
+    return _most_reads(sch, block) > 1
 
 
 def _selects_buffers(expr: Any) -> bool:
