@@ -352,7 +352,8 @@ def convert_dropout(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     where ONNX says bool), whose legalization copies the input, and whose (output, mask) tuple
     TVM's ConvertLayout refuses — SqueezeNet and Inception-v1 from the model zoo stayed NCHW
     throughout (SqueezeNet's kernels 10.2 → 6.1 ms in NHWC). A ``training_mode`` that is not a
-    constant false declines to TVM's converter (random masks cannot match anyway)."""
+    constant false declines to TVM's converter (random masks cannot match anyway), as does a mask
+    asked of a symbolic shape."""
     from tvm import relax  # noqa: PLC0415
 
     x = inputs[0]
@@ -361,7 +362,9 @@ def convert_dropout(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
         return None
     if int(attrs.get("tvm_custom", {}).get("num_outputs", 1)) < 2:
         return x
-    shape = _static(x, attrs, "Dropout")
+    shape = _shape(x)
+    if shape is None:
+        return None  # a symbolic shape: TVM's converter, whose mask follows it
     return relax.Tuple([x, relax.const(np.ones(shape, np.bool_), "bool")])
 
 
