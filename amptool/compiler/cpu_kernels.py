@@ -50,6 +50,7 @@ from amptool import _tvm
 from amptool._tvm import static_shape
 from amptool.compiler import bf16_pairs
 from amptool.compiler.cpu_depthwise import DEPTHWISE_BLOCK, depthwise_conv2d, pack_weight
+from amptool.compiler.cpu_nhwc import RAGGED_TILES
 from amptool.compiler.cpu_tail_reduction import REDUCTIONS
 from amptool.compiler.cpu_tail_reduction import legalization as tail_reduction
 from amptool.dtypes import DTYPES
@@ -425,10 +426,19 @@ def matmul_vectors(rows: int, blocks: int, lanes: int, items: int = 1) -> int:
     return matmul_tile(rows, blocks, lanes, items)[0]
 
 
+#: Independent FMAs a core keeps in flight: two pipes × four cycles' latency (Zen 3, Ice Lake). A
+#: register tile of fewer accumulators leaves the pipes waiting whatever its loads.
+FMAS_IN_FLIGHT = 8
+
+
 def nhwc_columns(width: int, lanes: int, vectors: int = 1) -> int:
     """Output columns per NHWC register tile for ``width`` columns and ``vectors`` channel vectors
     (``tile_vectors``): a divisor of ``width`` near the accumulator budget (``column_tile``), else
     the tile wasting the fewest columns — the compute then covers a multiple of it and crops.
+    Several vectors: where that tile holds fewer than ``FMAS_IN_FLIGHT`` accumulators (27 columns'
+    divisor 3, 2 × 3) and ``RAGGED_TILES`` tiles of the widest the registers allow cover the row,
+    those tiles, the last narrower (27 = 4 × 6 + 3). SqueezeNet's 27² convs (AVX2 EPYC, 2 threads,
+    per-call minima alternated): 3×3 32 → 128 0.77×, 1×1 0.80–0.87×; Inception-v1's kernel sum 0.93×.
     The legalization and the schedule rules both ask here."""
     if vectors > 1:
         # Accumulators in the registers beside one weight vector per channel vector and the
@@ -440,7 +450,11 @@ def nhwc_columns(width: int, lanes: int, vectors: int = 1) -> int:
         tile = next((d for d in range(most, 1, -1) if width % d == 0), None)
         if tile is not None and 3 * tile >= 2 * most:
             return tile
-        return min(range(max(2, most // 2), most + 1), key=lambda t: (-(-width // t) * t, -t))
+        tile = min(range(max(2, most // 2), most + 1), key=lambda t: (-(-width // t) * t, -t))
+        tiles = -(-width // most)
+        if tile * vectors < FMAS_IN_FLIGHT and tiles <= RAGGED_TILES:
+            return -(-width // tiles)
+        return tile
     cap = accumulator_budget(lanes) // 2
     tile = column_tile(width, cap)
     if tile is not None and tile * 4 < cap * 3:

@@ -68,8 +68,9 @@ def pack_depthwise_weight(weight: np.ndarray) -> np.ndarray:
 
 
 #: Column tiles a row may take and still end in a narrower tile (``ragged_row``): each row's tiles
-#: are unrolled, each a copy of the conv's reduction loops.
-RAGGED_TILES = 4
+#: are unrolled, each a copy of the conv's reduction loops. Five: 27 columns as 4 × 6 + 3
+#: (``cpu_kernels.nhwc_columns``).
+RAGGED_TILES = 5
 
 
 def ragged_row(width: int, columns: int) -> bool:
