@@ -62,6 +62,7 @@ from amptool.compiler.in_place import write_in_place
 from amptool.compiler.kernel_cache import KernelCache
 from amptool.compiler.schedule_fallback import codegen_or_fall_back
 from amptool.compiler.split_codegen import codegen
+from amptool.compiler.uniform_selects import UniformSelects
 from amptool.compiler.widen_epilogues import widen_epilogues
 
 _SCHEDULED = stages.STAGES.index("schedule") + 1
@@ -107,10 +108,12 @@ def stage_passes(target: Any) -> stages.Stages:
     """(stage, passes) in build order, for ``target`` (an LLVM Target): the ``layout`` stage
     (``cpu_layout``), then the stages every backend has."""
     shared = stages.relax_stages(target, cpu_generic, legalize_map(), default_rules())
+    schedule, schedule_passes = shared[_SCHEDULED - 1]
     return [("layout", [_FUSE_ATTENTION, _SPLIT_CONV_TRANSPOSE, _CONV1D_AS_CONV2D, _ROW_SCANS, _SOFTMAX_LAST_AXIS,
                         *layout_passes()]),
             ("epilogues", [_WIDEN_EPILOGUES]),
-            *shared[:_SCHEDULED], ("in place", [_IN_PLACE]), *shared[_SCHEDULED:]]
+            *shared[:_SCHEDULED - 1], (schedule, [*schedule_passes, UniformSelects]), ("in place", [_IN_PLACE]),
+            *shared[_SCHEDULED:]]
 
 
 def _module_pass(rewrite: Callable[[Any], Any], name: str) -> Any:
