@@ -150,3 +150,27 @@ def scheduled_kernels(path: str, dtype: str, mcpu: str | None = None) -> list[st
 
     mod = staged_module(path, dtype, "schedule", mcpu)
     return [f.script() for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+
+
+def kernel_after_pass(path: str, name_part: str, pass_name: str, dtype: str = "float32") -> str:
+    """The TIR of the scheduled kernel of ``path`` whose name has ``name_part``, right after the TVM
+    lowering pass whose name has ``pass_name`` (``VectorizeLoop``: where a select TVM cannot keep as
+    a vector becomes a loop of scalars; ``FlattenBuffer``: the buffers as allocated)."""
+    import tvm
+
+    from amptool import _tvm
+
+    mod = staged_module(path, dtype, "schedule")
+    func = next(f for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc) and name_part in gv.name_hint)
+    seen: list[str] = []
+
+    @tvm.instrument.pass_instrument
+    class AfterPass:
+        def run_after_pass(self, module: Any, info: Any) -> None:
+            if pass_name in info.name:
+                seen.append(module.script())
+
+    with tvm.transform.PassContext(instruments=[AfterPass()]):
+        tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}),
+                    target=_tvm.make_target({"kind": "llvm", "mcpu": _tvm.host_cpu()}))
+    return seen[-1]

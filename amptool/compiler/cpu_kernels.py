@@ -374,10 +374,12 @@ PAD_ROWS_GAIN = 1.5
 #: as 128 is 2 vectors × 4 rows, 8 accumulators: just the FMAs Zen 3 keeps in flight, so any stall
 #: idles a pipe. BERT-base's 128-row products as 2 × 6 over 132 rows ran 0.96–0.97× (kernel sums
 #: 147.4 → 142.7 and 141.3 → 137.2 ms, outputs bit-identical; 2 × 5 over 130, 0.96×); an AVX2 EPYC,
-#: 2 threads, alternated. Not over several items, whose rows are one fused loop: there LLVM kept
-#: some of a 2 × 6 tile's accumulators in memory (ConvNeXt's 56 × 56-row MLPs padded to 2 × 6 over
-#: 60 ran 1.8–2.3× slower; a 56 × 60-row product's exact 2 × 6 took 3.64 ms where 2 × 4 took 2.03),
-#: yet Swin's 64 windows × 49 rows ran 1.6× faster as 2 × 6 over 54 than as 1 × 7 (the 1.5 gain).
+#: 2 threads, alternated. Not over several items: there LLVM kept some of a 2 × 6 tile's
+#: accumulators in memory (ConvNeXt's 56 × 56-row MLPs padded to 2 × 6 over 60 ran 1.8–2.3× slower;
+#: a 56 × 60-row product's exact 2 × 6 took 3.64 ms where 2 × 4 took 2.03), yet Swin's 64 windows ×
+#: 49 rows ran 1.6× faster as 2 × 6 over 54 than as 1 × 7 (the 1.5 gain). The cause was the tile's
+#: accumulator buffer, split out of the items and rows fused (``cpu_schedules.packed_matmul`` now
+#: splits each item's rows); the gain over several items has not been measured again since.
 PAD_ROWS_GAIN_AVX2 = 1.3
 
 
@@ -394,10 +396,11 @@ def _padded_rows(rows: int, vectors: int, lanes: int) -> tuple[int, float]:
     return tiles * -(-rows // tiles), vectors * rows / tiles
 
 
-def matmul_tile(rows: int, blocks: int, lanes: int, items: int = 1) -> tuple[int, int]:
+def matmul_tile(rows: int, blocks: int, lanes: int, items: int = 1, paired: bool = False) -> tuple[int, int]:
     """(column vectors, rows computed) of a packed-matmul register tile for ``rows`` rows of each of
     ``items`` batch items and ``blocks`` vectors of columns. Vectors: of the divisors of ``blocks``
-    up to 4 (AVX-512) or 2 (AVX2), the one whose tile of rows (a divisor of ``rows`` within
+    up to 4 (AVX-512) or 3 (AVX2; 2 for ``paired`` bfloat16 weights, read as pairs of vectors only
+    in even counts), the one whose tile of rows (a divisor of ``rows`` within
     ``matmul_row_cap``) holds the most accumulators, the more vectors on a tie (fewer broadcasts
     per FMA). Rows: ``rows``, unless padding them (``PAD_ROWS_GAIN``, ``PAD_ROWS_GAIN_AVX2``)
     fills the tile; the kernel then crops.
@@ -407,10 +410,15 @@ def matmul_tile(rows: int, blocks: int, lanes: int, items: int = 1) -> tuple[int
     Emerald Rapids, alternated in one process). Why the padding: a prime row count has no
     divisor: ViT-B/16's 197 tokens took one row per tile, one FMA per broadcast (fc1 17.6 ms
     against onnxruntime's 7.5 at one thread); as 198 rows, 3 vectors × 9, one row in 198 is wasted.
+    Three on AVX2 (12 accumulators, 7 loads per 12 FMAs where 2 × 4 has 6 per 8): ConvNeXt's MLPs
+    (56 rows an item, 96 and 384 columns) 1.56 ms each against 2.25 and 1.86 as 2 × 4 (onnxruntime
+    1.80, 1.74); kernel sums Swin 0.78×, ConvNeXt 0.87×, BERT-base 0.96×, Llama and GPT-2 0.96–0.97×
+    (an AVX2 EPYC, 2 threads, alternated). Unpaired bfloat16 weights decode each vector on its own:
+    BERT-base bf16 with 3 × 4 ran 1.11×.
     """
     if rows < 1 or blocks < 1:
         return 1, rows
-    most = 4 if lanes >= 16 else 2
+    most = 4 if lanes >= 16 else (2 if paired else 3)
     candidates = [v for v in range(1, min(most, blocks) + 1) if blocks % v == 0]
     exact = max(candidates, key=lambda v: (v * _exact_rows(rows, v, lanes), v))
     padded = max(candidates, key=lambda v: (_padded_rows(rows, v, lanes)[1], v))
@@ -852,7 +860,8 @@ def _legalize_matmul(bb: Any, call: Any) -> Any:
     rows = a_shape[-2]
     vectors = 1
     if block == lanes:
-        vectors, rows = matmul_tile(rows, w.shape[1] // lanes, lanes, math.prod(a_shape[:-2]))
+        paired = str(b.ty.dtype) == "bfloat16"  # read as pairs of vectors (_call_packed)
+        vectors, rows = matmul_tile(rows, w.shape[1] // lanes, lanes, math.prod(a_shape[:-2]), paired)
         block *= vectors
     packed = w.reshape(k, w.shape[1] // block, block).transpose(1, 0, 2)
     return _call_packed(bb, _matmul_packed, a, packed, b, vectors, n=n, out_dtype=out_dtype, rows=rows,

@@ -642,7 +642,6 @@ def packed_matmul(sch: Any, tiling: Tiling) -> Any | None:
     block = block_of(sch.get(mm).reads[1].source)
     m_rows = _extent(sch, m)
     items = [_extent(sch, loop) for loop in batch]
-    rows_loop = sch.fuse(*batch, m) if batch else m
     if m_rows is None or None in items:
         return None
     vectors = max(1, block // tiling.lanes)
@@ -656,7 +655,15 @@ def packed_matmul(sch: Any, tiling: Tiling) -> Any | None:
         # [768, 768] 3.4 → 0.73 ms (onnxruntime 0.78). Whole items keep the epilogue's rows exact.
         tile *= _box_items(items, cap // m_rows)  # type: ignore[arg-type]
     blocks = (_extent(sch, n) or 0) // block
-    ro, ri = sch.split(rows_loop, [None, tile])
+    if tile <= m_rows:
+        # Within one item: split the rows alone, the items and the row tiles fused outside. The
+        # tile's accumulators are then a [tile, block] buffer at constant offsets that LLVM keeps in
+        # registers; split out of the fused loop, its rows were a division's bounds and the buffer a
+        # workspace allocation indexed at run time.
+        ro, ri = sch.split(m, [None, tile])
+        ro = sch.fuse(*batch, ro) if batch else ro
+    else:
+        ro, ri = sch.split(sch.fuse(*batch, m), [None, tile])
     no, ni = sch.split(n, [None, block])
     # Few rows (a GEMV: a classifier head, an RNN step, LLM decoding) leave accumulators spare: the
     # tile takes several column blocks too, so each k step issues independent FMAs instead of one
