@@ -93,9 +93,9 @@ def packed_matmul_bf16(sch: Any, tiling: Tiling) -> Any | None:
     if m_rows is None or any(_extent(sch, loop) is None for loop in batch):
         return None
     tile = _divisor(m_rows, max(1, tiling.accumulators // 2)) or 1
-    # Batch loops stay separate from the rows (packed_matmul fuses them): tensorize blockizes
-    # the tile, which fails on the // and % bindings a fused batch×rows split leaves (BERT's
-    # [2, 16, 128] projections then fell back to a scalar kernel, 10× slower than float32).
+    # Batch loops stay separate from the rows (as packed_matmul's within an item): tensorize
+    # blockizes the tile, which fails on the // and % bindings a fused batch×rows split leaves
+    # (BERT's [2, 16, 128] projections then fell back to a scalar kernel, 10× slower than float32).
     ro, ri = sch.split(m, [None, tile])
     no, ni = sch.split(n, [None, 16])
     sch.reorder(no, *batch, ro, rp, ri, ni)
