@@ -888,3 +888,31 @@ def test_convs_around_a_dropout_run_nhwc(tmp_path):
     np.testing.assert_allclose(got["y"], want[0], rtol=1e-5, atol=1e-5)
     assert np.asarray(got["mask"]).dtype == np.bool_
     np.testing.assert_array_equal(np.asarray(got["mask"]), want[1])
+
+
+def test_a_channels_last_block_between_convs_keeps_no_transposes(tmp_path):
+    """ConvNeXt's block: conv, transpose to channels last, LayerNorm and a Linear, transpose back,
+    the residual added in NCHW, then the next conv. In NHWC the transposes cancel: only the model's
+    input and output are transposed (each block had a copy to NCHW and back for its residual add,
+    and a transpose pair around each LayerNorm)."""
+    rng = np.random.default_rng(9)
+    inits = [numpy_helper.from_array((rng.standard_normal((16, 16, 3, 3)) * 0.2).astype(np.float32), "w0"),
+             numpy_helper.from_array((rng.standard_normal((16, 16, 1, 1)) * 0.2).astype(np.float32), "w1"),
+             numpy_helper.from_array((rng.standard_normal((16, 16)) * 0.2).astype(np.float32), "lin"),
+             numpy_helper.from_array(np.ones(16, np.float32), "gamma"),
+             numpy_helper.from_array(np.zeros(16, np.float32), "beta")]
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Transpose", ["c"], ["t"], perm=[0, 2, 3, 1]),
+             helper.make_node("LayerNormalization", ["t", "gamma", "beta"], ["n"], axis=-1),
+             helper.make_node("MatMul", ["n", "lin"], ["m"]),
+             helper.make_node("Transpose", ["m"], ["b"], perm=[0, 3, 1, 2]),
+             helper.make_node("Add", ["c", "b"], ["r"]),
+             helper.make_node("Conv", ["r", "w1"], ["y"])]
+    model = x_to_y_model(nodes, "channels_last", [1, 16, 8, 8], inits)
+    path = tmp_path / "block.onnx"
+    onnx.save(model, str(path))
+    script = staged_module(str(path), "float32", "layout")["main"].script()
+    assert script.count("R.permute_dims(") == 2, script  # the input to NHWC, the output back
+    x = rng.standard_normal((1, 16, 8, 8)).astype(np.float32)
+    want, got = onnxruntime_and_amptool(str(path), {"x": x})
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -9,6 +9,9 @@ What: one pass, ``amptool.ToNHWC``, run before legalization when a conv ``wants_
                              and concat between such convs follow; a transpose back to NCHW only
                              where an op needs it (a reshape, a conv kept NCHW, an output)
     common subexpressions    one NCHW → NHWC copy of a tensor several convs read, not one each
+    transposes folded        a transpose of a transpose is one (none where they cancel), and an
+                             elementwise op of two equally transposed values runs before the
+                             transpose (``_fold_permutes``: ConvNeXt's channels-last blocks)
     fold constants           the bias constants ConvertLayout transposed, folded in numpy
 
 Why: :mod:`amptool.compiler.cpu_nhwc`: NHWC register tiles are stored as they are computed and
@@ -107,9 +110,104 @@ def layout_passes() -> list[Any]:
             return mod
         # A tensor read by several NHWC convs (a transposed conv's phase convs, branches off a model's
         # input) got one transpose per conv: one is enough.
-        return fold_constants(relax.transform.EliminateCommonSubexpr(call_only=True)(converted))
+        shared = relax.transform.EliminateCommonSubexpr(call_only=True)(converted)
+        return fold_constants(_fold_permutes(shared))
 
     return [to_nhwc]
+
+
+#: Rounds of ``_fold_permutes``: each sinks the transposes of one more residual add of a chain.
+FOLD_ROUNDS = 64
+
+
+def _fold_permutes(mod: Any) -> Any:
+    """``mod`` with each transpose of a transpose as one transpose of the source (none where they
+    cancel), transposes that keep every axis dropped, and an elementwise op of two equally
+    transposed values read nowhere else computed before the transpose; rounds until nothing moves.
+
+    Why: ConvertLayout puts its own transposes beside the model's. ConvNeXt transposes to channels
+    last around each block's LayerNorm and MLP and adds the residual in NCHW: in NHWC that was a
+    transpose back to NCHW, the add, and a transpose to NHWC again — copies of the map for nothing."""
+    import tvm_ffi  # noqa: PLC0415
+    from tvm import relax  # noqa: PLC0415
+
+    for _ in range(FOLD_ROUNDS):
+        folded = relax.transform.DeadCodeElimination()(_tvm.rewrite_functions(mod, _permute_folder(mod)))
+        if tvm_ffi.structural_equal(folded, mod):
+            return folded
+        mod = folded
+    return mod
+
+
+def _permute_folder(mod: Any) -> Any:
+    """One round of ``_fold_permutes``: a Relax mutator over ``mod``."""
+    import tvm  # noqa: PLC0415
+    import tvm_ffi  # noqa: PLC0415
+    from tvm import relax  # noqa: PLC0415
+    from tvm.relax.expr_functor import PyExprMutator, mutator  # noqa: PLC0415
+
+    permute = tvm.ir.Op.get("relax.permute_dims")
+    elementwise = {tvm.ir.Op.get(f"relax.{name}") for name in ("add", "subtract", "multiply", "divide", "maximum",
+                                                               "minimum")}
+    uses: dict[Any, int] = {}
+
+    def count(var: Any) -> None:
+        uses[var.__chandle__()] = uses.get(var.__chandle__(), 0) + 1
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            for block in func.body.blocks:
+                for binding in block.bindings:
+                    tvm_ffi.structural_walk(binding.value, (relax.Var, count))
+            tvm_ffi.structural_walk(func.body.body, (relax.Var, count))
+
+    def axes_of(call: Any) -> list[int] | None:
+        ndim = getattr(call.args[0].ty, "ndim", -1)
+        if ndim < 0:
+            return None
+        return list(range(ndim))[::-1] if call.attrs.axes is None else [int(a) for a in call.attrs.axes]
+
+    @mutator
+    class _Folder(PyExprMutator):
+        def transposed(self, value: Any) -> tuple[Any, list[int]] | None:
+            """(source, axes) when ``value`` is a variable bound to a transpose."""
+            bound = self.lookup_binding(value) if isinstance(value, relax.Var) else None
+            if isinstance(bound, relax.Call) and bound.op.same_as(permute) and axes_of(bound) is not None:
+                return bound.args[0], axes_of(bound)  # type: ignore[return-value]
+            return None
+
+        def visit_call_(self, call: Any) -> Any:
+            call = super().visit_call_(call)
+            if not isinstance(call.op, tvm.ir.Op):
+                return call
+            if call.op.same_as(permute):
+                return self.fold(call)
+            if call.op in elementwise and len(call.args) == 2:
+                return self.sink(call)
+            return call
+
+        def fold(self, call: Any) -> Any:
+            outer = axes_of(call)
+            if outer is None:
+                return call
+            source, axes = call.args[0], outer
+            inner = self.transposed(source)
+            if inner is not None:
+                source, axes = inner[0], [inner[1][a] for a in outer]
+            if axes == list(range(len(axes))):
+                return source
+            return call if source.same_as(call.args[0]) else relax.op.permute_dims(source, axes)
+
+        def sink(self, call: Any) -> Any:
+            sides = [self.transposed(arg) for arg in call.args]
+            if (None in sides or sides[0][1] != sides[1][1]  # type: ignore[index]
+                    or any(uses.get(arg.__chandle__(), 0) != 1 for arg in call.args)
+                    or not tvm_ffi.structural_equal(sides[0][0].ty, sides[1][0].ty)):  # type: ignore[index]
+                return call
+            inner = self.builder_.emit(relax.Call(call.op, [side[0] for side in sides], call.attrs))  # type: ignore[index]
+            return relax.op.permute_dims(inner, sides[0][1])  # type: ignore[index]
+
+    return _Folder(mod)
 
 
 def _any_conv(mod: Any, accept: Any) -> bool:
