@@ -147,8 +147,8 @@ def _permute_folder(mod: Any) -> Any:
     from tvm.relax.expr_functor import PyExprMutator, mutator  # noqa: PLC0415
 
     permute = tvm.ir.Op.get("relax.permute_dims")
-    elementwise = {tvm.ir.Op.get(f"relax.{name}") for name in ("add", "subtract", "multiply", "divide", "maximum",
-                                                               "minimum")}
+    elementwise = [tvm.ir.Op.get(f"relax.{name}") for name in ("add", "subtract", "multiply", "divide", "maximum",
+                                                               "minimum")]
     uses: dict[Any, int] = {}
 
     def count(var: Any) -> None:
@@ -182,7 +182,7 @@ def _permute_folder(mod: Any) -> Any:
                 return call
             if call.op.same_as(permute):
                 return self.fold(call)
-            if call.op in elementwise and len(call.args) == 2:
+            if any(call.op.same_as(op) for op in elementwise) and len(call.args) == 2:
                 return self.sink(call)
             return call
 
