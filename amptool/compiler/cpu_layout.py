@@ -139,16 +139,16 @@ def _fold_permutes(mod: Any) -> Any:
     return mod
 
 
+#: Elementwise ops ``_fold_permutes`` computes before a transpose both their operands share.
+_ELEMENTWISE = frozenset(f"relax.{name}" for name in ("add", "subtract", "multiply", "divide", "maximum", "minimum"))
+
+
 def _permute_folder(mod: Any) -> Any:
     """One round of ``_fold_permutes``: a Relax mutator over ``mod``."""
-    import tvm  # noqa: PLC0415
     import tvm_ffi  # noqa: PLC0415
     from tvm import relax  # noqa: PLC0415
     from tvm.relax.expr_functor import PyExprMutator, mutator  # noqa: PLC0415
 
-    permute = tvm.ir.Op.get("relax.permute_dims")
-    elementwise = [tvm.ir.Op.get(f"relax.{name}") for name in ("add", "subtract", "multiply", "divide", "maximum",
-                                                               "minimum")]
     uses: dict[Any, int] = {}
 
     def count(var: Any) -> None:
@@ -162,6 +162,7 @@ def _permute_folder(mod: Any) -> Any:
             tvm_ffi.structural_walk(func.body.body, (relax.Var, count))
 
     def axes_of(call: Any) -> list[int] | None:
+        """A transpose's axes (None: its operand's rank is unknown)."""
         ndim = getattr(call.args[0].ty, "ndim", -1)
         if ndim < 0:
             return None
@@ -171,18 +172,18 @@ def _permute_folder(mod: Any) -> Any:
     class _Folder(PyExprMutator):
         def transposed(self, value: Any) -> tuple[Any, list[int]] | None:
             """(source, axes) when ``value`` is a variable bound to a transpose."""
-            bound = self.lookup_binding(value) if isinstance(value, relax.Var) else None
-            if isinstance(bound, relax.Call) and bound.op.same_as(permute) and axes_of(bound) is not None:
-                return bound.args[0], axes_of(bound)  # type: ignore[return-value]
-            return None
+            if not isinstance(value, relax.Var):
+                return None
+            bound = self.lookup_binding(value)
+            axes = axes_of(bound) if _tvm.op_name(bound) == "relax.permute_dims" else None
+            return None if axes is None else (bound.args[0], axes)
 
         def visit_call_(self, call: Any) -> Any:
             call = super().visit_call_(call)
-            if not isinstance(call.op, tvm.ir.Op):
-                return call
-            if call.op.same_as(permute):
+            name = _tvm.op_name(call)
+            if name == "relax.permute_dims":
                 return self.fold(call)
-            if any(call.op.same_as(op) for op in elementwise) and len(call.args) == 2:
+            if name in _ELEMENTWISE and len(call.args) == 2:
                 return self.sink(call)
             return call
 
