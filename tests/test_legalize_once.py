@@ -14,8 +14,9 @@ from amptool.compiler.cpu_kernels import legalize_map
 
 
 def _module():
-    """Repeats (two ``add(x, y)``, two ``relu``), and calls alike but for what must tell them apart:
-    ``add(x, x)`` against ``add(x, y)``, clip bounds, reshape targets, a constant operand."""
+    """Repeats (two ``add(x, y)``, two ``relu``, two slices of one range), and calls alike but for
+    what must tell them apart: ``add(x, x)`` against ``add(x, y)``, clip bounds, reshape targets,
+    slice ranges, a constant operand."""
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType([4, 8], "float32"))
     y = relax.Var("y", relax.TensorType([4, 8], "float32"))
@@ -34,7 +35,11 @@ def _module():
             high = bb.emit(relax.op.clip(summed, relax.prim_value(-1.0), relax.prim_value(1.0)))
             wide = bb.emit(relax.op.reshape(relax.op.nn.relu(low), (2, 16)))
             tall = bb.emit(relax.op.reshape(relax.op.nn.relu(high), (16, 2)))
-            out = bb.emit_output(relax.Tuple([wide, tall]))
+            left = bb.emit(relax.op.strided_slice(summed, axes=[1], begin=[0], end=[4]))
+            also_left = bb.emit(relax.op.strided_slice(x, axes=[1], begin=[0], end=[4]))
+            right = bb.emit(relax.op.strided_slice(summed, axes=[1], begin=[4], end=[8]))
+            halves = bb.emit(relax.op.add(bb.emit(relax.op.add(left, also_left)), right))
+            out = bb.emit_output(relax.Tuple([wide, tall, halves]))
         bb.emit_func_output(out)
     return bb.get()
 
@@ -42,7 +47,8 @@ def _module():
 def _expected(x, y):
     summed = x + y
     low = np.clip((((2 * x + summed + 0.5) + 1) * 2 - 3) * 0.5, 0, 6)
-    return np.maximum(low, 0).reshape(2, 16), np.maximum(np.clip(summed, -1, 1), 0).reshape(16, 2)
+    halves = summed[:, :4] + x[:, :4] + summed[:, 4:]
+    return np.maximum(low, 0).reshape(2, 16), np.maximum(np.clip(summed, -1, 1), 0).reshape(16, 2), halves
 
 
 def test_same_module_as_legalize_ops_from_fewer_legalizations(monkeypatch):
@@ -59,8 +65,11 @@ def test_same_module_as_legalize_ops_from_fewer_legalizations(monkeypatch):
     tvm.ir.assert_structural_equal(legalized, relax.transform.LegalizeOps(legalize_map())(mod))
     # add(x, x), add(x, y), add(·, constant) and two adds of scalars are legalized, add(doubled, summed)
     # repeats add(x, y); the second relu repeats the first; the multiplies hold different scalars, the
-    # clips and reshapes differ in their bounds and targets.
-    want = ["relax.add"] * 5 + ["relax.multiply"] * 2 + ["relax.nn.relu"] + ["relax.clip", "relax.reshape"] * 2
+    # clips and reshapes differ in their bounds and targets; the slice of x repeats the first slice of
+    # summed (a tuple of begins is a value like any other), the second range is its own; of the two
+    # adds of halves, the second repeats the first.
+    want = (["relax.add"] * 6 + ["relax.multiply"] * 2 + ["relax.nn.relu"] + ["relax.clip", "relax.reshape"] * 2
+            + ["relax.strided_slice"] * 2)
     assert sorted(runs) == sorted(want)
 
 

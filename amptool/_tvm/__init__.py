@@ -43,6 +43,7 @@ from amptool._tvm.ir import (  # noqa: F401
     assert_well_formed,
     astype,
     attrs_dict,
+    bound_calls,
     call_with_args,
     call_with_out_dtype,
     calls_op,

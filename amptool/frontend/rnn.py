@@ -53,7 +53,7 @@ def _lstm_step(u: Unroller, w: _LstmDirection, x_t: Expr, state: tuple[Expr, ...
     op = u.relax.op
     h, c = state
     f_act, g_act, h_act = w.acts
-    i, o, f, c_hat = u.split(u.emit(op.add(x_t, u.emit(op.matmul(h, w.r_t)))), 4)
+    i, o, f, c_hat = u.split(u.emit(op.add(x_t, u.matmul(h, w.r_t))), 4)
     if w.peepholes is not None:
         i = u.emit(op.add(i, u.emit(op.multiply(w.peepholes[0], c))))
         f = u.emit(op.add(f, u.emit(op.multiply(w.peepholes[2], c))))
@@ -110,7 +110,7 @@ def _gru_step(u: Unroller, w: _GruDirection, x_t: Expr, state: tuple[Expr, ...])
     if w.linear_before_reset:
         # h̃ = g(Xt·Whᵀ + r ⊙ (H·Rhᵀ + Rbh) + Wbh): one matmul for all three gates.
         x_z, x_r, x_h = u.split(x_t, 3)
-        h_z, h_r, h_h = u.split(u.emit(op.matmul(h, w.r_t)), 3)
+        h_z, h_r, h_h = u.split(u.matmul(h, w.r_t), 3)
         z = u.act(f_act, u.emit(op.add(x_z, h_z)))
         r = u.act(f_act, u.emit(op.add(x_r, h_r)))
         if w.rb_h is not None:
@@ -119,8 +119,8 @@ def _gru_step(u: Unroller, w: _GruDirection, x_t: Expr, state: tuple[Expr, ...])
     else:
         # h̃ = g(Xt·Whᵀ + (r ⊙ H)·Rhᵀ + Rbh + Wbh): the reset gate comes before the h matmul.
         x_zr, x_h = u.cols(x_t, 0, 2 * hidden), u.cols(x_t, 2 * hidden, 3 * hidden)
-        z, r = (u.act(f_act, g) for g in u.split(u.emit(op.add(x_zr, u.emit(op.matmul(h, w.r_zr_t)))), 2))
-        h_hat = u.act(g_act, u.emit(op.add(x_h, u.emit(op.matmul(u.emit(op.multiply(r, h)), w.r_h_t)))))
+        z, r = (u.act(f_act, g) for g in u.split(u.emit(op.add(x_zr, u.matmul(h, w.r_zr_t))), 2))
+        h_hat = u.act(g_act, u.emit(op.add(x_h, u.matmul(u.emit(op.multiply(r, h)), w.r_h_t))))
     h_new = u.emit(op.add(u.emit(op.multiply(u.emit(op.subtract(u.const(1), z)), h_hat)), u.emit(op.multiply(z, h))))
     return (h_new,)
 
@@ -160,7 +160,7 @@ def convert_gru(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
 
 def _rnn_step(u: Unroller, r_t: Expr, act: str, x_t: Expr, state: tuple[Expr, ...]) -> tuple[Expr, ...]:
     (h,) = state
-    return (u.act(act, u.emit(u.relax.op.add(x_t, u.emit(u.relax.op.matmul(h, r_t))))),)
+    return (u.act(act, u.emit(u.relax.op.add(x_t, u.matmul(h, r_t)))),)
 
 
 def convert_rnn(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:

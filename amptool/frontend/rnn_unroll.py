@@ -199,6 +199,14 @@ class Unroller:
             return self.relax.const(np.ascontiguousarray(value.T))
         return self.emit(self.relax.op.permute_dims(expr, [1, 0]))
 
+    def matmul(self, a: Expr, b: Expr) -> Expr:
+        """``a·b``; in numpy when both are constants (a step from a constant initial state: left to
+        FoldConstant, that one matmul made it legalize every call of the unrolled sequence)."""
+        va, vb = self.value(a), self.value(b)
+        if va is not None and vb is not None:
+            return self.const(np.matmul(va.astype(np.float64), vb.astype(np.float64)))
+        return self.emit(self.relax.op.matmul(a, b))
+
     def add(self, a: Expr, b: Expr) -> Expr:
         va, vb = self.value(a), self.value(b)
         if va is not None and vb is not None:
@@ -223,14 +231,16 @@ class Unroller:
         proj = self.emit(op.matmul(x, self.transpose(w)))
         if bias is not None:
             proj = self.emit(op.add(proj, bias))
-        time_axis = self.cell.layout
-        if self.cell.seq == 1:
-            return [self.emit(op.squeeze(proj, axis=[time_axis]))]
-        tup = self.emit(op.split(proj, self.cell.seq, axis=time_axis))
-        return [
-            self.emit(op.squeeze(self.emit(self.relax.TupleGetItem(tup, t)), axis=[time_axis]))
-            for t in range(self.cell.seq)
-        ]
+        # Each step takes its row by an index tensor, fused into the step's first kernel, which all
+        # steps then share (the index is the kernel's argument, not a constant compiled into it, as
+        # a slice's begin would be: 1,200 distinct kernels for 300 steps × 4). A ``split`` into
+        # every timestep was a kernel of its own with ``seq`` outputs, a copy at run time, and
+        # scheduling it took minutes at a few hundred steps (each inlining attempt re-analysed its
+        # hundreds of blocks).
+        op, axis = self.relax.op, self.cell.layout
+        return [self.emit(op.squeeze(self.emit(op.take(proj, self.relax.const(np.array([t], "int64")), axis=axis)),
+                                     axis=[axis]))
+                for t in range(self.cell.seq)]
 
     def state(self, init: Expr | None, d: int) -> Expr:
         """Direction ``d``'s initial state [batch, hidden] (zeros when omitted)."""
