@@ -158,11 +158,33 @@ def test_a_value_used_elsewhere_is_still_bound_in_bfloat16():
     assert ("relax.add", "bfloat16") not in ops
 
 
-def test_float16_chains_are_left_alone():
-    """float16 computed in float32 would hide the overflows a float16 device produces."""
+def test_a_float16_chain_keeps_each_rounding():
+    """Computed in float32 unrounded, float16 would hide the overflows a float16 device produces:
+    the cast and the add each still round through float16; relu, exact on float16 values, does not."""
     from amptool.compiler.widen_epilogues import widen_epilogues
 
-    assert _ops(widen_epilogues(_chain("float16"))) == _ops(_chain("float16"))
+    assert _ops(widen_epilogues(_chain("float16"))) == [
+        ("relax.astype", "float16"), ("relax.astype", "float32"), ("relax.add", "float32"),
+        ("relax.astype", "float16"), ("relax.astype", "float32"), ("relax.nn.relu", "float32"),
+        ("relax.astype", "float16")]
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e5], ids=["plain", "overflowing"])
+def test_float16_epilogues_in_float32_give_the_same_bits(tmp_path, monkeypatch, scale):
+    """A float16 build with its epilogues widened computes what it computed without, bit for bit —
+    overflows to inf too (``overflowing``: accumulators past 65504)."""
+    from amptool.compiler import widen_epilogues
+
+    path = tmp_path / "block.onnx"
+    onnx.save(_cnn_block(), str(path))
+    x = (np.random.default_rng(1).standard_normal((1, 3, 29, 31)) * scale).astype(np.float32)
+    amptool.convert(path, dtype="float16", output=tmp_path / "widened")
+    monkeypatch.setattr(widen_epilogues, "LOW", frozenset({"bfloat16"}))
+    amptool.convert(path, dtype="float16", output=tmp_path / "per_op")
+    widened = np.asarray(amptool.load(tmp_path / "widened").run({"x": x})["y"])
+    per_op = np.asarray(amptool.load(tmp_path / "per_op").run({"x": x})["y"])
+    assert widened.tobytes() == per_op.tobytes()
+    assert np.isfinite(widened).all() == (scale == 1.0)
 
 
 # --------------------------------------------------------------------------- layout propagation
