@@ -94,6 +94,47 @@ def test_fold_constants_runs_tvm_only_when_something_is_left(monkeypatch):
     assert len(calls) == 1  # zeros_like(x) folds in TVM even with x unknown
 
 
+def _index_module():
+    """``x[where(i < 0, i + shape(x)[0], i)]`` (TVM's Gather of a constant index, as in each copy of
+    an unrolled Loop) for i = 1 and -1, and more small arithmetic on constants: takes in clip and
+    wrap modes, a comparison, maximum, an int32 sum that wraps, a cast, float32 products."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((5, 3), "float32"))
+
+    def const(value, dtype="int64"):
+        return relax.const(np.array(value, dtype), dtype)
+
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            rows = []
+            for i in (1, -1):
+                dims = bb.emit(relax.op.shape_to_tensor(bb.emit(relax.op.shape_of(x))))
+                size = bb.emit(relax.op.take(dims, const(0), axis=0, mode="wrap"))
+                index = bb.emit(relax.op.where(bb.emit(relax.op.less(const(i), const(0))),
+                                               bb.emit(relax.op.add(const(i), size)), const(i)))
+                rows.append(bb.emit(relax.op.take(x, index, axis=0)))
+            ks = const([2, 7, -3])
+            clipped = bb.emit(relax.op.take(const([0, 10, 20, 30]), ks, axis=0, mode="clip"))
+            wrapped = bb.emit(relax.op.take(const([0, 10, 20, 30]), ks, axis=0, mode="wrap"))
+            widest = bb.emit(relax.op.maximum(clipped, wrapped))
+            wraps = bb.emit(relax.op.add(const([2**31 - 1], "int32"), const([1], "int32")))
+            as_float = bb.emit(relax.op.astype(widest, "float32"))
+            scaled = bb.emit(relax.op.multiply(as_float, relax.const(np.float32(0.1))))
+            out = bb.emit_output(relax.Tuple([*rows, widest, wraps, scaled]))
+        bb.emit_func_output(out)
+    return relax.transform.Normalize()(bb.get())
+
+
+def test_index_arithmetic_on_constants_folds_in_numpy_as_tvm_folds_it(monkeypatch):
+    mod = _index_module()
+    want = _tvm.fold_constant(mod)
+    monkeypatch.setattr(fold_module._tvm, "fold_constant", lambda m: pytest.fail("TVM's FoldConstant ran"))
+    ours = fold_constants(mod)
+    tvm.ir.assert_structural_equal(ours, want, map_free_vars=True)
+    names = [_tvm.op_name(call) for _gv, func in _tvm.relax_functions(ours) for call in _tvm.bound_calls(func)]
+    assert names == ["relax.take", "relax.take"]  # only x's rows are left to compute
+
+
 def _model_with_weights() -> onnx.ModelProto:
     weight = numpy_helper.from_array(np.ones((64, 128), np.float32), "w")
     shape = numpy_helper.from_array(np.array([2, -1], np.int64), "shape")

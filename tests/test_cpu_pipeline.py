@@ -336,6 +336,32 @@ def test_a_split_into_many_small_outputs_is_vectorized_on_one_thread(tmp_path: P
         np.testing.assert_array_equal(got[name], x[t:t + 1] + numpy_helper.to_array(graph.initializer[0]))
 
 
+def test_a_concat_of_many_scan_steps_is_copied_without_inlining(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Loop's scan output, unrolled: 100 steps each unsqueezed, then one Concat, all fused into one
+    kernel. Inlining 100 producers into the concat re-analysed a growing select chain each time
+    (14 s at 300 steps); past ``INLINE_BLOCKS`` each step is a copy loop of its own. Values exact."""
+    from amptool.compiler import cpu_schedules
+
+    steps = 100
+    rng = np.random.default_rng(4)
+    nodes = [helper.make_node("Unsqueeze", [f"x{t}", "axes"], [f"u{t}"]) for t in range(steps)]
+    nodes.append(helper.make_node("Concat", [f"u{t}" for t in range(steps)], ["y"], axis=0))
+    graph = helper.make_graph(
+        nodes, "scan", [helper.make_tensor_value_info(f"x{t}", TensorProto.FLOAT, [1, 24]) for t in range(steps)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [steps, 1, 24])],
+        [numpy_helper.from_array(np.array([0], np.int64), "axes")])
+    path = tmp_path / "scan.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    inlined = []
+    real = cpu_schedules.try_inline
+    monkeypatch.setattr(cpu_schedules, "try_inline", lambda sch, block: inlined.append(block) or real(sch, block))
+    xs = {f"x{t}": rng.standard_normal((1, 24)).astype(np.float32) for t in range(steps)}
+    got = build_model(ConvertConfig(model=str(path), dtype="float32")).compiled().run(xs)
+    assert inlined == []
+    np.testing.assert_array_equal(got["y"], np.stack([xs[f"x{t}"] for t in range(steps)]))
+
+
 @pytest.mark.parametrize(("shape", "perm", "tiled"), [
     ([1, 28, 14, 48], [0, 3, 1, 2], True),  # NHWC → NCHW: columns 14 a tile, channels 16
     ([1, 48, 28, 14], [0, 2, 3, 1], True),  # NCHW → NHWC

@@ -899,15 +899,25 @@ def _selects_buffers(expr: Any) -> bool:
     return found[0]
 
 
+#: The most blocks an elementwise kernel inlines into its last. Each inlining rewrites and
+#: re-analyses the consumer, whose expression grows with every producer: the concat of a
+#: 300-iteration Loop's scan outputs (256 ``expand_dims`` fused into it) took 50 ms an inlining,
+#: 14 s in all. Past this, each block is a loop nest of its own (a copy each, at run time).
+INLINE_BLOCKS = 64
+
+
 def injective(sch: Any, tiling: Tiling) -> Any | None:
     """Elementwise/broadcast/transpose chains: inline into the last block, parallel + vectorize."""
     infos = normalize_prim_func(sch)
     if not infos or not all(info.is_injective() for info in infos):
         return None
-    kept = [info.block_rv for info in infos[:-1]
-            if _concat_read_often(sch, info.block_rv) or not try_inline(sch, info.block_rv)]
+    if len(infos) > INLINE_BLOCKS:
+        kept = [info.block_rv for info in infos[:-1]]
+    else:
+        kept = [info.block_rv for info in infos[:-1]
+                if _concat_read_often(sch, info.block_rv) or not try_inline(sch, info.block_rv)]
     last = infos[-1].block_rv
-    if sum(_writes_output(sch, block) for block in (*kept, last)) > 1:
+    if len(infos) > INLINE_BLOCKS or sum(_writes_output(sch, block) for block in (*kept, last)) > 1:
         # Several outputs (a Split: an RNN's projection cut into its timesteps): none can be computed
         # inside another's loops, so each is a loop nest of its own, on one thread when small. The
         # rule failed on them, and the fallback ran each of 50 768-value pieces as a parallel scalar
