@@ -13,6 +13,7 @@ machine compare CPU seconds rather than wall time.
     .venv/bin/python benchmarks/convert_speed.py --models resnet50 --dtype float16 --repeat 5
     .venv/bin/python benchmarks/convert_speed.py --models mobilenet_v2 --fallback-atol 0.005
     .venv/bin/python benchmarks/convert_speed.py --models resnet50 --dtype float16 --target cuda --cuda-arch sm_90
+    .venv/bin/python benchmarks/convert_speed.py --models lstm_300,loop_300 --repeat 1   # unrolled recurrences
 
 With ``--fallback-atol A`` (issue 18: each auto-fallback step ≤ 1.5× a plain convert) each model
 is also converted to ``--dtype`` (float16 when float32 is asked) with ``--auto-fallback --atol A
@@ -42,7 +43,10 @@ BUILDERS: dict[str, Callable[[], onnx.ModelProto]] = {
     "resnet50": models.resnet50,
     "mobilenet_v2": models.mobilenet_v2,
     "bert_base": models.bert_base,
+    "lstm_300": models.lstm_long,  # not in the default set: convert time of unrolled recurrences
+    "loop_300": models.loop_long,
 }
+DEFAULT_MODELS = ("resnet50", "mobilenet_v2", "bert_base")
 STAGES = ("load", "prepare", "import", "calibrate", "concretize", "prefold", "mixed_precision", "fold", "compile",
           "export")
 
@@ -89,7 +93,7 @@ def fallback_steps(model: str, name: str, dtype: str, atol: float, plain_wall: f
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default=",".join(BUILDERS), help=f"comma-separated, of {', '.join(BUILDERS)}")
+    parser.add_argument("--models", default=",".join(DEFAULT_MODELS), help=f"comma-separated, of {', '.join(BUILDERS)}")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--target", default="llvm", help="llvm or cuda (builds without a GPU)")

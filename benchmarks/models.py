@@ -125,3 +125,57 @@ def bert_mini(layers: int = 4, seq: int = 128) -> onnx.ModelProto:
     """BERT-mini shape (d_model 256, 4 heads, GELU MLP 1024, 4 layers): the export on which bench's
     onnxruntime time was ~4x too slow before each runtime got a process of its own."""
     return model_zoo.transformer_encoder(vocab=30522, seq=seq, d_model=256, heads=4, layers=layers)
+
+
+def lstm_long(steps: int = 300, features: int = 80, hidden: int = 256) -> onnx.ModelProto:
+    """Two stacked bidirectional LSTM nodes over ``steps`` frames (a speech or OCR encoder's
+    shape, as PyTorch exports it: layer 2 reads layer 1's Y with the directions concatenated),
+    then a Linear to 30 classes. amptool unrolls each step: the model for convert time."""
+    g = _Graph(seed=5)
+    x = "frames"
+    width = features
+    for layer in range(2):
+        scale = 1.0 / math.sqrt(hidden)
+        w = g.weight(f"lstm{layer}.W", g.rng.uniform(-scale, scale, (2, 4 * hidden, width)))
+        r = g.weight(f"lstm{layer}.R", g.rng.uniform(-scale, scale, (2, 4 * hidden, hidden)))
+        b = g.weight(f"lstm{layer}.B", g.rng.uniform(-scale, scale, (2, 8 * hidden)))
+        y = g.node("LSTM", [x, w, r, b], hidden_size=hidden, direction="bidirectional")
+        y = g.node("Transpose", [y], perm=[0, 2, 1, 3])  # [T, 2, 1, H] → [T, 1, 2, H]
+        x = g.node("Reshape", [y, "lstm.shape"])
+        width = 2 * hidden
+    g.inits.append(numpy_helper.from_array(np.array([steps, 1, 2 * hidden], np.int64), "lstm.shape"))
+    fc = g.weight("fc.W", g.rng.normal(0.0, 1.0 / math.sqrt(width), (width, 30)))
+    logits = g.node("MatMul", [x, fc])
+    graph = helper.make_graph(g.nodes, "lstm_long", [helper.make_tensor_value_info(
+        "frames", TensorProto.FLOAT, [steps, 1, features])], [helper.make_tensor_value_info(
+        logits, TensorProto.FLOAT, [steps, 1, 30])], g.inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+
+
+def loop_long(steps: int = 300, features: int = 64, hidden: int = 128) -> onnx.ModelProto:
+    """An Elman RNN written as an ONNX ``Loop`` of ``steps`` iterations (as tf2onnx writes a
+    Keras RNN): the body Gathers its frame, two MatMuls, Add, Tanh; the states are a scan output.
+    amptool unrolls the loop: the model for convert time."""
+    rng = np.random.default_rng(6)
+    body = helper.make_graph(
+        [helper.make_node("Gather", ["frames", "i"], ["frame"], axis=0),
+         helper.make_node("MatMul", ["frame", "W"], ["a"]), helper.make_node("MatMul", ["h_in", "R"], ["b"]),
+         helper.make_node("Add", ["a", "b"], ["s"]), helper.make_node("Tanh", ["s"], ["h_out"]),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"]), helper.make_node("Identity", ["h_out"], ["h_t"])],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("h_in", TensorProto.FLOAT, [1, hidden])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("h_out", TensorProto.FLOAT, [1, hidden]),
+         helper.make_tensor_value_info("h_t", TensorProto.FLOAT, [1, hidden])])
+    inits = [numpy_helper.from_array(np.array(steps, np.int64), "steps"),
+             numpy_helper.from_array(np.zeros((1, hidden), np.float32), "h0"),
+             numpy_helper.from_array((rng.standard_normal((features, hidden)) * 0.1).astype(np.float32), "W"),
+             numpy_helper.from_array((rng.standard_normal((hidden, hidden)) * 0.1).astype(np.float32), "R")]
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["steps", "", "h0"], ["h_last", "states"], body=body)], "loop_long",
+        [helper.make_tensor_value_info("frames", TensorProto.FLOAT, [steps, 1, features])],
+        [helper.make_tensor_value_info("h_last", TensorProto.FLOAT, [1, hidden]),
+         helper.make_tensor_value_info("states", TensorProto.FLOAT, [steps, 1, hidden])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
