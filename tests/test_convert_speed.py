@@ -688,3 +688,15 @@ def test_the_cli_converts_for_llvm_without_device_backends(zoo_model, tmp_path, 
     asked.clear()
     CliRunner().invoke(cli, ["diff", zoo_model("resnet_like"), "--artifact", str(tmp_path / "none"), "-q"])
     assert asked == []
+
+
+def test_arithmetic_numpy_would_do_otherwise_is_left_to_tvm():
+    """bool sums (numpy's is an or), mixed dtypes (numpy promotes), out-of-range "fast" takes."""
+    yes = np.array([True])
+    assert fold_module._evaluate(None, "relax.add", [yes, yes]) is None
+    assert fold_module._evaluate(None, "relax.negative", [yes]) is None
+    assert fold_module._evaluate(None, "relax.add", [np.array([1], "int32"), np.array([1], "int64")]) is None
+    assert fold_module._evaluate(None, "relax.less", [yes, yes]).tolist() == [False]
+    fast = relax.op.take(relax.Var("v", relax.TensorType((3,), "int64")), relax.const(0, "int64"), mode="fast")
+    assert fold_module._evaluate(fast, "relax.take", [np.arange(3), np.array(3)]) is None
+    assert fold_module._evaluate(fast, "relax.take", [np.arange(3), np.array(2)]) == 2

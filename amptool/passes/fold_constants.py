@@ -62,6 +62,7 @@ _BINARY = {"relax.add": np.add, "relax.subtract": np.subtract, "relax.multiply":
            "relax.greater": np.greater, "relax.less_equal": np.less_equal,
            "relax.greater_equal": np.greater_equal, "relax.equal": np.equal, "relax.not_equal": np.not_equal}
 _UNARY = {"relax.negative": np.negative, "relax.abs": np.abs}
+_ARITHMETIC = frozenset({"relax.add", "relax.subtract", "relax.multiply"})
 
 
 def fold_constants(mod: Any) -> Any:
@@ -189,9 +190,11 @@ def _evaluate(call: Any, name: str, values: list[np.ndarray]) -> Any:
     if name in _BINARY and len(values) == 2:
         if values[0].dtype != values[1].dtype:
             return None  # Relax requires equal dtypes; numpy would promote
+        if values[0].dtype == np.bool_ and name in _ARITHMETIC:
+            return None  # numpy's bool sum is an or; a kernel's 1-bit sum is not
         return _BINARY[name](values[0], values[1])
     if name in _UNARY and len(values) == 1:
-        return _UNARY[name](values[0])
+        return None if values[0].dtype == np.bool_ else _UNARY[name](values[0])
     if name == "relax.where" and len(values) == 3 and values[0].dtype == np.bool_:
         return np.where(values[0], values[1], values[2])
     if name == "relax.astype" and len(values) == 1 and values[0].dtype.kind in "biu":
