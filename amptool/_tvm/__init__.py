@@ -51,6 +51,7 @@ from amptool._tvm.ir import (  # noqa: F401
     constant_view,
     dataflow_scoped_mutator,
     fold_constant,
+    forget_calls,
     is_constant,
     is_inf,
     is_nan,

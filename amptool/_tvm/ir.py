@@ -151,9 +151,15 @@ def any_call(mod: Any, accept: Any) -> bool:
 
 
 #: The calls of the Relax functions ``bound_calls`` walked last: handle → (function, its calls).
-#: A function is immutable and held here, so its handle names it until it leaves the cache.
+#: A function is immutable and held here, so its handle names it until it leaves the cache —
+#: with its constants: ``forget_calls`` empties it (each build stage ends with it).
 _CALLS_OF: collections.OrderedDict[int, tuple[Any, tuple[Any, ...]]] = collections.OrderedDict()
 _CALLS_CACHED = 4
+
+
+def forget_calls() -> None:
+    """Drop what ``bound_calls`` remembers (and the functions and weights it holds)."""
+    _CALLS_OF.clear()
 
 
 def bound_calls(func: Any) -> tuple[Any, ...]:

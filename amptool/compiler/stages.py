@@ -21,6 +21,7 @@ import tvm
 from tvm import relax
 from tvm.s_tir import dlight
 
+from amptool import _tvm
 from amptool._tvm.script import cheap_frame_stack
 from amptool.compiler.legalize_once import legalize_ops
 
@@ -76,7 +77,10 @@ def run_stages(
             if on_stage:
                 on_stage(name)
             start = time.perf_counter()
-            mod = tvm.transform.Sequential(passes)(mod)
+            try:
+                mod = tvm.transform.Sequential(passes)(mod)
+            finally:
+                _tvm.forget_calls()  # the stage's look-ups hold its functions (and their weights)
             if timings is not None:
                 timings[name] = time.perf_counter() - start
     return mod
