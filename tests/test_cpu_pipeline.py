@@ -362,6 +362,33 @@ def test_a_concat_of_many_scan_steps_is_copied_without_inlining(tmp_path: Path,
     np.testing.assert_array_equal(got["y"], np.stack([xs[f"x{t}"] for t in range(steps)]))
 
 
+def test_float16_max_pooling_runs_on_float32_values_with_the_same_bits(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A float16 max pool's window maximum is taken in float32 (each input converted once, not
+    both operands of every step): its outputs are bit for bit those of TVM's float16 pooling,
+    overflows to ±inf included, and a window of -inf gives float16's lowest, as there. (The float16
+    conv's input is the pool's, channel by channel: a full conv would make NaN of 0 × inf, and
+    a window holding NaN follows the float32 build's maximum now.)"""
+    from amptool.compiler import cpu, cpu_kernels
+
+    path = _save(tmp_path, """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 8, 13, 11] x) => (float[1, 8, 7, 6] y) <float[8, 1, 1, 1] w = {1, 1, 1, 1, 1, 1, 1, 1}> {
+        c = Conv <group = 8> (x, w)
+        y = MaxPool <kernel_shape = [3, 3], strides = [2, 2], pads = [1, 1, 0, 0], ceil_mode = 1> (c)
+    }""")
+    (pool,) = [script for script in scheduled_kernels(path, "float16") if '"pool_max_update"' in script]
+    assert 'T.Cast("float32"' in pool and 'T.max(' in pool  # the window's maximum over float32 values
+    x = np.random.default_rng(5).standard_normal((1, 8, 13, 11)).astype(np.float32) * 3e4  # some overflow
+    x[0, :, :4, :4] = -1e6  # whole windows of -inf once in float16
+    widened = build_model(ConvertConfig(model=path, dtype="float16")).compiled().run({"x": x})["y"]
+    plain = {k: v for k, v in cpu_kernels.legalize_map().items() if "max_pool" not in k}
+    monkeypatch.setattr(cpu, "legalize_map", lambda: plain)
+    per_op = build_model(ConvertConfig(model=path, dtype="float16")).compiled().run({"x": x})["y"]
+    assert np.isinf(widened).any() and (widened == np.finfo(np.float16).min).any()
+    assert np.asarray(widened).tobytes() == np.asarray(per_op).tobytes()
+
+
 @pytest.mark.parametrize(("shape", "perm", "tiled"), [
     ([1, 28, 14, 48], [0, 3, 1, 2], True),  # NHWC → NCHW: columns 14 a tile, channels 16
     ([1, 48, 28, 14], [0, 2, 3, 1], True),  # NCHW → NHWC

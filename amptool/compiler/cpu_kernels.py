@@ -157,6 +157,7 @@ def legalize_map() -> dict[str, Callable[[Any, Any], Any]]:
         "relax.nn.gelu": _legalize_gelu,
         "relax.nn.gelu_tanh": _legalize_gelu_tanh,
         "relax.image.grid_sample": _legalize_grid_sample,
+        **{f"relax.nn.max_pool{n}d": _legalize_max_pool for n in (1, 2, 3)},
         **dict.fromkeys(REDUCTIONS, tail_reduction(_default, _current_lanes)),
     }.items()}
 
@@ -988,6 +989,34 @@ def _legalize_erf(bb: Any, call: Any) -> Any:
     from tvm import topi  # noqa: PLC0415
 
     return _legalize_unary(bb, call, topi.fast_erf, "erf")
+
+
+def _legalize_max_pool(bb: Any, call: Any) -> Any:
+    """float16 max pooling on float32 values: each input converted once, the window's maximum in
+    float32, the result converted back — the same values (a maximum of float16 values is one;
+    a window holding NaN gives what the float32 build's pooling gives, where the per-op float16
+    compare-and-blend let NaN through).
+
+    Why: computed in float16, every step of the window's maximum converts both operands, compares
+    and blends float16 lanes (``vcvtph2ps`` ×2, ``vcmpltps``, a pack and ``vpblendvb``): SqueezeNet's
+    first max pool ran 2.7× its float32 kernel."""
+    import tvm  # noqa: PLC0415
+    from tvm import topi  # noqa: PLC0415
+
+    attrs = call.attrs
+    if str(call.ty.dtype) != "float16" or attrs.out_layout != attrs.layout:
+        return _default(bb, call)
+    pool = {1: topi.nn.pool1d, 2: topi.nn.pool2d, 3: topi.nn.pool3d}[len(attrs.pool_size)]
+
+    def compute(x: Any) -> Any:
+        wide = pool(_cast_input(x, "float32"), kernel=attrs.pool_size, stride=attrs.strides,
+                    dilation=attrs.dilation, padding=attrs.padding, pool_type="max",
+                    ceil_mode=attrs.ceil_mode, layout=attrs.layout)
+        # float16 pooling starts from float16's lowest finite value: a window of -inf stays that
+        lowest = tvm.tirx.const(float(np.finfo(np.float16).min), "float32")
+        return topi.cast(topi.maximum(wide, lowest), "float16")
+
+    return bb.call_te(compute, call.args[0], primfunc_name_hint=str(call.op.name).split(".")[-1])
 
 
 def _legalize_tanh(bb: Any, call: Any) -> Any:
