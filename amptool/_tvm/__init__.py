@@ -67,6 +67,7 @@ from amptool._tvm.ir import (  # noqa: F401
     tensor_dtype,
     var_binding,
     var_name,
+    var_uses,
 )
 from amptool._tvm.runtime import (  # noqa: F401
     cuda_compute_version,

@@ -206,6 +206,24 @@ def _walk_calls(func: Any) -> Iterator[Any]:
             pending.append(expr.tuple_value)
 
 
+def var_uses(func: Any) -> collections.Counter[int]:
+    """How often each Relax variable of ``func`` is read (variable handle → count): in its
+    bindings' values and in the result of its body."""
+    import tvm_ffi  # noqa: PLC0415
+    from tvm import relax  # noqa: PLC0415
+
+    uses: collections.Counter[int] = collections.Counter()
+
+    def count(var: Any) -> None:
+        uses[var.__chandle__()] += 1
+
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            tvm_ffi.structural_walk(binding.value, (relax.Var, count))
+    tvm_ffi.structural_walk(func.body.body, (relax.Var, count))
+    return uses
+
+
 def calls_op(call: Any, op: Any) -> bool:
     """Whether ``call`` is a call to the registered operator ``op`` (a ``tvm.ir.Op``)."""
     import tvm  # noqa: PLC0415

@@ -148,25 +148,19 @@ class _Graph:
         from tvm import relax  # noqa: PLC0415
 
         self.values: dict[Any, Any] = {}
-        self.uses: dict[Any, int] = {}
-
-        def count(expr: Any) -> None:
-            if isinstance(expr, relax.Var):
-                self.uses[expr] = self.uses.get(expr, 0) + 1
-
+        self.uses = _tvm.var_uses(func)  # variable handle → reads
         for block in func.body.blocks:
             for binding in block.bindings:
                 if isinstance(binding, relax.VarBinding):
                     self.values[binding.var] = binding.value
-                    relax.analysis.post_order_visit(binding.value, count)
-        relax.analysis.post_order_visit(func.body.body, count)
 
     def single(self, var: Any, ops: tuple[str, ...]) -> Any | None:
         """``var``'s value when ``var`` is a dataflow var used once, bound to a call of one of ``ops``."""
         from tvm import relax  # noqa: PLC0415
 
         value = self.values.get(var)
-        if not isinstance(var, relax.DataflowVar) or self.uses.get(var) != 1 or _tvm.op_name(value) not in ops:
+        if (not isinstance(var, relax.DataflowVar) or self.uses[var.__chandle__()] != 1
+                or _tvm.op_name(value) not in ops):
             return None
         return value
 
@@ -193,7 +187,7 @@ class _Graph:
             else:
                 break
         if (not isinstance(var, relax.DataflowVar) or _tvm.op_name(self.values.get(var)) != "relax.nn.softmax"
-                or self.uses.get(var) != used):
+                or self.uses[var.__chandle__()] != used):
             return None
         fused.append(var)
         return var, fused, nan_to_zero, rounding

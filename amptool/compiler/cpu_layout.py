@@ -149,17 +149,9 @@ def _permute_folder(mod: Any) -> Any:
     from tvm import relax  # noqa: PLC0415
     from tvm.relax.expr_functor import PyExprMutator, mutator  # noqa: PLC0415
 
-    uses: dict[Any, int] = {}
-
-    def count(var: Any) -> None:
-        uses[var.__chandle__()] = uses.get(var.__chandle__(), 0) + 1
-
-    for func in mod.functions.values():
-        if isinstance(func, relax.Function):
-            for block in func.body.blocks:
-                for binding in block.bindings:
-                    tvm_ffi.structural_walk(binding.value, (relax.Var, count))
-            tvm_ffi.structural_walk(func.body.body, (relax.Var, count))
+    uses: dict[int, int] = {}
+    for _gv, func in _tvm.relax_functions(mod):
+        uses.update(_tvm.var_uses(func))
 
     def axes_of(call: Any) -> list[int] | None:
         """A transpose's axes (None: its operand's rank is unknown)."""

@@ -912,17 +912,15 @@ def injective(sch: Any, tiling: Tiling) -> Any | None:
     infos = normalize_prim_func(sch)
     if not infos or not all(info.is_injective() for info in infos):
         return None
-    if len(infos) > INLINE_BLOCKS:
-        kept = [info.block_rv for info in infos[:-1]]
-    else:
-        kept = [info.block_rv for info in infos[:-1]
-                if _concat_read_often(sch, info.block_rv) or not try_inline(sch, info.block_rv)]
+    many = len(infos) > INLINE_BLOCKS
+    kept = [info.block_rv for info in infos[:-1]
+            if many or _concat_read_often(sch, info.block_rv) or not try_inline(sch, info.block_rv)]
     last = infos[-1].block_rv
-    if len(infos) > INLINE_BLOCKS or sum(_writes_output(sch, block) for block in (*kept, last)) > 1:
-        # Several outputs (a Split: an RNN's projection cut into its timesteps): none can be computed
-        # inside another's loops, so each is a loop nest of its own, on one thread when small. The
-        # rule failed on them, and the fallback ran each of 50 768-value pieces as a parallel scalar
-        # loop: 0.19 ms for what takes 0.003 ms.
+    if many or sum(_writes_output(sch, block) for block in (*kept, last)) > 1:
+        # Too many blocks to inline, or several outputs (a Split: an RNN's projection cut into its
+        # timesteps), none of which can be computed inside another's loops: each is a loop nest of
+        # its own, on one thread when small. The rule failed on several outputs, and the fallback
+        # ran each of 50 768-value pieces as a parallel scalar loop: 0.19 ms for what takes 0.003 ms.
         for block in (*kept, last):
             _parallel_vectorized(sch, block, _block_tiling(sch, block, tiling))
         return sch

@@ -44,8 +44,9 @@ LOW = frozenset({"bfloat16", "float16"})
 #: Low dtypes whose chains keep each rounding (module docstring): float16 computed in float32
 #: unrounded would hide the overflows (inf) a float16 device produces, which ``diff`` must show.
 ROUNDED = frozenset({"float16"})
-#: Ops whose result from values of the low dtype is a value of it (no rounding to keep).
-_EXACT = frozenset({"relax.maximum", "relax.minimum", "relax.nn.relu"})
+#: Binary ops whose result from values of the low dtype is a value of it (no rounding to keep;
+#: the ``_UNARY`` ops all are).
+_EXACT = frozenset({"relax.maximum", "relax.minimum"})
 #: Binary ops computed in float32 (either operand a widened value).
 _BINARY = frozenset({"relax.add", "relax.subtract", "relax.multiply", "relax.maximum", "relax.minimum"})
 #: Ops whose float32 result, rounded, equals the op on rounded inputs (no constant needed).
