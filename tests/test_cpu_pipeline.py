@@ -634,3 +634,39 @@ def test_a_pad_along_the_last_axis_keeps_the_usual_vectors(tmp_path: Path) -> No
         }""")
     kernels = scheduled_kernels(path, "float32")
     assert [re.findall(r"in T\.vectorized\(T\.int64\((\d+)\)\)", k) for k in kernels] == [["19"]]
+
+
+@pytest.mark.parametrize("mode", ["const", "input"])
+def test_a_gather_fuses_into_the_kernel_that_reads_it(tmp_path: Path, mode: str) -> None:
+    """A Gather (``take``) is computed inside its consumer's kernel, not copied by a kernel of its
+    own: TVM's pattern analysis called a load at a loaded index opaque, and an unrolled GRU paid a
+    kernel call per step for its projection row (a CRNN: 64 of its 201 calls). Indices from a
+    constant or an input, negative ones included; the values are onnxruntime's."""
+    rng = np.random.default_rng(4)
+    indices = np.array([[3, -1], [0, 5]], np.int64)
+    index_init = [numpy_helper.from_array(indices, "i")] if mode == "const" else []
+    index_input = [] if mode == "const" else [helper.make_tensor_value_info("i", TensorProto.INT64, [2, 2])]
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["x", "i"], ["g"], axis=1), helper.make_node("Add", ["g", "b"], ["a"]),
+         helper.make_node("Tanh", ["a"], ["y"])], "gather",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6, 32]), *index_input],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 2, 2, 32])],
+        [numpy_helper.from_array(rng.standard_normal(32).astype(np.float32), "b"), *index_init])
+    path = str(tmp_path / "gather.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    import tvm
+
+    from tests.conftest import staged_module
+
+    mod = staged_module(path, "float32", "schedule")
+    names = [gv.name_hint for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    (fused,) = [n for n in names if "take" in n]  # with an input's indices, their wrap fuses in too
+    assert fused.endswith("tir_tanh"), names
+    feeds = {"x": rng.standard_normal((4, 6, 32)).astype(np.float32)}
+    if mode == "input":
+        feeds["i"] = indices
+    ours, plain = _both(path, "float32", feeds)
+    np.testing.assert_allclose(ours[0], plain[0], rtol=1e-6, atol=1e-6)
+    x = feeds["x"]
+    np.testing.assert_allclose(ours[0], np.tanh(np.take(x, indices, axis=1) + numpy_helper.to_array(graph.initializer[0])),
+                               rtol=1e-5, atol=1e-6)

@@ -68,6 +68,8 @@ PACK_BLOCK = "amp_pack"
 
 _FLOATS = DTYPES
 
+#: TVM's ``OpPatternKind::kInjective``: each output element a function of some input elements.
+INJECTIVE = 2
 #: TVM's ``OpPatternKind::kOutEWiseFusable``: a kernel whose output elementwise steps may fuse into it.
 OUT_ELEMWISE_FUSABLE = 4
 
@@ -157,6 +159,7 @@ def legalize_map() -> dict[str, Callable[[Any, Any], Any]]:
         "relax.nn.gelu": _legalize_gelu,
         "relax.nn.gelu_tanh": _legalize_gelu_tanh,
         "relax.image.grid_sample": _legalize_grid_sample,
+        "relax.take": _legalize_take,
         **{f"relax.nn.max_pool{n}d": _legalize_max_pool for n in (1, 2, 3)},
         **dict.fromkeys(REDUCTIONS, tail_reduction(_default, _current_lanes)),
     }.items()}
@@ -218,6 +221,19 @@ def _default(bb: Any, call: Any) -> Any:
     import tvm  # noqa: PLC0415
 
     return tvm.ir.Op.get(str(call.op.name)).get_attr("FLegalize")(bb, call)
+
+
+def _legalize_take(bb: Any, call: Any) -> Any:
+    """TVM's ``take``, marked injective: it fuses into the kernel that reads it.
+
+    Why: TVM's pattern analysis calls a load at a loaded index opaque, so every gather was a
+    kernel of its own — an unrolled recurrence's per-step row of its input projection among them
+    (a CRNN's bidirectional GRU: 64 of its 201 kernel calls, each a 144-float copy). Each output
+    element reads one input element at an index computed from its own: injective, as Relay had it."""
+    from tvm import topi  # noqa: PLC0415
+
+    return bb.call_te(topi.take, call.args[0], call.args[1], call.attrs.axis, mode=call.attrs.mode,
+                      primfunc_name_hint="take", primfunc_attrs={"op_pattern": INJECTIVE})
 
 
 def _block(channels: int, lanes: int) -> int | None:
