@@ -495,23 +495,26 @@ def test_vector_lanes_follow_the_target_features(spec: dict, lanes: int) -> None
     assert vector_lanes(_tvm.make_target(spec)) == lanes
 
 
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
 @pytest.mark.parametrize(("op", "gates"), [("LSTM", 4), ("GRU", 3)])
-def test_low_precision_recurrent_steps_keep_the_packed_matmul(tmp_path, op, gates):
+def test_low_precision_recurrent_steps_keep_the_packed_matmul(tmp_path, op, gates, direction):
     """A bfloat16 LSTM/GRU step's hidden-state matmul adds the step's input projection, squeezed
     and cast to float32 first: two side-input steps before the epilogue. Both are inlined, so
     the step keeps the packed, vectorized matmul; it fell to a scalar dot per output column that
     converted the whole hidden state again for each (LSTM hidden 256 × 50 steps: 11.3 → 1.4 ms,
-    float32 1.25 ms). Values stay onnxruntime's within bfloat16 rounding."""
+    float32 1.25 ms). Both directions of a bidirectional step are one such matmul, a weight per
+    direction. Values stay onnxruntime's within bfloat16 rounding."""
     from tests.onnx_checks import assert_close_to_onnxruntime
 
     hidden, steps, features = 64, 6, 32
+    dirs = 2 if direction == "bidirectional" else 1
     rng = np.random.default_rng(12)
     inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.2).astype(np.float32), n)
-             for n, s in (("w", (1, gates * hidden, features)), ("r", (1, gates * hidden, hidden)),
-                          ("b", (1, 2 * gates * hidden)))]
-    node = helper.make_node(op, ["x", "w", "r", "b"], ["y"], hidden_size=hidden)
+             for n, s in (("w", (dirs, gates * hidden, features)), ("r", (dirs, gates * hidden, hidden)),
+                          ("b", (dirs, 2 * gates * hidden)))]
+    node = helper.make_node(op, ["x", "w", "r", "b"], ["y"], hidden_size=hidden, direction=direction)
     inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [steps, 1, features])]
-    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [steps, 1, 1, hidden])]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [steps, dirs, 1, hidden])]
     graph = helper.make_graph([node], "rnn", inputs, outputs, inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
     model.ir_version = 8
@@ -519,6 +522,8 @@ def test_low_precision_recurrent_steps_keep_the_packed_matmul(tmp_path, op, gate
     onnx.save(model, path)
     matmuls = [s for s in scheduled_kernels(path, "bfloat16") if "amp_matmul_update" in s]
     assert len(matmuls) >= 2, matmuls  # the input projection and the recurrent steps
+    per_direction = re.compile(rf"T\.Buffer\(\(T\.int64\(2\), T\.int64\(\d+\), T\.int64\({hidden}\), T\.int64\(\d+\)\)")
+    assert (dirs == 2) == any(per_direction.search(s) for s in matmuls), matmuls  # [dirs, N/B, K, B] weights
     for script in matmuls:
         update = script.index('T.sblock("amp_matmul_update")')
         assert "T.vectorized" in script[script.rindex(" for ", 0, update):update], script
@@ -667,6 +672,28 @@ def test_a_gather_fuses_into_the_kernel_that_reads_it(tmp_path: Path, mode: str)
         feeds["i"] = indices
     ours, plain = _both(path, "float32", feeds)
     np.testing.assert_allclose(ours[0], plain[0], rtol=1e-6, atol=1e-6)
-    x = feeds["x"]
-    np.testing.assert_allclose(ours[0], np.tanh(np.take(x, indices, axis=1) + numpy_helper.to_array(graph.initializer[0])),
-                               rtol=1e-5, atol=1e-6)
+    want = np.tanh(np.take(feeds["x"], indices, axis=1) + numpy_helper.to_array(graph.initializer[0]))
+    np.testing.assert_allclose(ours[0], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("columns", [144, 100])
+def test_a_matmul_with_a_constant_weight_per_batch_item_is_packed(tmp_path: Path, dtype: str, columns: int) -> None:
+    """``[2, M, K] · [2, K, N]`` with a constant weight per item (a bidirectional recurrence's step)
+    is the packed, vectorized matmul with its epilogue fused in, not TVM's unscheduled product;
+    a column count no vector divides is padded and cropped. Values are onnxruntime's."""
+    from tests.onnx_checks import assert_close_to_onnxruntime
+
+    rng = np.random.default_rng(21)
+    w = rng.standard_normal((2, 48, columns)).astype(np.float32) * 0.2
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Tanh", ["m"], ["y"])], "per_item",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 48])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, columns])], [numpy_helper.from_array(w, "w")])
+    path = str(tmp_path / "per_item.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    (kernel,) = [s for s in scheduled_kernels(path, dtype) if "amp_matmul_update" in s]
+    update = kernel.index('T.sblock("amp_matmul_update")')
+    assert "T.vectorized" in kernel[kernel.rindex(" for ", 0, update):update], kernel
+    assert "tanh" in kernel, kernel  # the epilogue in the same kernel
+    assert_close_to_onnxruntime(path, {"x": rng.standard_normal((2, 3, 48)).astype(np.float32)}, dtype)

@@ -857,6 +857,8 @@ def _legalize_matmul(bb: Any, call: Any) -> Any:
     if not isinstance(b, tvm.ir.GenericConst):
         return _legalize_matmul_of_activations(bb, call, a_shape, b_shape)
     w = _tvm.constant_view(b)
+    if w.ndim == 3 and tuple(a_shape[:-2]) == (w.shape[0],):
+        return _matmul_per_item_weights(bb, call, w, a_shape[-2])
     if w.ndim != 2:
         return _default(bb, call)
     k, n = w.shape
@@ -885,18 +887,40 @@ def _legalize_matmul(bb: Any, call: Any) -> Any:
                         primfunc_name_hint=MATMUL_BLOCK)
 
 
+def _matmul_per_item_weights(bb: Any, call: Any, w: np.ndarray, rows: int) -> Any:
+    """``[D, M, K] · [D, K, N]`` with a constant weight per batch item — a bidirectional recurrence's
+    steps, both directions in one kernel (``frontend.rnn_unroll``) — as ``MATMUL_BLOCK`` over
+    ``[D, N/B, K, B]`` packed weights; TVM's legalization left it an unscheduled product. Weights
+    stay in their dtype, converted per element (no bfloat16 pairs or dot products: those pack one
+    matrix)."""
+    a = call.args[0]
+    items, k, n = w.shape
+    lanes = _current_lanes()
+    if n < lanes:
+        return _default(bb, call)
+    vectors, rows = matmul_tile(rows, -(-n // lanes), lanes, items)
+    block = vectors * lanes
+    padded = np.stack([_zero_filters(item.T, block).T for item in w])
+    packed = padded.reshape(items, k, padded.shape[-1] // block, block).transpose(0, 2, 1, 3)
+    return _call_te(bb, _matmul_packed, a, _constant(packed), n=n, out_dtype=str(call.ty.dtype), rows=rows,
+                    primfunc_name_hint=MATMUL_BLOCK, primfunc_attrs={"op_pattern": OUT_ELEMWISE_FUSABLE})
+
+
 def _matmul_packed(a: Any, packed: Any, *, n: int, out_dtype: str, rows: int, pair_lanes: int | None = None) -> Any:
     """``a @ w`` over a ``[N/B, K, B]`` weight (``pair_lanes``: ``bf16_pairs``' ``[N/B, K, B/2]``
-    words), whose zero columns past ``n`` are computed and cropped; leading dims of ``a`` are
-    batch dims."""
+    words; ``[D, N/B, K, B]``: one per item of ``a``'s only batch dim), whose zero columns past
+    ``n`` are computed and cropped; leading dims of ``a`` are batch dims."""
     block = bf16_pairs.block_of(packed)
+    per_item = len(packed.shape) == 4
 
     def weight(lead: list[Any], k: Any, j: Any) -> Any:
         if pair_lanes:
             return bf16_pairs.read(packed, (j // block, k), j % block, pair_lanes)
+        if per_item:
+            return packed[lead[0], j // block, k, j % block]
         return packed[j // block, k, j % block]
 
-    return _packed_product(a, weight, n=n, out_dtype=out_dtype, rows=rows, columns=int(packed.shape[0]) * block)
+    return _packed_product(a, weight, n=n, out_dtype=out_dtype, rows=rows, columns=int(packed.shape[-3]) * block)
 
 
 def _packed_product(a: Any, weight: Callable[[list[Any], Any, Any], Any], *, n: int, out_dtype: str, rows: int,

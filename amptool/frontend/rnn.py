@@ -6,9 +6,10 @@ older exports of ``nn.RNN`` / ``SimpleRNN`` carry the plain (Elman) ``RNN``.
 
 What: per direction, the input projection ``X·Wᵀ`` (plus every bias the equations allow)
 for all timesteps is one matmul — compute-bound, so the mixed-precision pass puts it in the
-low dtype with fp32 accumulation. Each timestep is then one ``[batch, hidden]·Rᵀ`` matmul
-(two for GRU with ``linear_before_reset=0``) and elementwise gates (for RNN, one activation),
-emitted in sequence.
+low dtype with fp32 accumulation. Each step is then one ``[directions, batch, hidden]·Rᵀ``
+matmul (two for GRU with ``linear_before_reset=0``) and elementwise gates (for RNN, one
+activation), emitted in sequence: a bidirectional layer's step advances the forward direction
+at ``t`` and the reverse one at ``seq-1-t`` together (``rnn_unroll.Unroller``).
 ``sequence_lens`` become per-step masks (``t < len``) applied with ``where``: a masked step
 keeps the previous state and writes zeros to ``Y``. Walking ``t = seq-1 … 0`` for the reverse
 direction then reverses each sequence within its valid length, as ONNX requires.
@@ -39,17 +40,23 @@ from amptool.frontend.rnn_unroll import (
 )
 
 
+def _roles(cell_activations: tuple[tuple[str, ...], ...]) -> tuple[tuple[str, ...], ...]:
+    """Per-direction activation lists (f, g, h per direction) → per role, one name per direction."""
+    return tuple(zip(*cell_activations, strict=True))
+
+
 @dataclass(frozen=True)
-class _LstmDirection:
-    """One direction's recurrent weights: Rᵀ [H, 4H], peepholes (i, o, f), activations (f, g, h)."""
+class _LstmWeights:
+    """Rᵀ (``Unroller.recurrent``), peepholes (i, o, f) as ``[directions, 1, H]``, activations per
+    role (f, g, h), each one name per direction."""
 
     r_t: Expr
     peepholes: tuple[Expr, Expr, Expr] | None
-    acts: tuple[str, ...]
+    acts: tuple[tuple[str, ...], ...]
     input_forget: bool
 
 
-def _lstm_step(u: Unroller, w: _LstmDirection, x_t: Expr, state: tuple[Expr, ...]) -> tuple[Expr, ...]:
+def _lstm_step(u: Unroller, w: _LstmWeights, x_t: Expr, state: tuple[Expr, ...]) -> tuple[Expr, ...]:
     op = u.relax.op
     h, c = state
     f_act, g_act, h_act = w.acts
@@ -73,37 +80,37 @@ def convert_lstm(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     cell = parse_cell("LSTM", inputs, attrs, ("sigmoid", "tanh", "tanh"))
     u = Unroller(bb, cell, optional_input(inputs, 4))
     init_h, init_c, peep = optional_input(inputs, 5), optional_input(inputs, 6), optional_input(inputs, 7)
-    ys, finals = [], []
-    for d, direction in enumerate(cell.directions):
-        w, r, wb, rb = direction_weights(u, inputs, d, 4)
-        weights = _LstmDirection(
-            r_t=u.transpose(r),
-            peepholes=None if peep is None else tuple(u.split(u.take(peep, d), 3)),
-            acts=cell.activations[d],
-            input_forget=bool(int(attrs.get("input_forget", 0))),
-        )
-        steps = u.projections(inputs[0], w, None if wb is None else u.add(wb, rb))
-        init = (u.state(init_h, d), u.state(init_c, d))
-        y, final = u.run(steps, init, functools.partial(_lstm_step, u, weights), direction == "reverse")
-        ys.append(y)
-        finals.append(final)
-    return u.outputs(ys, finals)
+    per_dir = [direction_weights(u, inputs, d, 4) for d in range(len(cell.directions))]
+    peepholes = None
+    if peep is not None:
+        split = [u.split(u.take(peep, d), 3) for d in range(len(cell.directions))]
+        peepholes = tuple(u.per_direction([parts[k] for parts in split]) for k in range(3))
+    weights = _LstmWeights(
+        r_t=u.recurrent([r for _, r, _, _ in per_dir]),
+        peepholes=peepholes,
+        acts=_roles(cell.activations),
+        input_forget=bool(int(attrs.get("input_forget", 0))),
+    )
+    steps = u.projections(inputs[0], [w for w, _, _, _ in per_dir],
+                          [None if wb is None else u.add(wb, rb) for _, _, wb, rb in per_dir])
+    init = (u.initial(init_h), u.initial(init_c))
+    return u.run(steps, init, functools.partial(_lstm_step, u, weights))
 
 
 @dataclass(frozen=True)
-class _GruDirection:
-    """One direction's recurrent weights: Rᵀ [H, 3H] (and its zr / h column blocks), Rbh when
-    it stays inside the reset."""
+class _GruWeights:
+    """Rᵀ (``Unroller.recurrent``) and its zr / h column blocks, Rbh as ``[directions, 1, H]`` when
+    it stays inside the reset, activations per role (f, g)."""
 
     r_t: Expr
     r_zr_t: Expr
     r_h_t: Expr
     rb_h: Expr | None
-    acts: tuple[str, ...]
+    acts: tuple[tuple[str, ...], ...]
     linear_before_reset: bool
 
 
-def _gru_step(u: Unroller, w: _GruDirection, x_t: Expr, state: tuple[Expr, ...]) -> tuple[Expr, ...]:
+def _gru_step(u: Unroller, w: _GruWeights, x_t: Expr, state: tuple[Expr, ...]) -> tuple[Expr, ...]:
     op, hidden = u.relax.op, u.cell.hidden
     (h,) = state
     f_act, g_act = w.acts
@@ -130,10 +137,9 @@ def convert_gru(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     cell = parse_cell("GRU", inputs, attrs, ("sigmoid", "tanh"))
     u = Unroller(bb, cell, optional_input(inputs, 4))
     hidden = cell.hidden
-    init_h = optional_input(inputs, 5)
     linear_before_reset = bool(int(attrs.get("linear_before_reset", 0)))
-    ys, finals = [], []
-    for d, direction in enumerate(cell.directions):
+    ws, rs, biases, rb_hs = [], [], [], []
+    for d in range(len(cell.directions)):
         w, r, wb, rb = direction_weights(u, inputs, d, 3)
         bias = rb_h = None
         if wb is not None and linear_before_reset:
@@ -142,38 +148,35 @@ def convert_gru(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
             rb_h = u.cols(rb, 2 * hidden, 3 * hidden)
         elif wb is not None:
             bias = u.add(wb, rb)
-        r_t = u.transpose(r)
-        weights = _GruDirection(
-            r_t=r_t,
-            r_zr_t=u.cols(r_t, 0, 2 * hidden),
-            r_h_t=u.cols(r_t, 2 * hidden, 3 * hidden),
-            rb_h=rb_h,
-            acts=cell.activations[d],
-            linear_before_reset=linear_before_reset,
-        )
-        steps = u.projections(inputs[0], w, bias)
-        y, final = u.run(steps, (u.state(init_h, d),), functools.partial(_gru_step, u, weights), direction == "reverse")
-        ys.append(y)
-        finals.append(final)
-    return u.outputs(ys, finals)
+        ws.append(w)
+        rs.append(r)
+        biases.append(bias)
+        rb_hs.append(rb_h)
+    r_t = u.recurrent(rs)
+    weights = _GruWeights(
+        r_t=r_t,
+        r_zr_t=u.cols(r_t, 0, 2 * hidden),
+        r_h_t=u.cols(r_t, 2 * hidden, 3 * hidden),
+        rb_h=None if rb_hs[0] is None else u.per_direction(rb_hs),
+        acts=_roles(cell.activations),
+        linear_before_reset=linear_before_reset,
+    )
+    steps = u.projections(inputs[0], ws, biases)
+    return u.run(steps, (u.initial(optional_input(inputs, 5)),), functools.partial(_gru_step, u, weights))
 
 
-def _rnn_step(u: Unroller, r_t: Expr, act: str, x_t: Expr, state: tuple[Expr, ...]) -> tuple[Expr, ...]:
+def _rnn_step(u: Unroller, r_t: Expr, acts: tuple[str, ...], x_t: Expr, state: tuple[Expr, ...]) -> tuple[Expr, ...]:
     (h,) = state
-    return (u.act(act, u.emit(u.relax.op.add(x_t, u.matmul(h, r_t)))),)
+    return (u.act(acts, u.emit(u.relax.op.add(x_t, u.matmul(h, r_t)))),)
 
 
 def convert_rnn(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     """ONNX RNN, ``Ht = f(Xt·Wᵀ + Ht₋₁·Rᵀ + Wb + Rb)`` → Relax tuple (Y, Y_h)."""
     cell = parse_cell("RNN", inputs, attrs, ("tanh",))
     u = Unroller(bb, cell, optional_input(inputs, 4))
-    init_h = optional_input(inputs, 5)
-    ys, finals = [], []
-    for d, direction in enumerate(cell.directions):
-        w, r, wb, rb = direction_weights(u, inputs, d, 1)
-        steps = u.projections(inputs[0], w, None if wb is None else u.add(wb, rb))
-        step = functools.partial(_rnn_step, u, u.transpose(r), cell.activations[d][0])
-        y, final = u.run(steps, (u.state(init_h, d),), step, direction == "reverse")
-        ys.append(y)
-        finals.append(final)
-    return u.outputs(ys, finals)
+    per_dir = [direction_weights(u, inputs, d, 1) for d in range(len(cell.directions))]
+    steps = u.projections(inputs[0], [w for w, _, _, _ in per_dir],
+                          [None if wb is None else u.add(wb, rb) for _, _, wb, rb in per_dir])
+    (acts,) = _roles(cell.activations)
+    step = functools.partial(_rnn_step, u, u.recurrent([r for _, r, _, _ in per_dir]), acts)
+    return u.run(steps, (u.initial(optional_input(inputs, 5)),), step)

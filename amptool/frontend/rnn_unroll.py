@@ -199,6 +199,12 @@ class Unroller:
             return self.relax.const(np.ascontiguousarray(value.T))
         return self.emit(self.relax.op.permute_dims(expr, [1, 0]))
 
+    def recurrent(self, rs: Sequence[Expr]) -> Expr:
+        """Rᵀ of each direction: ``[H, G·H]`` for one (the packed matmul, bfloat16 dot products
+        included), ``[directions, H, G·H]`` for two (a batched matmul, one weight per direction)."""
+        transposed = [self.transpose(r) for r in rs]
+        return transposed[0] if len(transposed) == 1 else self.stack(transposed)
+
     def matmul(self, a: Expr, b: Expr) -> Expr:
         """``a·b``; in numpy when both are constants (a step from a constant initial state: left to
         FoldConstant, that one matmul made it legalize every call of the unrolled sequence)."""
@@ -220,80 +226,134 @@ class Unroller:
             return self.relax.const(np.concatenate(values))
         return self.emit(self.relax.op.concat(parts, axis=0))
 
-    def act(self, name: str, x: Expr, clip: bool = True) -> Expr:
+    def stack(self, parts: Sequence[Expr]) -> Expr:
+        """``parts`` stacked along a new first axis (one per direction)."""
+        values = [v for v in (self.value(p) for p in parts) if v is not None]
+        if len(values) == len(parts):
+            return self.relax.const(np.ascontiguousarray(np.stack(values)))
+        return self.emit(self.relax.op.stack(list(parts), axis=0))
+
+    def reshape(self, expr: Expr, shape: Sequence[int]) -> Expr:
+        value = self.value(expr)
+        if value is not None:
+            return self.relax.const(np.ascontiguousarray(value.reshape(shape)))
+        return self.emit(self.relax.op.reshape(expr, list(shape)))
+
+    def per_direction(self, parts: Sequence[Expr]) -> Expr:
+        """One vector per direction → ``[directions, 1, n]``: broadcasts against the state."""
+        return self.reshape(self.stack(parts), [len(parts), 1, -1])
+
+    def act(self, names: Sequence[str], x: Expr, clip: bool = True) -> Expr:
+        """Each direction's activation over its slice of ``x`` (``[directions, …]``); one op when
+        they agree, as they do unless the node lists them per direction."""
         if clip and self.cell.clip is not None:
             x = self.emit(self.relax.op.clip(x, -self.cell.clip, self.cell.clip))
-        return self.emit(_activation_table()[name](x))
-
-    def projections(self, x: Expr, w: Expr, bias: Expr | None) -> list[Expr]:
-        """``X·Wᵀ + bias`` for every timestep in one matmul, then one [batch, gates] per step."""
+        table = _activation_table()
+        if len(set(names)) == 1:
+            return self.emit(table[names[0]](x))
         op = self.relax.op
-        proj = self.emit(op.matmul(x, self.transpose(w)))
-        if bias is not None:
-            proj = self.emit(op.add(proj, bias))
-        # Each step takes its row by an index tensor, fused into the step's first kernel, which all
+        pieces = [self.emit(table[name](self.emit(op.strided_slice(x, axes=[0], begin=[d], end=[d + 1]))))
+                  for d, name in enumerate(names)]
+        return self.emit(op.concat(pieces, axis=0))
+
+    def times(self, step: int) -> list[int]:
+        """The timestep each direction reads at ``step``: forward walks 0 … seq-1, reverse seq-1 … 0."""
+        last = self.cell.seq - 1
+        return [last - step if d == "reverse" else step for d in self.cell.directions]
+
+    def seq_first(self, x: Expr) -> Expr:
+        """``X`` as ``[seq, batch, input]`` whatever the node's layout."""
+        return x if self.cell.layout == 0 else self.emit(self.relax.op.permute_dims(x, [1, 0, 2]))
+
+    def projections(self, x: Expr, weights: Sequence[Expr], biases: Sequence[Expr | None]) -> list[Expr]:
+        """``X·Wᵀ + bias`` of every direction for every timestep, one matmul per direction, then per
+        step one ``[directions, batch, gates]``: each direction's row for the timestep it is at.
+
+        Why both directions in one step: the steps are tiny (a CRNN's GRU: 48 hidden units), so
+        their kernel calls, not their arithmetic, cost the time; a bidirectional layer now makes
+        half as many, each a batched matmul (one weight per direction) and one gate kernel."""
+        op = self.relax.op
+        x = self.seq_first(x)
+        projected = []
+        for w, bias in zip(weights, biases, strict=True):
+            proj = self.emit(op.matmul(x, self.transpose(w)))
+            projected.append(proj if bias is None else self.emit(op.add(proj, bias)))
+        rows = projected[0] if len(projected) == 1 else self.emit(op.concat(projected, axis=0))  # [dirs·seq, B, G]
+        # Each step takes its rows by an index tensor, fused into the step's gate kernel, which all
         # steps then share (the index is the kernel's argument, not a constant compiled into it, as
         # a slice's begin would be: 1,200 distinct kernels for 300 steps × 4). A ``split`` into
         # every timestep was a kernel of its own with ``seq`` outputs, a copy at run time, and
         # scheduling it took minutes at a few hundred steps (each inlining attempt re-analysed its
         # hundreds of blocks).
-        op, axis = self.relax.op, self.cell.layout
-        return [self.emit(op.squeeze(self.emit(op.take(proj, self.relax.const(np.array([t], "int64")), axis=axis)),
-                                     axis=[axis]))
-                for t in range(self.cell.seq)]
+        seq = self.cell.seq
+        return [self.emit(op.take(rows, self._index([d * seq + t for d, t in enumerate(self.times(s))]), axis=0))
+                for s in range(seq)]
 
-    def state(self, init: Expr | None, d: int) -> Expr:
-        """Direction ``d``'s initial state [batch, hidden] (zeros when omitted)."""
+    def _index(self, rows: list[int]) -> Expr:
+        return self.relax.const(np.array(rows, "int64"))
+
+    def initial(self, init: Expr | None) -> Expr:
+        """The initial state ``[directions, batch, hidden]`` (zeros when omitted)."""
         if init is None:
-            return self.const(np.zeros((self.cell.batch, self.cell.hidden)))
-        return self.take(init, d, axis=self.cell.layout)
+            return self.const(np.zeros((len(self.cell.directions), self.cell.batch, self.cell.hidden)))
+        return self.seq_first(init)  # layout 1 gives [batch, directions, hidden]
 
     def _masks(self, seq_lens: Expr | None) -> list[Expr] | None:
-        """Per step, a [batch, 1] bool: is ``t`` inside each sequence? None when all are full."""
+        """Per step, a ``[directions, batch, 1]`` bool: is the timestep each direction is at inside
+        each sequence? The last entry: is any of it inside (a zero-length sequence ends in a zero
+        state). None when all sequences are full."""
         if seq_lens is None:
             return None
         op = self.relax.op
         steps = np.arange(self.cell.seq)
+        zeros = [0] * len(self.cell.directions)
+        every = [self.times(s) for s in range(self.cell.seq)] + [zeros]
         lens_value = self.value(seq_lens)
         if lens_value is not None:
             if bool(np.all(lens_value >= self.cell.seq)):
                 return None
             inside = steps[:, None, None] < lens_value.reshape(1, self.cell.batch, 1)
-            return [self.relax.const(inside[t]) for t in steps]
+            return [self.relax.const(np.ascontiguousarray(inside[times])) for times in every]
         lens_dtype = str(seq_lens.ty.dtype)
-        lens = self.emit(op.reshape(seq_lens, [self.cell.batch, 1]))
-        return [self.emit(op.less(self.relax.const(int(t), lens_dtype), lens)) for t in steps]
+        lens = self.emit(op.reshape(seq_lens, [1, self.cell.batch, 1]))
+        inside = self.emit(op.less(self.relax.const(steps.reshape(-1, 1, 1).astype(lens_dtype)), lens))
+        return [self.emit(op.take(inside, self._index(times), axis=0)) for times in every]
 
-    def run(self, steps: list[Expr], init: tuple[Expr, ...], step: Step, reverse: bool) -> tuple[Expr, Expr]:
-        """Unroll ``step`` over time: returns (Y for this direction, final state tuple)."""
+    def run(self, steps: list[Expr], init: tuple[Expr, ...], step: Step) -> Expr:
+        """Unroll ``step`` over time; returns (Y, *final states) in the node's layout, as one tuple."""
         op = self.relax.op
         state = init
-        ys: list[Expr] = [None] * self.cell.seq
+        ys: list[Expr] = []
         zero = self.const(0)
-        for t in reversed(range(self.cell.seq)) if reverse else range(self.cell.seq):
-            new = step(steps[t], state)
+        for s, x_s in enumerate(steps):
+            new = step(x_s, state)
             if self.masks is None:
-                state, ys[t] = new, new[0]
+                state = new
+                ys.append(new[0])
                 continue
-            mask = self.masks[t]
-            ys[t] = self.emit(op.where(mask, new[0], zero))
-            state = tuple(self.emit(op.where(mask, n, s)) for n, s in zip(new, state))
+            mask = self.masks[s]
+            ys.append(self.emit(op.where(mask, new[0], zero)))
+            state = tuple(self.emit(op.where(mask, n, old)) for n, old in zip(new, state, strict=True))
         if self.masks is not None:
-            # A zero-length sequence ends in a zero state, not the initial one (onnxruntime).
-            state = tuple(self.emit(op.where(self.masks[0], s, zero)) for s in state)
-        y = self.emit(op.stack(ys, axis=self.cell.layout))  # [seq, batch, H] or [batch, seq, H]
-        return y, state
+            state = tuple(self.emit(op.where(self.masks[-1], final, zero)) for final in state)
+        return self._outputs(self.emit(op.stack(ys, axis=0)), state)
 
-    def outputs(self, ys: list[Expr], finals: list[tuple[Expr, ...]]) -> Expr:
-        """``relax.Tuple(Y, Y_h[, Y_c])`` in the node's layout, emitted as one value."""
+    def _outputs(self, by_step: Expr, finals: tuple[Expr, ...]) -> Expr:
+        """``relax.Tuple(Y, Y_h[, Y_c])`` in the node's layout, emitted as one value. ``by_step`` is
+        ``[seq, directions, batch, H]`` in step order: a reverse direction's steps run backwards in time."""
         op = self.relax.op
-        # layout 0: Y [seq, dirs, batch, H], states [dirs, batch, H]; layout 1: [batch, seq, dirs, H], [batch, dirs, H]
-        y = op.stack(ys, axis=1 if self.cell.layout == 0 else 2)
-        states = [op.stack([f[k] for f in finals], axis=self.cell.layout) for k in range(len(finals[0]))]
-        fields = [self.emit(e) for e in [y, *states]]
+        pieces = []
+        for d, direction in enumerate(self.cell.directions):
+            piece = by_step if len(self.cell.directions) == 1 else self.emit(
+                op.strided_slice(by_step, axes=[1], begin=[d], end=[d + 1]))
+            pieces.append(self.emit(op.flip(piece, axis=0)) if direction == "reverse" else piece)
+        y = pieces[0] if len(pieces) == 1 else self.emit(op.concat(pieces, axis=1))  # [seq, dirs, batch, H]
+        if self.cell.layout == 1:
+            y = self.emit(op.permute_dims(y, [2, 0, 1, 3]))  # [batch, seq, dirs, H]
+            finals = tuple(self.emit(op.permute_dims(f, [1, 0, 2])) for f in finals)  # [batch, dirs, H]
         # One tuple value: the importer names it after the ONNX node, and every binding above
         # it (the whole unrolled recurrence) is attributed to that node.
-        return self.emit(self.relax.Tuple(fields))
+        return self.emit(self.relax.Tuple([y, *finals]))
 
 
 def direction_weights(
