@@ -155,3 +155,38 @@ def test_convs_alike_but_for_their_weights_share_one_kernel(monkeypatch):
         windows = np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(1, 2))  # n, h, w, c, kh, kw
         np.testing.assert_allclose(np.asarray(value), np.einsum("nhwcij,ocij->nhwo", windows, w), rtol=1e-4,
                                    atol=1e-4)
+
+
+def test_calls_on_the_same_constant_share_its_packed_legalization(monkeypatch):
+    """Matmuls by the very same constant weight (an unrolled recurrence's steps) are legalized
+    once and share the packed weight, where each had packed its own copy (600 copies of a 1 MB
+    matrix for a 300-frame bidirectional LSTM); a weight with the same values in another constant
+    is packed for itself. Each product is still its own input's."""
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((64, 32)).astype("float32")
+    shared, twin = relax.const(w), relax.const(w.copy())
+    bb = relax.BlockBuilder()
+    xs = [relax.Var(f"x{i}", relax.TensorType([2, 64], "float32")) for i in range(3)]
+    with bb.function("main", xs):
+        with bb.dataflow():
+            weights = (shared, shared, twin)
+            products = [bb.emit(relax.op.matmul(x, weight)) for x, weight in zip(xs, weights, strict=True)]
+            out = bb.emit_output(relax.Tuple(products))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    target = _tvm.make_target({"kind": "llvm", "mcpu": _tvm.host_cpu()})
+    runs = []
+    real = legalize_once._legalization
+    monkeypatch.setattr(legalize_once, "_legalization",
+                        lambda name, custom: (lambda bb, call: runs.append(name) or real(name, custom)(bb, call)))
+    with target:
+        legalized = legalize_once.legalize_ops(legalize_map())(mod)
+    assert runs == ["relax.matmul", "relax.matmul"]
+    calls = list(_tvm.bound_calls(legalized["main"]))
+    packed = [call.args[1].fields[1] for call in calls]
+    assert packed[0].same_as(packed[1]) and not packed[0].same_as(packed[2])
+
+    inputs = [rng.standard_normal((2, 64)).astype("float32") for _ in xs]
+    got = _tvm.run_vm(_tvm.vm_from_executable(cpu.build(mod, target)[0], "cpu"), inputs, "cpu")
+    for value, x in zip(got, inputs, strict=True):
+        np.testing.assert_allclose(np.asarray(value), x @ w, rtol=1e-5, atol=1e-5)

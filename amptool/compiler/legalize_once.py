@@ -10,8 +10,10 @@ constant, the same values for arguments that are not tensors (``clip``'s bounds)
 arguments repeated (``add(x, x)`` is not ``add(x, y)``). Its legalization is then the earlier
 one's ``call_tir`` on its own arguments — taken over only where that was exactly a ``call_tir`` of
 a kernel on some of the call's own arguments, every constant among them (TVM compiles a scalar
-constant into the kernel: ``add(x, 1)`` holds the 1), no symbolic shapes; any other legalization
-(weights packed first, several kernels, dynamic shapes) runs for each call.
+constant into the kernel: ``add(x, 1)`` holds the 1), no symbolic shapes. A call on the very same
+constants as an earlier one also takes over a ``call_tir`` on constants the legalization made from
+them (weights packed first) or compiled in. Any other legalization (several kernels, values
+computed first, dynamic shapes) runs for each call.
 
 A legalization that packs a constant first (a conv's weights) can still share its kernel:
 ``call_te`` builds a TE kernel once per run for arguments of the same types and the same other
@@ -150,12 +152,26 @@ def _op_names(mod: Any) -> set[str]:
 
 @dataclass(frozen=True)
 class _Kernel:
-    """A legalized call: the call, its kernel, which of its arguments the kernel takes, its result."""
+    """A legalized call: the call, its kernel, what the kernel takes — an index into the call's
+    arguments, or a constant the legalization made (packed weights) — and its result.
+    ``same_constants``: reusable only by a call whose constant arguments are this call's own."""
 
     call: Any
     kernel: Any  # GlobalVar
-    takes: tuple[int, ...]
+    takes: tuple[Any, ...]
     out: list[Any]
+    same_constants: bool
+
+    def serves(self, call: Any) -> bool:
+        if not _same_signature(self.call, call):
+            return False
+        return not self.same_constants or all(
+            mine.same_as(theirs) for mine, theirs in zip(self.call.args, call.args, strict=True)
+            if isinstance(mine, tvm.ir.GenericConst))
+
+    def apply(self, call: Any) -> Any:
+        args = [call.args[t] if isinstance(t, int) else t for t in self.takes]
+        return relax.call_tir(self.kernel, args, self.out)
 
 
 class _Once:
@@ -169,9 +185,8 @@ class _Once:
         key = _key(call)
         if key is not None:
             for known in self.seen.get(key, ()):
-                if _same_signature(known.call, call):
-                    args = [call.args[i] for i in known.takes]
-                    return relax.call_tir(known.kernel, args, known.out)
+                if known.serves(call):
+                    return known.apply(call)
         result = self.legalization(bb, call)
         if key is not None:
             kernel = _kernel_of(call, result)
@@ -227,18 +242,22 @@ def _same_signature(known: Any, call: Any) -> bool:
 
 
 def _kernel_of(call: Any, result: Any) -> _Kernel | None:
-    """``result`` as a kernel another call can reuse: exactly ``call_tir(kernel, (some of call's
-    arguments, every constant among them), out)``; else None."""
+    """``result`` as a kernel another call can reuse: ``call_tir(kernel, (some of call's arguments
+    and constants, out)``; else None. A kernel that takes every constant argument of the call serves
+    calls with other constants; one that takes constants the legalization made from them (packed
+    weights) or holds one compiled in (``add(x, 1)`` holds the 1) serves only calls on the very same
+    constants — an unrolled recurrence's steps, whose recurrent weight was packed once per step
+    (600 copies of a 1 MB matrix for a 300-frame bidirectional LSTM)."""
     parts = _call_tir_parts(result)
     if parts is None:
         return None
     kernel, fields, out = parts
-    takes = []
+    takes: list[Any] = []
     for field in fields:
         index = next((i for i, arg in enumerate(call.args) if arg.same_as(field)), None)
-        if index is None:
-            return None
-        takes.append(index)
-    if any(isinstance(arg, tvm.ir.GenericConst) and i not in takes for i, arg in enumerate(call.args)):
-        return None  # a constant the kernel does not take was compiled into it (add(x, 1) holds the 1)
-    return _Kernel(call, kernel, tuple(takes), out)
+        if index is None and not isinstance(field, tvm.ir.GenericConst):
+            return None  # a value the legalization computed first
+        takes.append(field if index is None else index)
+    same_constants = any(not isinstance(t, int) for t in takes) or any(
+        isinstance(arg, tvm.ir.GenericConst) and i not in takes for i, arg in enumerate(call.args))
+    return _Kernel(call, kernel, tuple(takes), out, same_constants)
