@@ -167,11 +167,15 @@ def _cancellations(graph: onnx.GraphProto, values: Mapping[str, Any], constants:
     from onnx import numpy_helper  # noqa: PLC0415
 
     producer = {out: node for node in graph.node for out in node.output if out}
+    # Only the constant operands of Add/Sub: every weight as an array was 0.11 s of a ResNet-50 convert.
+    wanted = {t for node in graph.node if node.op_type in CANCELLING_OPS for t in node.input if t in constants}
     constant_values: dict[str, np.ndarray] = {}
     for init in graph.initializer:
-        constant_values[init.name] = numpy_helper.to_array(init)
+        if init.name in wanted:
+            constant_values[init.name] = numpy_helper.to_array(init)
     for node in graph.node:
-        if node.op_type == "Constant" and node.output and node.attribute and node.attribute[0].name == "value":
+        if (node.op_type == "Constant" and node.output and node.output[0] in wanted and node.attribute
+                and node.attribute[0].name == "value"):
             constant_values[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
     found: dict[str, Cancellation] = {}
     for node in graph.node:
