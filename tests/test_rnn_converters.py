@@ -288,6 +288,26 @@ def test_unsupported_attributes_are_one_line_user_errors(case: Case, message: st
     assert "\n" not in str(info.value) and info.value.hint
 
 
+@pytest.mark.parametrize(("op", "name", "shape", "message"), [
+    ("LSTM", "R", (2, 10, 6), r"input R has shape \[2, 10, 6\]; X and R make it \[2, 24, 6\]"),
+    ("LSTM", "R", (24, 6), "input R must be 3-D"),
+    ("GRU", "W", (2, 18, 4), r"input W has shape \[2, 18, 4\]; X and R make it \[2, 18, 5\]"),
+    ("GRU", "B", (2, 18), r"input B has shape \[2, 18\]; X and R make it \[2, 36\]"),
+    ("LSTM", "P", (2, 6), r"input P has shape \[2, 6\]; X and R make it \[2, 18\]"),
+    ("RNN", "initial_h", (1, 3, 6), r"input initial_h has shape \[1, 3, 6\]; X and R make it \[2, 3, 6\]"),
+])
+def test_inputs_of_the_wrong_shape_are_one_line_user_errors(op: str, name: str, shape: tuple[int, ...],
+                                                             message: str) -> None:
+    """A node whose W, R, B, P or initial state disagrees with X and R (onnxruntime refuses it)
+    is named with what it should be, not failed deep in the import with TVM's words."""
+    model, _ = rnn_model(Case(op, direction="bidirectional", peepholes=op == "LSTM", initial=True))
+    (init,) = [i for i in model.graph.initializer if i.name == name]
+    init.CopyFrom(numpy_helper.from_array(np.zeros(shape, np.float32), name))
+    with pytest.raises(UserError, match=message) as info:
+        import_model(model, graph_inputs(model))
+    assert "\n" not in str(info.value) and "onnx.checker" in info.value.hint
+
+
 def test_symbolic_sequence_length_is_a_user_error() -> None:
     from tvm import relax, tirx
 

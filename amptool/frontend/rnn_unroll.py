@@ -87,6 +87,26 @@ def _shape(expr: Expr, role: str, label: str) -> list[int]:
         ) from err
 
 
+#: Gate blocks in W, R and B per op.
+_GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+
+
+def _check_shapes(op: str, label: str, inputs: Sequence[Any], layout: int, dims: tuple[int, int, int, int]) -> None:
+    """Every input's shape as ONNX defines it from R's and X's (the unroller slices by them: a
+    malformed node would otherwise fail deep inside the import with TVM's words)."""
+    num_dir, batch, hidden, features = dims
+    gh = _GATES[op] * hidden
+    state = [batch, num_dir, hidden] if layout else [num_dir, batch, hidden]
+    expected = {1: ("W", [num_dir, gh, features]), 2: ("R", [num_dir, gh, hidden]), 3: ("B", [num_dir, 2 * gh]),
+                4: ("sequence_lens", [batch]), 5: ("initial_h", state)}
+    if op == "LSTM":
+        expected.update({6: ("initial_c", state), 7: ("P", [num_dir, 3 * hidden])})
+    for index, (name, want) in expected.items():
+        given = optional_input(inputs, index)
+        if given is not None and (got := _shape(given, f"input {name}", label)) != want:
+            raise UserError(f"{label} input {name} has shape {got}; X and R make it {want}.", _HINT_SPEC)
+
+
 def parse_cell(op: str, inputs: Sequence[Any], attrs: dict[str, Any], defaults: tuple[str, ...]) -> _Cell:
     x, r = inputs[0], inputs[2]
     node = str(attrs.get("tvm_custom", {}).get("name", "") or "")
@@ -98,7 +118,11 @@ def parse_cell(op: str, inputs: Sequence[Any], attrs: dict[str, Any], defaults: 
     if len(x_shape) != 3:
         raise UserError(f"{label} input X must be 3-D, got shape {x_shape}.", _HINT_SPEC)
     seq, batch = (x_shape[1], x_shape[0]) if layout else (x_shape[0], x_shape[1])
-    num_dir, _, hidden = _shape(r, "recurrence weight R", label)
+    r_shape = _shape(r, "recurrence weight R", label)
+    if len(r_shape) != 3:
+        raise UserError(f"{label} input R must be 3-D [directions, gates·hidden, hidden], got shape {r_shape}.",
+                        _HINT_SPEC)
+    num_dir, _, hidden = r_shape
     if "hidden_size" in attrs and int(attrs["hidden_size"]) != hidden:
         raise UserError(
             f"{label} hidden_size={attrs['hidden_size']} disagrees with R's last dimension {hidden}.", _HINT_SPEC
@@ -129,6 +153,7 @@ def parse_cell(op: str, inputs: Sequence[Any], attrs: dict[str, Any], defaults: 
                 f"{label}: activation '{name}' is not supported. Supported: {', '.join(_ACTIVATIONS)}.",
                 "Re-export with the default activations, or add it to amptool/frontend/rnn.py.",
             )
+    _check_shapes(op, label, inputs, layout, (num_dir, batch, hidden, x_shape[2]))
     names = tuple(a.lower() for a in given) or defaults * len(directions)
     clip = attrs.get("clip")
     return _Cell(
