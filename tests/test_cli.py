@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from tests.conftest import read_json, single_error
 
@@ -152,6 +152,16 @@ def _quantized_model(path: Path) -> str:
     return str(path)
 
 
+def _mismatched_conv_model(path: Path) -> str:
+    """A Conv whose weight has 5 input channels for a 3-channel image: every shape known, and wrong."""
+    weight = numpy_helper.from_array(np.ones((4, 5, 3, 3), np.float32), "w")
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 6, 6])], [weight])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return str(path)
+
+
 def _invalid_model(path: Path) -> str:
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["q"])], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
@@ -166,6 +176,7 @@ def _invalid_model(path: Path) -> str:
         ("missing", 2, "Model file not found"),
         ("not_onnx", 2, "is not a readable ONNX model"),
         ("invalid", 2, "is not a valid ONNX model"),
+        ("mismatched", 2, "hint: Its inputs' shapes are all known and disagree with what Conv requires"),
         ("custom_op", 2, "custom.x::FooBar ×2 ('foo1', 'foo2')"),
         ("quantized", 2, "already quantized (QuantizeLinear ×1)"),
         ("bad_dtype", 2, "Invalid value for '--dtype'"),
@@ -185,6 +196,8 @@ def test_bad_input_is_one_line_and_an_exit_code(case, code, message, zoo_model, 
         model = _write(tmp_path / "bad.onnx", "garbage")
     elif case == "invalid":
         model = _invalid_model(tmp_path / "invalid.onnx")
+    elif case == "mismatched":
+        model = _mismatched_conv_model(tmp_path / "mismatched.onnx")
     elif case == "custom_op":
         model = _custom_op_model(tmp_path / "custom.onnx")
     elif case == "quantized":

@@ -170,10 +170,16 @@ def _make_importer(shape_dict: dict[str, list[int]], dtype_dict: dict[str, str],
                 raise UserError(err.message, fixed_input_hint(deciding)) from err
             except Exception as err:
                 deciding = inputs_deciding_node(model, node_name)
+                if deciding:
+                    hint = fixed_input_hint(deciding)
+                elif _static_shapes(inputs):
+                    hint = (f"Its inputs' shapes are all known and disagree with what {op_name} requires: check the "
+                            "model with onnx.checker.check_model(model, full_check=True); if onnxruntime runs it, "
+                            "please report it.")
+                else:
+                    hint = "Pin input shapes with --input-shape; dynamic shape chains are the usual cause."
                 raise UserError(
-                    f"Cannot import node '{node_name}' (op {op_name}): {error_summary(err, last=True)}",
-                    fixed_input_hint(deciding) if deciding else
-                    "Pin input shapes with --input-shape; dynamic shape chains are the usual cause.",
+                    f"Cannot import node '{node_name}' (op {op_name}): {error_summary(err, last=True)}", hint,
                 ) from err
             return self._bind(result, node_name, op_name)
 
@@ -213,6 +219,24 @@ def _make_importer(shape_dict: dict[str, list[int]], dtype_dict: dict[str, str],
     return _ProvenanceImporter()
 
 
+def _static_dims(value: Any) -> list[int] | None:
+    """A tensor value's dims, or None when it has no shape or a symbolic dim."""
+    shape = getattr(getattr(value, "ty", None), "shape", None)
+    if shape is None:
+        return None
+    try:
+        return [int(d) for d in shape]
+    except TypeError:
+        return None
+
+
+def _static_shapes(inputs: Any) -> bool:
+    """Every given input a tensor whose dims are all numbers (a failed conversion then cannot be a
+    symbolic dim's doing)."""
+    given = [value for value in inputs if value is not None]
+    return bool(given) and all(_static_dims(value) is not None for value in given)
+
+
 def _empty_as_constants(inputs: Any, positions: Any) -> Any:
     """Shape-deciding operands (``positions``) with a static zero-size shape as constants: an
     empty tensor has one possible value.
@@ -231,11 +255,7 @@ def _empty_as_constants(inputs: Any, positions: Any) -> Any:
             continue
         if not isinstance(getattr(value, "ty", None), relax.TensorType):
             continue
-        shape = value.ty.shape
-        try:
-            dims = [int(d) for d in shape] if shape is not None else None
-        except TypeError:
-            continue
+        dims = _static_dims(value)
         if dims is not None and 0 in dims:
             items[i] = relax.const(np.zeros(dims, dtype=str(value.ty.dtype)), str(value.ty.dtype))
             changed = True
