@@ -308,6 +308,19 @@ def test_inputs_of_the_wrong_shape_are_one_line_user_errors(op: str, name: str, 
     assert "\n" not in str(info.value) and "onnx.checker" in info.value.hint
 
 
+@pytest.mark.parametrize("layout", [0, 1])
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+def test_a_zero_length_sequence_gives_an_empty_y_and_zero_states(op: str, layout: int) -> None:
+    """X with no timesteps: Y is empty and every final state zeros, initial states or not
+    (onnxruntime's LSTM returns zeros — or, for Y_c, uninitialised memory — and its GRU and RNN
+    abort the process). It failed to import: a stack of no steps."""
+    model, feeds = rnn_model(Case(op, direction="bidirectional", seq=0, batch=3, layout=layout, initial=True))
+    got = amptool_fp32(model, feeds)
+    assert got["Y"].shape == ((0, 2, 3, 6) if layout == 0 else (3, 0, 2, 6))
+    for name in ["Y_h", "Y_c"] if op == "LSTM" else ["Y_h"]:
+        np.testing.assert_array_equal(got[name], np.zeros((2, 3, 6) if layout == 0 else (3, 2, 6), np.float32))
+
+
 def test_symbolic_sequence_length_is_a_user_error() -> None:
     from tvm import relax, tirx
 

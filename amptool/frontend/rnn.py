@@ -78,7 +78,7 @@ def _lstm_step(u: Unroller, w: _LstmWeights, x_t: Expr, state: tuple[Expr, ...])
 def convert_lstm(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     """ONNX LSTM (gate order i, o, f, c; peepholes i, o, f) → Relax tuple (Y, Y_h, Y_c)."""
     cell = parse_cell("LSTM", inputs, attrs, ("sigmoid", "tanh", "tanh"))
-    u = Unroller(bb, cell, optional_input(inputs, 4))
+    u = Unroller(bb, cell, inputs[0], optional_input(inputs, 4))
     init_h, init_c, peep = optional_input(inputs, 5), optional_input(inputs, 6), optional_input(inputs, 7)
     per_dir = [direction_weights(u, inputs, d, 4) for d in range(len(cell.directions))]
     peepholes = None
@@ -91,7 +91,7 @@ def convert_lstm(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
         acts=_roles(cell.activations),
         input_forget=bool(int(attrs.get("input_forget", 0))),
     )
-    steps = u.projections(inputs[0], [w for w, _, _, _ in per_dir],
+    steps = u.projections([w for w, _, _, _ in per_dir],
                           [None if wb is None else u.add(wb, rb) for _, _, wb, rb in per_dir])
     init = (u.initial(init_h), u.initial(init_c))
     return u.run(steps, init, functools.partial(_lstm_step, u, weights))
@@ -135,7 +135,7 @@ def _gru_step(u: Unroller, w: _GruWeights, x_t: Expr, state: tuple[Expr, ...]) -
 def convert_gru(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     """ONNX GRU (gate order z, r, h) → Relax tuple (Y, Y_h)."""
     cell = parse_cell("GRU", inputs, attrs, ("sigmoid", "tanh"))
-    u = Unroller(bb, cell, optional_input(inputs, 4))
+    u = Unroller(bb, cell, inputs[0], optional_input(inputs, 4))
     hidden = cell.hidden
     linear_before_reset = bool(int(attrs.get("linear_before_reset", 0)))
     ws, rs, biases, rb_hs = [], [], [], []
@@ -161,7 +161,7 @@ def convert_gru(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
         acts=_roles(cell.activations),
         linear_before_reset=linear_before_reset,
     )
-    steps = u.projections(inputs[0], ws, biases)
+    steps = u.projections(ws, biases)
     return u.run(steps, (u.initial(optional_input(inputs, 5)),), functools.partial(_gru_step, u, weights))
 
 
@@ -173,9 +173,9 @@ def _rnn_step(u: Unroller, r_t: Expr, acts: tuple[str, ...], x_t: Expr, state: t
 def convert_rnn(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     """ONNX RNN, ``Ht = f(Xt·Wᵀ + Ht₋₁·Rᵀ + Wb + Rb)`` → Relax tuple (Y, Y_h)."""
     cell = parse_cell("RNN", inputs, attrs, ("tanh",))
-    u = Unroller(bb, cell, optional_input(inputs, 4))
+    u = Unroller(bb, cell, inputs[0], optional_input(inputs, 4))
     per_dir = [direction_weights(u, inputs, d, 1) for d in range(len(cell.directions))]
-    steps = u.projections(inputs[0], [w for w, _, _, _ in per_dir],
+    steps = u.projections([w for w, _, _, _ in per_dir],
                           [None if wb is None else u.add(wb, rb) for _, _, wb, rb in per_dir])
     (acts,) = _roles(cell.activations)
     step = functools.partial(_rnn_step, u, u.recurrent([r for _, r, _, _ in per_dir]), acts)

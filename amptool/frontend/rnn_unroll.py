@@ -176,8 +176,8 @@ class Unroller:
     JIT-compile one kernel per slice, seconds per node. Non-constant weights get Relax ops.
     """
 
-    def __init__(self, bb: Any, cell: _Cell, seq_lens: Expr | None) -> None:
-        self.bb, self.cell = bb, cell
+    def __init__(self, bb: Any, cell: _Cell, x: Expr, seq_lens: Expr | None) -> None:
+        self.bb, self.cell, self.x = bb, cell, x
         self.relax = _relax()
         self.masks = self._masks(seq_lens)
 
@@ -290,7 +290,7 @@ class Unroller:
         """``X`` as ``[seq, batch, input]`` whatever the node's layout."""
         return x if self.cell.layout == 0 else self.emit(self.relax.op.permute_dims(x, [1, 0, 2]))
 
-    def projections(self, x: Expr, weights: Sequence[Expr], biases: Sequence[Expr | None]) -> list[Expr]:
+    def projections(self, weights: Sequence[Expr], biases: Sequence[Expr | None]) -> list[Expr]:
         """``X·Wᵀ + bias`` of every direction for every timestep, one matmul per direction, then per
         step one ``[directions, batch, gates]``: each direction's row for the timestep it is at.
 
@@ -298,7 +298,7 @@ class Unroller:
         their kernel calls, not their arithmetic, cost the time; a bidirectional layer now makes
         half as many, each a batched matmul (one weight per direction) and one gate kernel."""
         op = self.relax.op
-        x = self.seq_first(x)
+        x = self.seq_first(self.x)
         projected = []
         for w, bias in zip(weights, biases, strict=True):
             proj = self.emit(op.matmul(x, self.transpose(w)))
@@ -347,6 +347,8 @@ class Unroller:
     def run(self, steps: list[Expr], init: tuple[Expr, ...], step: Step) -> Expr:
         """Unroll ``step`` over time; returns (Y, *final states) in the node's layout, as one tuple."""
         op = self.relax.op
+        if not steps:
+            return self._empty(self.x, len(init))
         state = init
         ys: list[Expr] = []
         zero = self.const(0)
@@ -362,6 +364,15 @@ class Unroller:
         if self.masks is not None:
             state = tuple(self.emit(op.where(self.masks[-1], final, zero)) for final in state)
         return self._outputs(self.emit(op.stack(ys, axis=0)), state)
+
+    def _empty(self, x: Expr, states: int) -> Expr:
+        """A zero-length sequence: Y empty, every final state zeros (onnxruntime's LSTM; its GRU and
+        RNN abort the process). Y is X reshaped, both empty: TVM cannot read an empty constant back."""
+        dirs, batch, hidden = len(self.cell.directions), self.cell.batch, self.cell.hidden
+        y_shape = [batch, 0, dirs, hidden] if self.cell.layout else [0, dirs, batch, hidden]
+        y = self.emit(self.relax.op.reshape(x, y_shape))
+        state = self.const(np.zeros((batch, dirs, hidden) if self.cell.layout else (dirs, batch, hidden)))
+        return self.emit(self.relax.Tuple([y, *[state] * states]))
 
     def _outputs(self, by_step: Expr, finals: tuple[Expr, ...]) -> Expr:
         """``relax.Tuple(Y, Y_h[, Y_c])`` in the node's layout, emitted as one value. ``by_step`` is
