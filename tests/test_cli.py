@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -21,11 +22,13 @@ DIFF_OUTPUT_KEYS = {"name", "max_abs", "mean_abs", "max_rel", "cosine", "nan", "
 
 def test_convert_writes_library_and_manifest(zoo_model, run_cli, tmp_path):
     out = tmp_path / "out"
-    result = run_cli("convert", zoo_model("resnet_like"), "--dtype", "float16", "-o", str(out))
+    model = zoo_model("resnet_like")
+    result = run_cli("convert", model, "--dtype", "float16", "-o", str(out))
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "model.so"]
     manifest = read_json(out / "manifest.json")
     assert set(manifest) >= MANIFEST_KEYS
+    assert manifest["model"]["sha256"] == hashlib.sha256(Path(model).read_bytes()).hexdigest()
     assert set(manifest["timings_s"]) >= STAGES
     assert manifest["dtype"] == "float16" and manifest["target"] == "llvm"
     assert manifest["inputs"] == [{"name": "input", "dtype": "float32", "shape": [1, 3, 32, 32]}]

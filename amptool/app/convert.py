@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import hashlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -160,7 +159,7 @@ class BuildResult:
         mod = self.passes.mod
         return {
             "amptool_version": __version__,
-            "model": {"path": self.loaded.path, "sha256": _sha256(self.loaded.path)},
+            "model": {"path": self.loaded.path, "sha256": self.loaded.sha256()},
             "dtype": self.config.dtype,
             "target": self.config.target,
             "target_spec": self.target_spec,
@@ -510,11 +509,3 @@ def _tensor_cores(executable: Any) -> dict[str, Any]:
     from amptool.compiler.cuda_inspect import tensor_core_kernels  # noqa: PLC0415
 
     return tensor_core_kernels(executable)
-
-
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
