@@ -154,3 +154,38 @@ def test_an_input_behind_integer_arithmetic_and_a_loop_trip_count_is_pinned(tmp_
     result = run_cli("diff", path, "--dtype", "float32", "--inputs", npz, "--json", str(tmp_path / "d.json"))
     assert result.exit_code == 0, result.output
     assert "input 'crop' decides output shapes" in result.output
+
+
+def _if_split_model() -> onnx.ModelProto:
+    """``size`` split into two dims inside both branches of an If (AffineGrid's expanded function),
+    the If's outputs then a ConstantOfShape's shape: the input decides shapes through the If."""
+    def branch(tag: str) -> onnx.GraphProto:
+        return helper.make_graph(
+            [helper.make_node("Split", ["size"], [f"h_{tag}", f"w_{tag}"], num_outputs=2, axis=0)], tag, [],
+            [helper.make_tensor_value_info(f"h_{tag}", TensorProto.INT64, [1]),
+             helper.make_tensor_value_info(f"w_{tag}", TensorProto.INT64, [1])])
+    graph = helper.make_graph(
+        [helper.make_node("Size", ["size"], ["n"], name="n"),
+         helper.make_node("Equal", ["n", "two"], ["is_2d"], name="is_2d"),
+         helper.make_node("If", ["is_2d"], ["h", "w"], name="dims", then_branch=branch("then"),
+                          else_branch=branch("else")),
+         helper.make_node("Concat", ["h", "w"], ["hw"], name="hw", axis=0),
+         helper.make_node("ConstantOfShape", ["hw"], ["zeros"], name="zeros"),
+         helper.make_node("Add", ["zeros", "x"], ["y"], name="add")], "if_split",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1]),
+         helper.make_tensor_value_info("size", TensorProto.INT64, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(np.array(2, np.int64), "two")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_an_input_split_inside_if_branches_decides_shapes_through_the_if(tmp_path, run_cli):
+    """Split passes a shape vector's pieces on, and an If's branch results are the If's outputs:
+    ``size`` is found deciding the ConstantOfShape, pinned from --inputs, and the model converts
+    (AffineGrid's expanded conformance cases were refused: 'Unsqueeze requires a statically known
+    input rank')."""
+    model = _if_split_model()
+    assert shape_uses(model)["size"].nodes == ["zeros"]
+    path, npz = _save(tmp_path, model, {"x": np.array([0.5], np.float32), "size": np.array([3, 4], np.int64)})
+    result = run_cli("diff", path, "--dtype", "float32", "--inputs", npz)
+    assert result.exit_code == 0, result.output

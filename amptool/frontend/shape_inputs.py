@@ -64,7 +64,7 @@ _PASS_THROUGH: dict[str, tuple[int, ...] | None] = {
     "Reshape": (0,),
     **{op: None for op in ("Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "Mod", "Neg", "Abs", "Ceil", "Floor",
                            "Round", "Relu")},
-    "Gather": (0,), "Slice": (0,), "Clip": (0,),
+    "Gather": (0,), "Slice": (0,), "Clip": (0,), "Split": (0,),
 }
 
 
@@ -81,10 +81,18 @@ class ShapeUse:
 def shape_uses(model: onnx.ModelProto) -> dict[str, ShapeUse]:
     """Per graph input (initializers excluded) that reaches a shape operand: how it does."""
     consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
+    # An If branch's output is the If's: a value its branches compute from an outer tensor (AffineGrid's
+    # function splits ``size`` into N, C, H, W in both branches) reaches on through the If.
+    branch_results: dict[str, list[str]] = {}
     for node in iter_nodes(model.graph):
         for index, name in enumerate(node.input):
             if name:
                 consumers.setdefault(name, []).append((node, index))
+        if node.op_type == "If" and node.domain in STANDARD_DOMAINS:
+            for branch in (a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH):
+                for inner, outer in zip(branch.output, node.output, strict=False):
+                    if outer:
+                        branch_results.setdefault(inner.name, []).append(outer)
     outputs = {o.name for o in model.graph.output}
     weights = {init.name for init in model.graph.initializer}
     found: dict[str, ShapeUse] = {}
@@ -96,6 +104,9 @@ def shape_uses(model: onnx.ModelProto) -> dict[str, ShapeUse]:
         while frontier:
             tensor = frontier.pop()
             use.other_uses |= tensor in outputs
+            fresh_results = [out for out in branch_results.get(tensor, ()) if out not in seen]
+            seen.update(fresh_results)
+            frontier.extend(fresh_results)
             for node, index in consumers.get(tensor, []):
                 standard = node.domain in STANDARD_DOMAINS
                 operand = SHAPE_OPERANDS.get(node.op_type, {}).get(index) if standard else None
