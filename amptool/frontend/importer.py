@@ -25,6 +25,7 @@ from typing import Any
 
 import onnx
 
+from amptool import _tvm
 from amptool.errors import UserError, error_summary
 from amptool.frontend.control_flow import BranchImporter
 from amptool.frontend.converters import CONVERTERS
@@ -219,22 +220,11 @@ def _make_importer(shape_dict: dict[str, list[int]], dtype_dict: dict[str, str],
     return _ProvenanceImporter()
 
 
-def _static_dims(value: Any) -> list[int] | None:
-    """A tensor value's dims, or None when it has no shape or a symbolic dim."""
-    shape = getattr(getattr(value, "ty", None), "shape", None)
-    if shape is None:
-        return None
-    try:
-        return [int(d) for d in shape]
-    except TypeError:
-        return None
-
-
 def _static_shapes(inputs: Any) -> bool:
     """Every given input a tensor whose dims are all numbers (a failed conversion then cannot be a
     symbolic dim's doing)."""
     given = [value for value in inputs if value is not None]
-    return bool(given) and all(_static_dims(value) is not None for value in given)
+    return bool(given) and all(_tvm.static_shape(value) is not None for value in given)
 
 
 def _empty_as_constants(inputs: Any, positions: Any) -> Any:
@@ -255,7 +245,7 @@ def _empty_as_constants(inputs: Any, positions: Any) -> Any:
             continue
         if not isinstance(getattr(value, "ty", None), relax.TensorType):
             continue
-        dims = _static_dims(value)
+        dims = _tvm.static_shape(value)
         if dims is not None and 0 in dims:
             items[i] = relax.const(np.zeros(dims, dtype=str(value.ty.dtype)), str(value.ty.dtype))
             changed = True
