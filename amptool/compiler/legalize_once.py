@@ -242,8 +242,8 @@ def _same_signature(known: Any, call: Any) -> bool:
 
 
 def _kernel_of(call: Any, result: Any) -> _Kernel | None:
-    """``result`` as a kernel another call can reuse: ``call_tir(kernel, (some of call's arguments
-    and constants, out)``; else None. A kernel that takes every constant argument of the call serves
+    """``result`` as a kernel another call can reuse: ``call_tir(kernel, (some of the call's
+    arguments, and constants), out)``; else None. A kernel that takes every constant argument of the call serves
     calls with other constants; one that takes constants the legalization made from them (packed
     weights) or holds one compiled in (``add(x, 1)`` holds the 1) serves only calls on the very same
     constants — an unrolled recurrence's steps, whose recurrent weight was packed once per step
