@@ -59,19 +59,11 @@ class LoadedModel:
     model: onnx.ModelProto
     path: str
     opset: int
-    digest: concurrent.futures.Future[str] | None = field(default=None, compare=False, repr=False)
+    digest: concurrent.futures.Future[str] = field(compare=False, repr=False)
 
     def sha256(self) -> str:
         """The model file's SHA-256 (the manifest's ``model.sha256``), of the bytes load read."""
-        return self.digest.result() if self.digest is not None else file_sha256(self.path)
-
-
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return self.digest.result()
 
 
 def _sha256_in_background(data: bytes) -> concurrent.futures.Future[str]:
