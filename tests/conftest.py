@@ -13,6 +13,7 @@ import onnx
 import pytest
 from click.testing import CliRunner, Result
 
+from amptool.compiler.targets import host_llvm_spec
 from amptool.testing import model_zoo
 
 warnings.filterwarnings("ignore", category=UserWarning)
@@ -118,10 +119,10 @@ def bf16_dot_target_options() -> tuple[str, ...] | None:
     from amptool.compiler.cpu_intrinsics import has_bf16_dot
     from amptool.compiler.cpu_speed import bf16_dot_pays
 
-    host = _tvm.host_cpu()
-    if not has_bf16_dot(_tvm.make_target({"kind": "llvm", "mcpu": host})):
+    host = host_llvm_spec()
+    if not has_bf16_dot(_tvm.make_target(host)):
         return None
-    return () if bf16_dot_pays(host) else ("-mcpu=znver4",)
+    return () if bf16_dot_pays(host["mcpu"], host.get("mattr", ())) else ("-mcpu=znver4",)
 
 
 def staged_module(path: str, dtype: str, last_stage: str, mcpu: str | None = None) -> Any:
@@ -134,7 +135,7 @@ def staged_module(path: str, dtype: str, last_stage: str, mcpu: str | None = Non
     from amptool.compiler import cpu
 
     mod = rewrite_model(ConvertConfig(model=path, dtype=dtype)).passes.mod
-    target = _tvm.make_target({"kind": "llvm", "mcpu": mcpu or _tvm.host_cpu()})
+    target = _tvm.make_target({"kind": "llvm", "mcpu": mcpu} if mcpu else host_llvm_spec())
     with target:
         for name, passes in cpu.stage_passes(target):
             mod = tvm.transform.Sequential(passes)(mod)
@@ -172,5 +173,5 @@ def kernel_after_pass(path: str, name_part: str, pass_name: str, dtype: str = "f
 
     with tvm.transform.PassContext(instruments=[AfterPass()]):
         tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}),
-                    target=_tvm.make_target({"kind": "llvm", "mcpu": _tvm.host_cpu()}))
+                    target=_tvm.make_target(host_llvm_spec()))
     return seen[-1]

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from amptool import _tvm, compiler
+from amptool.compiler.targets import host_llvm_spec
 
-TARGET = {"kind": "llvm", "mcpu": _tvm.host_cpu()}
+TARGET = host_llvm_spec()
 
 # (x shape, channel multiplier or (groups, in per group), kernel, stride, pads (t, l, b, r), dilation)
 CASES = [

@@ -14,10 +14,11 @@ from onnx import TensorProto, helper, numpy_helper
 
 import amptool
 from amptool import _tvm
+from amptool.compiler.targets import host_llvm_spec
 from tests.conftest import scheduled_kernels, staged_module
 from tests.onnx_checks import info, onnxruntime_and_amptool, x_to_y_model
 
-TARGET = {"kind": "llvm", "mcpu": _tvm.host_cpu()}
+TARGET = host_llvm_spec()
 
 
 def _cnn_block(seed: int = 0) -> onnx.ModelProto:
@@ -83,8 +84,9 @@ def test_cnn_block_runs_the_nhwc_kernels(tmp_path, dtype, mcpu):
     onnx.save(_cnn_block(), str(path))
     text = "\n".join(scheduled_kernels(str(path), dtype, mcpu))
     assert '"amp_depthwise_nhwc' in text
-    target = _tvm.make_target({**TARGET, "mcpu": mcpu or TARGET["mcpu"]})
-    if dtype == "bfloat16" and has_bf16_dot(target) and bf16_dot_pays(mcpu or TARGET["mcpu"]):
+    spec = {"kind": "llvm", "mcpu": mcpu} if mcpu else TARGET
+    dot_pays = bf16_dot_pays(spec["mcpu"], spec.get("mattr", ()))
+    if dtype == "bfloat16" and has_bf16_dot(_tvm.make_target(spec)) and dot_pays:
         assert '"amp_conv2d_nhwc_bf16' in text and "amptool_dpbf16" in text
         # The 24-channel convs too: zero filters pad them to 32, the epilogue stores the first 24
         # (no float32 block-of-8 kernel left).

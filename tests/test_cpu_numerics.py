@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from amptool import _tvm, compiler
+from amptool import compiler
+from amptool.compiler.targets import host_llvm_spec
 
 MATMULS = [
     ((2, 24, 128), (128, 1000), True),   # GPT-2 LM head, left-padded batch of 2
@@ -54,7 +55,7 @@ def _build_and_run(make, args, params):
         with bb.dataflow():
             out = bb.emit_output(bb.emit(make()))
         bb.emit_func_output(out)
-    executable = compiler.compile_module(bb.get(), {"kind": "llvm", "mcpu": _tvm.host_cpu()})
+    executable = compiler.compile_module(bb.get(), host_llvm_spec())
     vm = relax.VirtualMachine(executable, tvm.cpu())
     return vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
 

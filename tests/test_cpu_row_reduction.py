@@ -13,6 +13,7 @@ import onnxruntime as ort
 import pytest
 
 from amptool.app.convert import ConvertConfig, build_model
+from amptool.compiler.targets import host_llvm_spec
 from tests.conftest import scheduled_kernels
 
 tvm = pytest.importorskip("tvm")
@@ -124,7 +125,7 @@ def test_softmax_rows_a_full_vector_does_not_divide_are_padded(tmp_path: Path) -
     from amptool import _tvm
     from amptool.compiler.cpu_kernels import vector_lanes
 
-    if vector_lanes(_tvm.make_target({"kind": "llvm", "mcpu": _tvm.host_cpu()})) != 16:
+    if vector_lanes(_tvm.make_target(host_llvm_spec())) != 16:
         pytest.skip("16-lane vectors (AVX-512) only")
     text = "\n".join(scheduled_kernels(_model(tmp_path, [3, 100], "y = Softmax <axis = -1> (x)"), "float32"))
     assert "T.int64(112)" in text and "T.vectorized(T.int64(16))" in text
@@ -162,7 +163,7 @@ def test_a_row_no_vector_divides_is_a_vector_body_and_a_scalar_tail(tmp_path: Pa
     from amptool import _tvm
     from amptool.compiler.cpu_kernels import vector_lanes
 
-    lanes = vector_lanes(_tvm.make_target({"kind": "llvm", "mcpu": _tvm.host_cpu()}))
+    lanes = vector_lanes(_tvm.make_target(host_llvm_spec()))
     shape, params, body, *_ = CASES["instance norm over 3199 (wav2vec2's GroupNorm)"]
     text = "\n".join(scheduled_kernels(_model(tmp_path, shape, body, params), "float32"))
     assert '_tail")' in text and '_body_rf_update")' in text

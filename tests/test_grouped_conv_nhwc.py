@@ -13,6 +13,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 import amptool
+from amptool.compiler.targets import host_llvm_spec
 from tests.conftest import scheduled_kernels
 from tests.onnx_checks import info
 
@@ -71,7 +72,7 @@ def _host_lanes() -> int:
     from amptool import _tvm
     from amptool.compiler.cpu_kernels import vector_lanes
 
-    return vector_lanes(_tvm.make_target({"kind": "llvm", "mcpu": _tvm.host_cpu()}))
+    return vector_lanes(_tvm.make_target(host_llvm_spec()))
 
 
 def test_groups_of_whole_target_vectors_run_the_nhwc_conv(tmp_path: Path) -> None:

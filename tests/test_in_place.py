@@ -15,6 +15,7 @@ from amptool import _tvm
 from amptool.app.convert import ConvertConfig, build_model, rewrite_model
 from amptool.compiler import cpu
 from amptool.compiler.in_place import IN_PLACE_OF, in_place_kernel, write_in_place
+from amptool.compiler.targets import host_llvm_spec
 from tests.onnx_checks import assert_close_to_onnxruntime
 
 tvm = pytest.importorskip("tvm")
@@ -41,7 +42,7 @@ def _save(tmp_path: Path, outputs: str, body: str, inputs: str = "float[1, 16, 8
 
 def _in_place_kernels(path: str, dtype: str = "float32") -> list[str]:
     """Names of the kernels the CPU pipeline made write in place, for ``path`` in ``dtype``."""
-    target = _tvm.make_target({"kind": "llvm", "mcpu": _tvm.host_cpu()})
+    target = _tvm.make_target(host_llvm_spec())
     lowered = cpu.lower(rewrite_model(ConvertConfig(model=path, dtype=dtype)).passes.mod, target)
     return [gv.name_hint for gv, f in lowered.functions_items()
             if isinstance(f, tvm.tirx.PrimFunc) and IN_PLACE_OF in f.attrs]

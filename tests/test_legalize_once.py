@@ -11,6 +11,7 @@ from tvm import relax
 from amptool import _tvm
 from amptool.compiler import cpu, legalize_once
 from amptool.compiler.cpu_kernels import legalize_map
+from amptool.compiler.targets import host_llvm_spec
 
 
 def _module():
@@ -138,7 +139,7 @@ def test_convs_alike_but_for_their_weights_share_one_kernel(monkeypatch):
     weights: the module TVM's LegalizeOps makes (its add_func finds the same kernel again), from
     two builds instead of three, computing each conv with its weights."""
     mod, weights = _convs()
-    target = _tvm.make_target({"kind": "llvm", "mcpu": _tvm.host_cpu()})  # it runs here: no foreign ISA
+    target = _tvm.make_target(host_llvm_spec())  # it runs here: no foreign ISA
     builds = []
     real = relax.BlockBuilder.call_te
     monkeypatch.setattr(relax.BlockBuilder, "call_te", lambda bb, *a, **k: builds.append(a[0]) or real(bb, *a, **k))
@@ -174,7 +175,7 @@ def test_calls_on_the_same_constant_share_its_packed_legalization(monkeypatch):
             out = bb.emit_output(relax.Tuple(products))
         bb.emit_func_output(out)
     mod = bb.get()
-    target = _tvm.make_target({"kind": "llvm", "mcpu": _tvm.host_cpu()})
+    target = _tvm.make_target(host_llvm_spec())
     runs = []
     real = legalize_once._legalization
     monkeypatch.setattr(legalize_once, "_legalization",

@@ -10,6 +10,7 @@ import onnx.parser
 import pytest
 
 from amptool import _tvm
+from amptool.compiler.targets import host_llvm_spec
 from tests.conftest import scheduled_kernels
 
 tvm = pytest.importorskip("tvm")
@@ -26,7 +27,7 @@ def test_bit_tests_match_numpy_in_a_vectorized_loop(dtype: str) -> None:
     for block in sch.get_child_blocks(sch.get_sblock("root")):
         _, lanes = sch.split(sch.get_loops(block)[0], [None, 16])
         sch.vectorize(lanes)
-    lib = tvm.tirx.build(sch.mod, target=_tvm.make_target({"kind": "llvm", "mcpu": _tvm.host_cpu()}))
+    lib = tvm.tirx.build(sch.mod, target=_tvm.make_target(host_llvm_spec()))
     finfo = np.finfo(dtype)
     values = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, finfo.max, -finfo.max, finfo.tiny,
                        finfo.tiny / 4, finfo.eps] * 6, dtype=dtype)[:64]

@@ -6,6 +6,7 @@ import dataclasses
 import os
 import shutil
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,8 +22,45 @@ HAS_GPU = _tvm.cuda_compute_version() is not None
 
 def test_llvm_defaults_to_the_host_cpu():
     resolved = targets.resolve_target("llvm")
-    assert resolved.spec == {"kind": "llvm", "mcpu": _tvm.host_cpu()}
+    corrections = _tvm.host_feature_corrections(_tvm.host_cpu())
+    assert resolved.spec == {"kind": "llvm", "mcpu": _tvm.host_cpu(), **({"mattr": corrections} if corrections else {})}
     assert resolved.device == "cpu" and resolved.arch is None
+    has = _tvm.llvm_cpu_features(resolved.spec, ["avx512f", "avx512bf16", "f16c"])
+    flags = set(Path("/proc/cpuinfo").read_text().split()) if os.path.exists("/proc/cpuinfo") else None
+    if flags and "flags" in flags:  # x86 Linux: the target has exactly the host's features
+        assert has == {"avx512f": "avx512f" in flags, "avx512bf16": "avx512_bf16" in flags, "f16c": "f16c" in flags}
+
+
+def test_host_features_correct_a_cpu_name_a_vm_got_wrong():
+    """A hypervisor's model number can name another CPU: an AMX server VM was 'rocketlake' to LLVM
+    (no AVX512-BF16, AVX512-FP16 or AMX), so bfloat16 builds never used the instructions it has; a
+    VM with AVX-512 off under an AVX-512 model would die of SIGILL. The kernel's flags correct both."""
+    sapphire = frozenset({"avx", "avx2", "fma", "f16c", "avx512f", "avx512dq", "avx512cd", "avx512bw", "avx512vl",
+                          "avx512ifma", "avx512vbmi", "avx512_vbmi2", "avx512_vnni", "avx512_bitalg", "gfni",
+                          "avx512_vpopcntdq", "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_tile", "amx_bf16",
+                          "amx_int8", "vaes", "vpclmulqdq"})
+    assert _tvm.host_feature_corrections("rocketlake", sapphire) == [
+        "+amx-bf16", "+amx-int8", "+amx-tile", "+avx512bf16", "+avx512fp16", "+avxvnni"]
+    assert _tvm.host_feature_corrections("sapphirerapids", sapphire) == []
+    no_avx512 = frozenset({"avx", "avx2", "fma", "f16c"})
+    assert "-avx512f" in _tvm.host_feature_corrections("skylake-avx512", no_avx512)
+    assert _tvm.host_feature_corrections("skylake-avx512", frozenset()) == []  # no flags read: nothing to say
+    spec = {"kind": "llvm", "mcpu": "rocketlake", "mattr": _tvm.host_feature_corrections("rocketlake", sapphire)}
+    assert _tvm.llvm_cpu_features(spec, ["avx512bf16", "amx-bf16"]) == {"avx512bf16": True, "amx-bf16": True}
+    from amptool.compiler.cpu_speed import bf16_dot_pays
+
+    assert not bf16_dot_pays(spec["mcpu"], spec["mattr"])  # an Intel server core: FMAs beat its vdpbf16ps
+    assert bf16_dot_pays("znver4") and not bf16_dot_pays("sapphirerapids")
+
+
+def test_user_features_come_after_the_hosts_and_a_named_cpu_drops_them(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(targets, "_host_cpu_and_corrections", lambda: ("rocketlake", ("+avx512bf16",)))
+    assert targets.resolve_target("llvm").spec == {"kind": "llvm", "mcpu": "rocketlake", "mattr": ["+avx512bf16"]}
+    spec = targets.resolve_target("llvm", options=["-mattr=-avx512bf16"], lower_only=True).spec
+    assert spec["mattr"] == ["+avx512bf16", "-avx512bf16"]
+    assert not _tvm.llvm_cpu_features(spec, ["avx512bf16"])["avx512bf16"]  # the user's, last, wins
+    assert targets.resolve_target("llvm", options=["-mcpu=znver4"], lower_only=True).spec == {
+        "kind": "llvm", "mcpu": "znver4"}
 
 
 def test_target_options_become_dict_keys():

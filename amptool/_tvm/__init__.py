@@ -21,6 +21,7 @@ from amptool._tvm.build import (  # noqa: F401
     count_prim_funcs,
     export_library,
     host_cpu,
+    host_feature_corrections,
     llvm_cpu_features,
     llvm_is_valid_cpu,
     llvm_unknown_features,

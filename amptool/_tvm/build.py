@@ -19,6 +19,48 @@ def host_cpu() -> str:
     return str(tvm.target.codegen.llvm_get_system_cpu())
 
 
+#: /proc/cpuinfo flag → LLVM feature, for the x86 features amptool's kernels or LLVM's vectorizer use.
+CPUINFO_TO_LLVM = {
+    "avx": "avx", "avx2": "avx2", "fma": "fma", "f16c": "f16c", "avx512f": "avx512f", "avx512dq": "avx512dq",
+    "avx512cd": "avx512cd", "avx512bw": "avx512bw", "avx512vl": "avx512vl", "avx512ifma": "avx512ifma",
+    "avx512vbmi": "avx512vbmi", "avx512_vbmi2": "avx512vbmi2", "avx512_vnni": "avx512vnni",
+    "avx512_bitalg": "avx512bitalg", "avx512_vpopcntdq": "avx512vpopcntdq", "avx512_bf16": "avx512bf16",
+    "avx512_fp16": "avx512fp16", "avx_vnni": "avxvnni", "amx_tile": "amx-tile", "amx_bf16": "amx-bf16",
+    "amx_int8": "amx-int8", "amx_fp16": "amx-fp16", "gfni": "gfni", "vaes": "vaes", "vpclmulqdq": "vpclmulqdq",
+}
+
+
+def host_feature_corrections(cpu: str, flags: frozenset[str] | None = None) -> list[str]:
+    """``mattr`` entries (``+avx512bf16``, ``-avx512f``) where this host's CPU differs from what LLVM
+    assumes for its CPU name ``cpu``; [] off x86 Linux.
+
+    Why: LLVM names the CPU from its family and model, and a hypervisor may report a model that
+    is not the real one: an AMX server VM here said model 167, which LLVM calls 'rocketlake' (no
+    AVX512-BF16, AVX512-FP16 or AMX), and a VM with AVX-512 switched off under a model that has it
+    would get code that dies of SIGILL. The kernel's flags list what the CPU really runs.
+    """
+    flags = _cpuinfo_flags() if flags is None else flags
+    if not flags:
+        return []
+    wanted = {llvm: cpuinfo in flags for cpuinfo, llvm in CPUINFO_TO_LLVM.items()}
+    assumed = llvm_cpu_features({"kind": "llvm", "mcpu": cpu}, [*sorted(wanted), "sse2"])
+    if not assumed["sse2"]:
+        return []  # not an x86 CPU LLVM knows: its feature names mean nothing there
+    return [("+" if has else "-") + name for name, has in sorted(wanted.items()) if has != assumed[name]]
+
+
+def _cpuinfo_flags() -> frozenset[str]:
+    """The first CPU's ``flags`` in /proc/cpuinfo (x86 Linux), or empty."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("flags"):
+                    return frozenset(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
 def make_target(spec: dict[str, Any]) -> Any:
     """A Target from a dict spec; 0.27 rejects the old 'llvm -mcpu=…' strings."""
     import tvm  # noqa: PLC0415

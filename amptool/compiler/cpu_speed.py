@@ -35,6 +35,7 @@ than a wrong one.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from amptool import _tvm
@@ -58,10 +59,13 @@ SLOW_BF16_DOT_CPUS = frozenset({"cooperlake", "sapphirerapids", "emeraldrapids",
 SLOW_BF16_MEASURED = "1.03-1.15x"
 
 
-def bf16_dot_pays(mcpu: str | None) -> bool:
-    """Whether bfloat16 products should use ``vdpbf16ps`` on CPU ``mcpu`` (the target having
-    AVX512-BF16 is the caller's check); elsewhere they are float32 FMAs on converted values."""
-    return (mcpu or "") not in SLOW_BF16_DOT_CPUS
+def bf16_dot_pays(mcpu: str | None, mattr: Sequence[str] = ()) -> bool:
+    """Whether bfloat16 products should use ``vdpbf16ps`` on CPU ``mcpu`` with features ``mattr``
+    (the target having AVX512-BF16 is the caller's check); elsewhere they are float32 FMAs on
+    converted values. AMX-BF16 added to another CPU name marks an Intel server core too: a VM
+    whose reported model LLVM takes for a client CPU ('rocketlake', with +amx-bf16 from the host's
+    flags — ``_tvm.host_feature_corrections``)."""
+    return (mcpu or "") not in SLOW_BF16_DOT_CPUS and "+amx-bf16" not in [str(f) for f in mattr]
 
 
 def low_precision_speed_note(dtype: str, spec: dict[str, Any]) -> str | None:
@@ -89,7 +93,7 @@ def low_precision_speed_note(dtype: str, spec: dict[str, Any]) -> str | None:
             return None  # AVX2 only: measured 0.75-0.95x float32 (the table above) — no warning due
         return (f"CPU {cpu} has no AVX512-BF16: bfloat16 computes in float32 after conversion, "
                 "measured 1.02x float32 latency (weights take half the memory; no speed-up)")
-    if not bf16_dot_pays(spec.get("mcpu")):
+    if not bf16_dot_pays(spec.get("mcpu"), spec.get("mattr") or ()):
         return (f"CPU {cpu} runs vdpbf16ps at half its float32 FMA rate: bfloat16 products are float32 FMAs "
                 f"after conversion, measured {SLOW_BF16_MEASURED} float32 latency (weights take half the memory; "
                 "no speed-up)")

@@ -12,6 +12,7 @@ CUDA before the toolchain is installed.
 
 from __future__ import annotations
 
+import functools
 import re
 import shutil
 import subprocess
@@ -52,10 +53,18 @@ class ResolvedTarget:
     options: tuple[str, ...] = ()
 
 
-def _llvm_spec() -> dict[str, Any]:
-    # Plain "llvm" is generic x86-64 without F16C: fp16 is then 12–16× slower than fp32.
-    # Naming the host CPU enables F16C/AVX-512 (measured 1.0–1.2× fp32).
-    return {"kind": "llvm", "mcpu": _tvm.host_cpu()}
+def host_llvm_spec() -> dict[str, Any]:
+    """This host's CPU by LLVM's name, and the features it has that the name does not say (or says
+    wrongly: a VM's reported model can be another CPU's). Plain "llvm" is generic x86-64 without
+    F16C: float16 is then 12–16× slower than float32; naming the CPU enables F16C/AVX-512."""
+    cpu, corrections = _host_cpu_and_corrections()
+    return {"kind": "llvm", "mcpu": cpu, **({"mattr": list(corrections)} if corrections else {})}
+
+
+@functools.cache
+def _host_cpu_and_corrections() -> tuple[str, tuple[str, ...]]:
+    cpu = _tvm.host_cpu()
+    return cpu, tuple(_tvm.host_feature_corrections(cpu))
 
 
 def _llvm_missing() -> str | None:
@@ -81,7 +90,7 @@ def _cuda_missing() -> str | None:
 
 
 TARGETS: dict[str, TargetSpec] = {
-    "llvm": TargetSpec("llvm", "CPU via LLVM, tuned to this host's CPU", "cpu", _llvm_spec, _llvm_missing),
+    "llvm": TargetSpec("llvm", "CPU via LLVM, tuned to this host's CPU", "cpu", host_llvm_spec, _llvm_missing),
     "cuda": TargetSpec("cuda", "NVIDIA GPU", "cuda", lambda: {"kind": "cuda", "arch": DEFAULT_CUDA_ARCH},
                        _cuda_missing),
     "vulkan": TargetSpec("vulkan", "Vulkan GPU", "vulkan", lambda: {"kind": "vulkan", "supports_float16": True},
@@ -127,6 +136,10 @@ def resolve_target(name: str, cuda_arch: str | None = None, options: Sequence[st
         parsed = parse_llvm_options(options)
         if "mtriple" in parsed and "mcpu" not in parsed:
             spec = {k: v for k, v in spec.items() if k != "mcpu"}  # this host's CPU means nothing on another arch
+        if "mcpu" in parsed or "mtriple" in parsed:
+            spec.pop("mattr", None)  # this host's feature corrections are about this host's CPU only
+        elif "mattr" in parsed:
+            parsed = {**parsed, "mattr": [*spec.get("mattr", []), *parsed["mattr"]]}  # the user's come last, and win
         spec = {**spec, **parsed}
         _check_llvm_spec(spec)
         if not lower_only:
