@@ -41,7 +41,7 @@ from __future__ import annotations
 import functools
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -522,7 +522,7 @@ def _bf16_dot_available() -> bool:
     from amptool.compiler.cpu_speed import bf16_dot_pays  # noqa: PLC0415
 
     target = tvm.target.Target.current(allow_none=True)
-    if target is None or not bf16_dot_pays(target.attrs.get("mcpu")):
+    if target is None or not bf16_dot_pays(target.attrs.get("mcpu"), target.attrs.get("mattr") or ()):
         return False
     from amptool.compiler.cpu_intrinsics import has_bf16_dot  # noqa: PLC0415 - registers the intrinsic (0.3–0.6 s)
 
@@ -534,6 +534,24 @@ def _uses_bf16_dot(data: Any, weight: Any, out_dtype: str, channels: int, pad_ch
     ``pad_channels``, any count: the caller pads to 16s and crops), a CPU with vdpbf16ps."""
     return (str(data.ty.dtype) == "bfloat16" and str(weight.ty.dtype) == "bfloat16"
             and out_dtype == "float32" and (pad_channels or channels % 16 == 0) and _bf16_dot_available())
+
+
+def _uses_amx(data: Any, weight: Any, out_dtype: str, data_shape: Sequence[int]) -> bool:
+    """bfloat16 inputs and weights accumulated in float32, a shape the AMX micro-kernel takes
+    (``cpu_amx.fits``), a target with AMX-BF16."""
+    import tvm  # noqa: PLC0415
+
+    from amptool.compiler import cpu_amx  # noqa: PLC0415
+
+    if str(data.ty.dtype) != "bfloat16" or str(weight.ty.dtype) != "bfloat16" or out_dtype != "float32":
+        return False
+    if not cpu_amx.fits(math.prod(data_shape[:-1]), int(data_shape[-1])):
+        return False
+    target = tvm.target.Target.current(allow_none=True)
+    key = (str(target), "amx")
+    if key not in _X86_WITHOUT:
+        _X86_WITHOUT[key] = target is None or not cpu_amx.has_amx_bf16(target)
+    return not _X86_WITHOUT[key]
 
 
 def _bf16_bits(array: np.ndarray) -> np.ndarray:
@@ -862,18 +880,23 @@ def _legalize_matmul(bb: Any, call: Any) -> Any:
     if w.ndim != 2:
         return _default(bb, call)
     k, n = w.shape
+    if _uses_amx(a, b, out_dtype, a_shape):
+        from amptool.compiler import cpu_amx  # noqa: PLC0415
+
+        return cpu_amx.emit_matmul(bb, a, tuple(a_shape[:-1]), _bf16_bits(w))
     if _uses_bf16_dot(a, b, out_dtype, n) and k % 2 == 0:
         # [K/2, 2, N/16, 16] → [N/16, K/2, 16, 2]
         pairs = _bf16_bits(w).reshape(k // 2, 2, n // 16, 16).transpose(2, 0, 3, 1)
         return _call_te(bb, _matmul_bf16, a, _constant(pairs), n=n, primfunc_name_hint=MATMUL_BF16_BLOCK)
     lanes = _current_lanes()
     block = _block(n, lanes)
-    if block is None and n < lanes:
+    if block is None and n <= lanes // 2:
         return _default(bb, call)
     if block is None:
         # Zero columns padding the weight to whole vectors (a CTC head's 97 classes, an OCR
-        # vocabulary), cropped after: TVM's legalization left such a product unscheduled — a GRU
-        # tagger's [80, 512] · [512, 97] took 2.3 ms, onnxruntime's Gemm 0.095.
+        # vocabulary; with AVX-512 any count over half a vector), cropped after: TVM's legalization
+        # left such a product unscheduled — a GRU tagger's [80, 512] · [512, 97] took 2.3 ms,
+        # onnxruntime's Gemm 0.095.
         block = lanes
         w = _zero_filters(w.T, lanes).T
     rows = a_shape[-2]

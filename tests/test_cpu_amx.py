@@ -1,0 +1,89 @@
+"""bfloat16 matmuls on AMX tiles (``compiler.cpu_amx``): chosen for AMX targets and the shapes the
+micro-kernel takes, and — where this CPU has AMX — equal to onnxruntime's product of the same
+bfloat16-exact operands up to the output's rounding, in a fresh process too (the kernel asks
+Linux for the tile state itself)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from amptool import _tvm
+from amptool.compiler import cpu_amx
+from amptool.compiler.targets import host_llvm_spec
+from tests.conftest import scheduled_kernels
+
+HAS_AMX = cpu_amx.has_amx_bf16(_tvm.make_target(host_llvm_spec()))
+needs_amx = pytest.mark.skipif(not HAS_AMX, reason="this CPU has no AMX-BF16")
+
+
+def _bf16_exact(array: np.ndarray) -> np.ndarray:
+    """float32 values that bfloat16 holds exactly: the product then differs only by its summation."""
+    return array.astype(ml_dtypes.bfloat16).astype(np.float32)
+
+
+def _matmul_model(path: Path, lead: tuple[int, ...], k: int, n: int, seed: int = 0) -> Path:
+    rng = np.random.default_rng(seed)
+    w = numpy_helper.from_array(_bf16_exact(rng.standard_normal((k, n)) / np.sqrt(k)), "w")
+    b = numpy_helper.from_array(_bf16_exact(rng.standard_normal(n)), "b")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["y"])]
+    graph = helper.make_graph(nodes, "mm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [*lead, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [*lead, n])], [w, b])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.mark.parametrize(("lead", "k", "n", "amx"), [
+    ((1, 128), 768, 768, True),   # BERT-base's projections
+    ((197,), 64, 97, True),       # a row tail (197 = 6 blocks + 5) and a column tail (97 = 3 blocks + 1)
+    ((3, 50), 96, 48, True),      # batch axes taken as rows
+    ((1, 16), 768, 768, False),   # fewer rows than a block: the vector kernels
+    ((1, 128), 72, 64, False),    # k no multiple of 32
+])
+def test_amx_is_chosen_for_the_shapes_it_takes(tmp_path: Path, lead: tuple[int, ...], k: int, n: int,
+                                               amx: bool) -> None:
+    """Lowered for a Sapphire Rapids target (no AMX needed on this machine to lower)."""
+    path = _matmul_model(tmp_path / "mm.onnx", lead, k, n)
+    text = "\n".join(scheduled_kernels(str(path), "bfloat16", "sapphirerapids"))
+    assert ("amptool_amx_bf16_32x32" in text) == amx
+    assert "amptool_amx_bf16_32x32" not in "\n".join(scheduled_kernels(str(path), "bfloat16", "znver4"))
+
+
+@needs_amx
+@pytest.mark.parametrize(("lead", "k", "n"), [((1, 128), 768, 768), ((197,), 64, 97), ((3, 50), 96, 48),
+                                              ((32,), 32, 16)])
+def test_amx_products_are_onnxruntimes(tmp_path: Path, lead: tuple[int, ...], k: int, n: int) -> None:
+    import onnxruntime as ort
+
+    from amptool.app.convert import ConvertConfig, build_model
+
+    path = str(_matmul_model(tmp_path / "mm.onnx", lead, k, n))
+    x = _bf16_exact(np.random.default_rng(1).standard_normal((*lead, k)).astype(np.float32))
+    want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(["y"], {"x": x})[0]
+    built = build_model(ConvertConfig(model=path, dtype="bfloat16"))
+    got = np.asarray(built.compiled().run({"x": x})["y"], np.float32)
+    # Operands exact in bfloat16: what is left is float32 summation order and the bfloat16 rounding
+    # of the product and of the sum with the bias (2 × 2⁻⁹ relative), far below a wrong tile's error.
+    np.testing.assert_allclose(got, want, rtol=2 ** -7, atol=1e-6 * float(np.abs(want).max()))
+
+
+@needs_amx
+def test_an_exported_amx_build_runs_in_a_fresh_process(tmp_path: Path) -> None:
+    """No one has asked Linux for the tile state in a new process: the kernel does, or the first
+    tile instruction would kill it (SIGILL)."""
+    path = _matmul_model(tmp_path / "mm.onnx", (64,), 128, 64)
+    subprocess.run([sys.executable, "-m", "amptool", "convert", str(path), "--dtype", "bfloat16", "-o",
+                    str(tmp_path / "out")], check=True, capture_output=True)
+    script = ("import numpy as np, amptool; m = amptool.load(%r); "
+              "y = m.run({'x': np.ones((64, 128), np.float32)})['y']; print(np.isfinite(np.asarray(y, np.float32)).all())")
+    done = subprocess.run([sys.executable, "-c", script % str(tmp_path / "out")], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr[-2000:]
