@@ -83,7 +83,59 @@ def test_an_exported_amx_build_runs_in_a_fresh_process(tmp_path: Path) -> None:
     path = _matmul_model(tmp_path / "mm.onnx", (64,), 128, 64)
     subprocess.run([sys.executable, "-m", "amptool", "convert", str(path), "--dtype", "bfloat16", "-o",
                     str(tmp_path / "out")], check=True, capture_output=True)
-    script = ("import numpy as np, amptool; m = amptool.load(%r); "
-              "y = m.run({'x': np.ones((64, 128), np.float32)})['y']; print(np.isfinite(np.asarray(y, np.float32)).all())")
+    script = ("import numpy as np, amptool; m = amptool.load(%r); y = m.run({'x': np.ones((64, 128), np.float32)}); "
+              "print(np.isfinite(np.asarray(y['y'], np.float32)).all())")
     done = subprocess.run([sys.executable, "-c", script % str(tmp_path / "out")], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr[-2000:]
+
+
+def _conv_model(path: Path, shape: tuple[int, ...], out_channels: int, kernel: tuple[int, int], pads: list[int],
+                strides: tuple[int, int] = (1, 1), dilations: tuple[int, int] = (1, 1)) -> Path:
+    rng = np.random.default_rng(2)
+    w = _bf16_exact(rng.standard_normal((out_channels, shape[1], *kernel)) / np.sqrt(shape[1] * kernel[0] * kernel[1]))
+    b = _bf16_exact(rng.standard_normal(out_channels))
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=pads, strides=list(strides),
+                              dilations=list(dilations)), helper.make_node("Relu", ["c"], ["y"])]
+    graph = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(w.astype(np.float32), "w"),
+                               numpy_helper.from_array(b.astype(np.float32), "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+_CONVS = [
+    ((1, 64, 14, 14), 64, (3, 3), [1, 1, 1, 1], (1, 1), (1, 1), True),    # ResNet's 3×3
+    ((2, 32, 10, 9), 40, (3, 2), [0, 1, 2, 0], (1, 1), (2, 1), True),     # dilated, uneven pads, a column tail
+    ((1, 64, 7, 7), 96, (1, 1), [0, 0, 0, 0], (1, 1), (1, 1), True),      # pointwise: the matmul kernel
+    ((1, 64, 14, 14), 64, (3, 3), [1, 1, 1, 1], (2, 2), (1, 1), False),   # stride 2: the vector kernels
+    ((1, 48, 14, 14), 64, (3, 3), [1, 1, 1, 1], (1, 1), (1, 1), False),   # 48 input channels: no 32-deep steps
+]
+
+
+@pytest.mark.parametrize(("shape", "out_channels", "kernel", "pads", "strides", "dilations", "amx"), _CONVS)
+def test_amx_takes_the_stride_one_convs(tmp_path: Path, shape: tuple[int, ...], out_channels: int,
+                                        kernel: tuple[int, int], pads: list[int], strides: tuple[int, int],
+                                        dilations: tuple[int, int], amx: bool) -> None:
+    path = _conv_model(tmp_path / "conv.onnx", shape, out_channels, kernel, pads, strides, dilations)
+    text = "\n".join(scheduled_kernels(str(path), "bfloat16", "sapphirerapids"))
+    assert ("amptool_amx_bf16_32x32" in text) == amx
+
+
+@needs_amx
+@pytest.mark.parametrize(("shape", "out_channels", "kernel", "pads", "strides", "dilations", "amx"), _CONVS[:3])
+def test_amx_convs_are_onnxruntimes(tmp_path: Path, shape: tuple[int, ...], out_channels: int,
+                                    kernel: tuple[int, int], pads: list[int], strides: tuple[int, int],
+                                    dilations: tuple[int, int], amx: bool) -> None:
+    import onnxruntime as ort
+
+    from amptool.app.convert import ConvertConfig, build_model
+
+    path = str(_conv_model(tmp_path / "conv.onnx", shape, out_channels, kernel, pads, strides, dilations))
+    x = _bf16_exact(np.random.default_rng(3).standard_normal(shape).astype(np.float32))
+    want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(["y"], {"x": x})[0]
+    got = np.asarray(build_model(ConvertConfig(model=path, dtype="bfloat16")).compiled().run({"x": x})["y"], np.float32)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=2 ** -7, atol=1e-6 * float(np.abs(want).max()))

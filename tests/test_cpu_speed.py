@@ -19,10 +19,11 @@ from tests.conftest import read_json
     ({"kind": "llvm", "mcpu": "sapphirerapids"}, "float16", "compute float16 in float32"),
     ({"kind": "llvm", "mcpu": "znver4", "mattr": ["-avx512bf16"]}, "bfloat16", "no AVX512-BF16"),
     # AMX-BF16 without AVX512-BF16: amptool emits no AMX code, so bfloat16 is still not fast
-    ({"kind": "llvm", "mcpu": "sapphirerapids", "mattr": ["-avx512bf16"]}, "bfloat16", "no AVX512-BF16"),
+    ({"kind": "llvm", "mcpu": "sapphirerapids", "mattr": ["-avx512bf16", "-amx-bf16"]}, "bfloat16", "no AVX512-BF16"),
     # AVX512-BF16 at half the FMA rate: the products are float32 FMAs, no faster than float32
-    ({"kind": "llvm", "mcpu": "emeraldrapids"}, "bfloat16", "half its float32 FMA rate"),
-    ({"kind": "llvm", "mcpu": "sapphirerapids"}, "bfloat16", "half its float32 FMA rate"),
+    # AMX off (a VM's): the vector kernels' case
+    ({"kind": "llvm", "mcpu": "emeraldrapids", "mattr": ["-amx-tile"]}, "bfloat16", "half its float32 FMA rate"),
+    ({"kind": "llvm", "mcpu": "sapphirerapids", "mattr": ["-amx-bf16"]}, "bfloat16", "half its float32 FMA rate"),
 ])
 def test_notes_name_the_missing_feature(spec, dtype, needle):
     note = low_precision_speed_note(dtype, spec)
@@ -38,6 +39,8 @@ def test_no_bf16_note_on_avx2_cpus_where_bf16_measured_faster(mcpu):
 
 @pytest.mark.parametrize(("spec", "dtype"), [
     ({"kind": "llvm", "mcpu": "znver4"}, "bfloat16"),
+    ({"kind": "llvm", "mcpu": "sapphirerapids"}, "bfloat16"),  # AMX tiles (cpu_amx)
+    ({"kind": "llvm", "mcpu": "rocketlake", "mattr": ["+amx-bf16", "+amx-tile"]}, "bfloat16"),
     ({"kind": "llvm", "mcpu": "znver4"}, "float32"),
     ({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a76"}, "float16"),  # not judged off x86
     ({"kind": "cuda", "arch": "sm_90"}, "float16"),

@@ -652,6 +652,16 @@ def _legalize_conv2d_nhwc(bb: Any, call: Any, w: np.ndarray, geometry: dict[str,
                         columns=columns, out_dtype=out_dtype, primfunc_name_hint=cpu_nhwc.DEPTHWISE_NHWC_BLOCK)
     if groups != 1:  # groups of whole vectors of output channels (cpu_layout.wants_nhwc)
         return _grouped_conv2d_nhwc(bb, call, w, geometry, out_w)
+    data_shape = static_shape(data)
+    if data_shape is not None and _uses_amx(data, weight, out_dtype, data_shape):
+        from amptool.compiler import cpu_amx  # noqa: PLC0415
+
+        if w.shape[2:] == (1, 1) and not any(geometry["padding"]) and set(geometry["strides"]) == {1}:
+            # A 1×1 conv in NHWC is a matmul of the pixels (rows) by the [IC, OC] weight.
+            return cpu_amx.emit_matmul(bb, data, tuple(data_shape[:-1]), _bf16_bits(w[:, :, 0, 0].T))
+        if cpu_amx.conv_fits(tuple(data_shape), out_channels, w.shape[2:], **geometry):
+            return cpu_amx.emit_conv(bb, data, tuple(data_shape), _bf16_bits(w), geometry["padding"],
+                                     geometry["dilation"])
     if _uses_bf16_dot(data, weight, out_dtype, out_channels, pad_channels=True):
         # Output channels padded with zero filters to a multiple of 16 and cropped after: vdpbf16ps
         # on 32 channels for 24 beats float32 FMAs on blocks of 8 (MobileNetV2's 144 → 24 conv

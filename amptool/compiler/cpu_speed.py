@@ -14,6 +14,7 @@ no AVX512-BF16 (-mattr=-avx512bf16)  —                   1.02× (no speed-up)
 AVX512-BF16 (znver4)              —                      0.76×
 AVX512-BF16, slow (emeraldrapids)  —                     1.03× (FMA kernels; ResNet-50, 2 threads)
 AVX2 only (znver3, an EPYC VM)     1.02× / 1.04× / 0.96×  0.95× / 0.75× / 0.87×
+AMX-BF16 (a Sapphire Rapids VM)    1.14× / 1.08× / 0.99×  0.54× / 1.09× / 0.33× (AMX: ``cpu_amx``)
 ================================  ====================  =========================================
 
 (The AVX2 row: ResNet-50 / MobileNetV2 / BERT-base, 2 threads, ``cpu_speed.py`` medians, 2026-12-04,
@@ -24,10 +25,11 @@ float32 there. The pairs apply to AVX-512 CPUs without a fast ``vdpbf16ps`` too;
 (Issue 17 also saw 12–16× on BERT/ResNet-50 without F16C.) Native float16 arithmetic needs
 AVX512-FP16 (Sapphire Rapids and later), which amptool's kernels do not use (they accumulate in
 float32): float16 is never faster than float32 on a CPU, and the note says so there too.
-amptool's bfloat16 dot products are AVX512-BF16's ``vdpbf16ps`` (``cpu_intrinsics``): AMX-BF16
-alone does not count — amptool emits no AMX code, and a Sapphire/Emerald Rapids VM often has AMX
-off (its LLVM CPU name still lists it) — and where ``vdpbf16ps`` is slower than two FMAs
-(``SLOW_BF16_DOT_CPUS``) the products are float32 FMAs, and the note says bfloat16 is no faster.
+amptool's bfloat16 matmuls and stride-1 convs run on AMX tiles where the target has AMX-BF16
+(``cpu_amx``; a Sapphire/Emerald Rapids VM often has AMX off while its LLVM CPU name lists it:
+the host's flags correct the name, ``_tvm.host_feature_corrections``), and no note is due; other
+bfloat16 dot products are AVX512-BF16's ``vdpbf16ps`` (``cpu_intrinsics``), and where that is
+slower than two FMAs (``SLOW_BF16_DOT_CPUS``) float32 FMAs, and the note says bfloat16 is no faster.
 Only x86 CPUs are judged: other architectures' LLVM feature names differ, and no note is better
 than a wrong one.
 """
@@ -42,7 +44,7 @@ from amptool import _tvm
 
 log = logging.getLogger(__name__)
 
-_FEATURES = ("f16c", "avx512fp16", "avx512bf16", "avx512f", "sse2")
+_FEATURES = ("f16c", "avx512fp16", "avx512bf16", "avx512f", "sse2", "amx-bf16", "amx-tile")
 _warned: set[tuple[str, str]] = set()
 
 #: LLVM CPU names whose ``vdpbf16ps`` does fewer products per cycle than their float32 FMAs: Intel's
@@ -88,6 +90,8 @@ def low_precision_speed_note(dtype: str, spec: dict[str, Any]) -> str | None:
         # diff's verdicts assume, and AVX512-FP16's FMAs would accumulate in float16.
         return (f"CPU {cpu} has AVX512-FP16, but amptool's CPU kernels compute float16 in float32 after conversion, "
                 "measured 1.05x float32 latency (ResNet-50, 2 threads; weights take half the memory; no speed-up)")
+    if has["amx-bf16"] and has["amx-tile"]:
+        return None  # matmuls and stride-1 convs on AMX tiles (cpu_amx): measured 0.33-0.54x float32
     if not has["avx512bf16"]:
         if not has["avx512f"]:
             return None  # AVX2 only: measured 0.75-0.95x float32 (the table above) — no warning due
