@@ -178,6 +178,11 @@ def matmul_primfunc(lead: tuple[int, ...], k: int, n: int) -> Any:
     pairs = k // 2
     ldb = pairs * 16 * 2 * 2  # bytes of one 16-column block of B
     steps = k // DEPTH
+    # The larger operand is walked once: a weight wider than the rows are many (BERT's 128 × 3072)
+    # column block by column block, each read once; many rows by a narrow weight (ResNet's first
+    # 1×1 convs: 3136 × 256) row block by row block, the output written in whole rows
+    # ([3136, 64] · [64, 256] 0.36 → 0.15 ms).
+    row_step, col_step = (1, row_blocks) if n >= rows else (col_blocks, 1)
 
     @T.prim_func(private=True)
     def amx_matmul(x: T.Buffer((*lead, k), "bfloat16"), b: T.Buffer((col_blocks * 2, pairs, 16, 2), "uint16"),
@@ -189,8 +194,8 @@ def matmul_primfunc(lead: tuple[int, ...], k: int, n: int) -> Any:
         c = T.decl_buffer((rows, n), "float32", data=y.data)
         for task in T.parallel(row_blocks * col_blocks):
             with T.attr(0, "pragma_import_llvm", LLVM_IR):
-                row = T.min((task % row_blocks) * BLOCK, rows - BLOCK)
-                col = task // row_blocks
+                row = T.min(task // row_step % row_blocks * BLOCK, rows - BLOCK)
+                col = task // col_step % col_blocks
                 if col < full_cols:
                     T.evaluate(T.call_extern(
                         "void", _FUNCTION, c.access_ptr("w", offset=row * n + col * BLOCK), T.int64(n * 4),
