@@ -110,13 +110,15 @@ _CONVS = [
     ((1, 64, 14, 14), 64, (3, 3), [1, 1, 1, 1], (1, 1), (1, 1), True),    # ResNet's 3×3
     ((2, 32, 10, 9), 40, (3, 2), [0, 1, 2, 0], (1, 1), (2, 1), True),     # dilated, uneven pads, a column tail
     ((1, 64, 7, 7), 96, (1, 1), [0, 0, 0, 0], (1, 1), (1, 1), True),      # pointwise: the matmul kernel
-    ((1, 64, 14, 14), 64, (3, 3), [1, 1, 1, 1], (2, 2), (1, 1), False),   # stride 2: the vector kernels
-    ((1, 48, 14, 14), 64, (3, 3), [1, 1, 1, 1], (1, 1), (1, 1), False),   # 48 input channels: no 32-deep steps
+    ((1, 64, 14, 14), 64, (3, 3), [1, 1, 1, 1], (2, 2), (1, 1), True),    # stride 2: phase images
+    ((1, 256, 14, 14), 96, (1, 1), [0, 0, 0, 0], (2, 2), (1, 1), True),   # a 1×1 stride-2 downsample
+    ((1, 48, 13, 15), 40, (3, 3), [1, 0, 2, 1], (2, 1), (1, 1), True),    # uneven strides, 48 channels padded to 64
+    ((1, 3, 32, 32), 64, (7, 7), [3, 3, 3, 3], (2, 2), (1, 1), False),    # a 3-channel stem: the vector kernel
 ]
 
 
 @pytest.mark.parametrize(("shape", "out_channels", "kernel", "pads", "strides", "dilations", "amx"), _CONVS)
-def test_amx_takes_the_stride_one_convs(tmp_path: Path, shape: tuple[int, ...], out_channels: int,
+def test_amx_takes_the_convs_of_enough_channels(tmp_path: Path, shape: tuple[int, ...], out_channels: int,
                                         kernel: tuple[int, int], pads: list[int], strides: tuple[int, int],
                                         dilations: tuple[int, int], amx: bool) -> None:
     path = _conv_model(tmp_path / "conv.onnx", shape, out_channels, kernel, pads, strides, dilations)
@@ -125,7 +127,8 @@ def test_amx_takes_the_stride_one_convs(tmp_path: Path, shape: tuple[int, ...], 
 
 
 @needs_amx
-@pytest.mark.parametrize(("shape", "out_channels", "kernel", "pads", "strides", "dilations", "amx"), _CONVS[:3])
+@pytest.mark.parametrize(("shape", "out_channels", "kernel", "pads", "strides", "dilations", "amx"),
+                         [case for case in _CONVS if case[-1]])
 def test_amx_convs_are_onnxruntimes(tmp_path: Path, shape: tuple[int, ...], out_channels: int,
                                     kernel: tuple[int, int], pads: list[int], strides: tuple[int, int],
                                     dilations: tuple[int, int], amx: bool) -> None:

@@ -1,4 +1,4 @@
-"""bfloat16 matmuls and stride-1 convs on Intel AMX tiles: constant weights, float32 results.
+"""bfloat16 matmuls and convs on Intel AMX tiles: constant weights, float32 results.
 
 What: each task computes a 32 × 32 output block as four 16 × 16 float32 tiles, with every 32-deep
 step of ``K`` two A tiles (16 rows × 32 bfloat16) and two B tiles (16 ``k`` pairs × 16 columns ×
@@ -6,22 +6,25 @@ step of ``K`` two A tiles (16 rows × 32 bfloat16) and two B tiles (16 ``k`` pai
 LLVM IR (:data:`LLVM_IR`) imported into the module with ``pragma_import_llvm`` and called from a
 hand-written PrimFunc that walks the blocks in parallel; A is read where it lies (rows are
 ``K`` bfloat16 apart), B is the weight packed at compile time as ``[N/16, K/2, 16, 2]`` (the
-layout ``vdpbf16ps`` kernels use), zero columns padding ``N`` to 32s. A 1×1 NHWC conv is that
-matmul over its pixels; a stride-1 NHWC conv (:func:`conv_primfunc`) sums the same micro-kernel
-over its taps, each an offset into a zero-padded copy of the image.
+layout ``vdpbf16ps`` kernels use), zero columns padding ``N`` to 32s. A 1×1 stride-1 NHWC conv
+is that matmul over its pixels; any other NHWC conv (:func:`conv_primfunc`) sums the same
+micro-kernel over its taps, each an offset into zero-padded phase images of the input (one per
+stride phase: a strided read becomes a stride-1 one), channels padded to 32s.
 
 Why: an AMX server core's ``vdpbf16ps`` runs at half its float32 FMA rate (``cpu_speed``), so
 without tiles bfloat16 was no faster than float32, while OpenVINO's bfloat16 uses them: on the
 Sapphire-Rapids-class VM this was written on, BERT-base bf16 took 84.9 ms against OpenVINO's
 22.6, ResNet-50 31.1 against 6.9. A 128 × 768 × 768 product takes 0.15 ms on two cores here
 (~1 TFLOP/s), numpy's float32 0.64. With them (``cpu_speed.py``, 2 threads): BERT-base bf16 84.9 →
-28.0 ms; ResNet-50 bf16 31.1 → 24.4 ms (1×1 convs) → 16.1 ms (3×3 convs too; float32 29.7).
+28.0 ms; ResNet-50 bf16 31.1 → 24.4 ms (1×1 convs) → 16.1 ms (3×3 convs too; float32 29.7) →
+kernel sum 12.1 ms with the strided convs.
 
 When: the target has AMX-BF16 and AMX-TILE (``-mattr`` from the host's flags when the VM's model
 number hides them: ``_tvm.host_feature_corrections``), the inputs are bfloat16 accumulated in
-float32, ``K`` is a multiple of 32 and there are at least 32 rows (a tail block is moved back to
-end at the last row: rows computed twice, equal). Fewer rows (a decode step's one) stay on the
-vector kernels, which the weights' memory traffic bounds either way.
+float32, and there are at least 32 rows (a tail block is moved back to end at the last row: rows
+computed twice, equal); a matmul's ``K`` a multiple of 32, a conv's input channels at least 16.
+Fewer rows (a decode step's one) stay on the vector kernels, which the weights' memory traffic
+bounds either way; so does a 3-channel stem (tiles would compute 32 channels).
 
 Linux hands a process the AMX state only on request (``arch_prctl(ARCH_REQ_XCOMP_PERM,
 XFEATURE_XTILEDATA)``; without it the first tile instruction is SIGILL): the micro-kernel makes
@@ -47,12 +50,11 @@ _SYS_ARCH_PRCTL = 158
 _ARCH_REQ_XCOMP_PERM = 0x1023
 _XFEATURE_XTILEDATA = 18
 
-#: ``C[32, 32] = Σ_taps A_tap[32, K] · B_tap`` — a matmul is one tap; a stride-1 conv's taps are the
-#: kernel's (row, column) offsets into a padded image, ``A_t = a + (t / kw) · row_step + (t % kw) ·
-#: pixel_step`` bytes. ``ldc``/``lda``: the row strides of C and A in bytes; ``ldb``: the bytes from
-#: one 16-column weight block to the next; ``steps``: K / 32 per tap (B runs on through the taps).
-#: Tiles 0-3 hold C, 4-5 A, 6-7 B, all 16 rows × 64 bytes (palette 1): one configuration serves
-#: every call.
+#: ``C[32, 32] = Σ_taps A_tap[32, K] · B_tap`` — a matmul is one tap; a conv's taps are the kernel's
+#: (row, column) offsets into a zero-padded image, ``A_t = a + offsets[t]`` bytes. ``ldc``/``lda``:
+#: the row strides of C and A in bytes; ``ldb``: the bytes from one 16-column weight block to the
+#: next; ``steps``: K / 32 per tap (B runs on through the taps). Tiles 0-3 hold C, 4-5 A, 6-7 B,
+#: all 16 rows × 64 bytes (palette 1): one configuration serves every call.
 LLVM_IR = f"""
 @amptool_amx_permitted = internal global i32 0
 declare i64 @syscall(i64, ...)
@@ -61,8 +63,8 @@ declare void @llvm.x86.tilezero(i8)
 declare void @llvm.x86.tileloadd64(i8, ptr, i64)
 declare void @llvm.x86.tdpbf16ps(i8, i8, i8)
 declare void @llvm.x86.tilestored64(i8, ptr, i64)
-define void @{_FUNCTION}(ptr %c, i64 %ldc, ptr %a, i64 %lda, ptr %b, i64 %ldb, i64 %steps, i64 %taps, i64 %kw,
-                         i64 %row_step, i64 %pixel_step) alwaysinline {{
+define void @{_FUNCTION}(ptr %c, i64 %ldc, ptr %a, i64 %lda, ptr %b, i64 %ldb, i64 %steps, ptr %offsets,
+                         i64 %taps) alwaysinline {{
 entry:
   %config = alloca [64 x i8], align 64
   %permitted = load i32, ptr @amptool_amx_permitted
@@ -89,11 +91,8 @@ configure:
   br label %tap
 tap:
   %t = phi i64 [0, %configure], [%next_tap, %tap_done]
-  %t_row = udiv i64 %t, %kw
-  %t_col = urem i64 %t, %kw
-  %t_rows = mul i64 %t_row, %row_step
-  %t_pixels = mul i64 %t_col, %pixel_step
-  %t_offset = add i64 %t_rows, %t_pixels
+  %t_at = getelementptr i64, ptr %offsets, i64 %t
+  %t_offset = load i64, ptr %t_at
   %a0 = getelementptr i8, ptr %a, i64 %t_offset
   %a1 = getelementptr i8, ptr %a0, i64 %a16
   %t_steps = mul i64 %t, %steps
@@ -194,21 +193,23 @@ def matmul_primfunc(lead: tuple[int, ...], k: int, n: int) -> Any:
         c = T.decl_buffer((rows, n), "float32", data=y.data)
         for task in T.parallel(row_blocks * col_blocks):
             with T.attr(0, "pragma_import_llvm", LLVM_IR):
+                origin = T.decl_buffer((1,), "int64", scope="local")
+                origin[0] = T.int64(0)
                 row = T.min(task // row_step % row_blocks * BLOCK, rows - BLOCK)
                 col = task // col_step % col_blocks
                 if col < full_cols:
                     T.evaluate(T.call_extern(
                         "void", _FUNCTION, c.access_ptr("w", offset=row * n + col * BLOCK), T.int64(n * 4),
                         bits.access_ptr("r", offset=row * k), T.int64(k * 2),
-                        b.access_ptr("r", offset=col * 2 * pairs * 32), T.int64(ldb), T.int64(steps), T.int64(1),
-                        T.int64(1), T.int64(0), T.int64(0)))
+                        b.access_ptr("r", offset=col * 2 * pairs * 32), T.int64(ldb), T.int64(steps),
+                        origin.access_ptr("r"), T.int64(1)))
                 else:
                     tile = T.alloc_buffer((BLOCK, BLOCK), "float32", scope="local")
                     T.evaluate(T.call_extern(
                         "void", _FUNCTION, tile.access_ptr("w"), T.int64(BLOCK * 4),
                         bits.access_ptr("r", offset=row * k), T.int64(k * 2),
-                        b.access_ptr("r", offset=col * 2 * pairs * 32), T.int64(ldb), T.int64(steps), T.int64(1),
-                        T.int64(1), T.int64(0), T.int64(0)))
+                        b.access_ptr("r", offset=col * 2 * pairs * 32), T.int64(ldb), T.int64(steps),
+                        origin.access_ptr("r"), T.int64(1)))
                     for r, j in T.grid(BLOCK, n - full_cols * BLOCK):
                         c[row + r, full_cols * BLOCK + j] = tile[r, j]
 
@@ -230,45 +231,78 @@ def emit_matmul(bb: Any, x: Any, lead: tuple[int, ...], weight_bits: Any) -> Any
 
 def conv_fits(data_shape: tuple[int, ...], out_channels: int, kernel: tuple[int, int], strides: list[int],
               padding: list[int], dilation: list[int]) -> bool:
-    """Whether an NHWC conv suits :func:`conv_primfunc`: stride 1, input channels a multiple of 32
-    and at least a block of rows in an image's padded-width output."""
-    _, height, width, channels = data_shape
-    top, left, bottom, right = padding
-    out_h = height + top + bottom - (kernel[0] - 1) * dilation[0]
-    padded_w = width + left + right
-    return (set(strides) == {1} and channels % DEPTH == 0 and out_h > 0 and out_channels > 0
-            and out_h * padded_w >= BLOCK and padded_w - (kernel[1] - 1) * dilation[1] > 0)
+    """Whether an NHWC conv suits :func:`conv_primfunc`: an output of at least a block of rows at
+    the phase images' width, and at least half of each 32-deep step real input channels — a
+    3-channel stem computed as 32 took 1.45 ms on tiles, 0.75 on the vector kernel (ResNet-50's
+    7×7 at 224²)."""
+    geometry = _ConvGeometry(tuple(data_shape), kernel, strides, padding, dilation)
+    return (out_channels > 0 and geometry.out_h > 0 and geometry.out_w > 0 and geometry.rows >= BLOCK
+            and data_shape[-1] >= DEPTH // 2)
 
 
-def pack_conv_weight(bits: Any) -> Any:
-    """An OIHW weight's bfloat16 bit patterns as :func:`pack_weight` of ``[KH·KW·IC, OC]`` (tap-major)."""
+class _ConvGeometry:
+    """Sizes of a conv over phase images: a stride-(sh, sw) conv reads, for each tap, one of the
+    sh·sw images of every sh-th row and sw-th column of the padded input (its phase), at an offset
+    of whole rows and columns — a stride-1 read, one row stride for the whole output."""
+
+    def __init__(self, data_shape: tuple[int, ...], kernel: tuple[int, int], strides: list[int], padding: list[int],
+                 dilation: list[int]) -> None:
+        self.batch, self.height, self.width, self.channels = data_shape
+        self.kh, self.kw = kernel
+        self.sh, self.sw = strides
+        self.top, self.left, bottom, right = padding
+        self.dh, self.dw = dilation
+        padded_h, padded_w = self.height + self.top + bottom, self.width + self.left + right
+        self.out_h = (padded_h - (self.kh - 1) * self.dh - 1) // self.sh + 1
+        self.out_w = (padded_w - (self.kw - 1) * self.dw - 1) // self.sw + 1
+        self.depth = -(-self.channels // DEPTH) * DEPTH  # channels padded with zeros to 32-deep steps
+        self.phase_h, self.phase_w = -(-padded_h // self.sh), -(-padded_w // self.sw)
+        self.plane = (self.phase_h + 1) * self.phase_w * self.depth  # one phase image and a spare zero row
+        self.image = self.sh * self.sw * self.plane
+        self.rows = self.out_h * self.phase_w  # output pixels at the phase width: p = oh · Wq + ow
+        # Phase rows (columns) some tap reads, when they are the first few (a 1×1 stride-2 conv
+        # reads phase 0 only): the others are left unwritten.
+        self.used_h = _leading_phases(self.kh, self.dh, self.sh)
+        self.used_w = _leading_phases(self.kw, self.dw, self.sw)
+
+
+def _leading_phases(taps: int, dilation: int, stride: int) -> int:
+    """``n`` when the taps read phases 0..n-1 exactly, else ``stride`` (all)."""
+    used = {tap * dilation % stride for tap in range(taps)}
+    return len(used) if used == set(range(len(used))) else stride
+
+
+def pack_conv_weight(bits: Any, depth: int) -> Any:
+    """An OIHW weight's bfloat16 bit patterns as :func:`pack_weight` of ``[KH·KW·depth, OC]``
+    (tap-major, input channels padded with zeros to ``depth``)."""
+    import numpy as np  # noqa: PLC0415
+
     out_channels, in_channels, kh, kw = bits.shape
-    return pack_weight(bits.transpose(2, 3, 1, 0).reshape(kh * kw * in_channels, out_channels))
+    taps = np.zeros((kh, kw, depth, out_channels), dtype=np.uint16)
+    taps[:, :, :in_channels] = bits.transpose(2, 3, 1, 0)
+    return pack_weight(taps.reshape(kh * kw * depth, out_channels))
 
 
-def conv_primfunc(data_shape: tuple[int, ...], out_channels: int, kernel: tuple[int, int], padding: list[int],
-                  dilation: list[int]) -> Any:
-    """A stride-1 NHWC conv ``(X bfloat16, W packed) → Y float32`` as taps of the micro-kernel.
+def conv_primfunc(data_shape: tuple[int, ...], out_channels: int, kernel: tuple[int, int], strides: list[int],
+                  padding: list[int], dilation: list[int]) -> Any:
+    """An NHWC conv ``(X bfloat16, W packed) → Y float32`` as taps of the micro-kernel.
 
-    The input is copied once into a zero-padded image with one spare row; then the output is
-    computed over the padded width — output pixel ``p = oh · Wp + ow`` reads input pixel ``p`` plus
-    the tap's offset, one constant row stride for the whole image, so each tile is a plain strided
-    load — and only the ``ow < OW`` pixels of each 32 × 32 block are copied out (the padding
-    columns' products are the waste: 2/58 of a 3×3 conv at 56 columns, 2/9 at 7)."""
+    The input is copied once into zero-padded phase images (:class:`_ConvGeometry`; one image for
+    stride 1) with channels padded to 32s; the output is computed over the phase width — pixel
+    ``p = oh · Wq + ow`` reads phase pixel ``p`` plus the tap's offset, so each tile is a plain
+    strided load — and only the ``ow < OW`` pixels of each 32 × 32 block are copied out (the
+    padding columns' products are the waste: 2/58 of a 3×3 conv at 56 columns, 2/9 at 7)."""
     from tvm.script import tirx as T  # noqa: PLC0415
 
-    batch, height, width, channels = data_shape
-    kh, kw = kernel
-    top, left, bottom, right = padding
-    dh, dw = dilation
-    padded_h, padded_w = height + top + bottom, width + left + right
-    out_h, out_w = padded_h - (kh - 1) * dh, padded_w - (kw - 1) * dw
-    image = (padded_h + 1) * padded_w * channels  # elements of one padded image (a spare zero row)
-    rows = out_h * padded_w
+    g = _ConvGeometry(tuple(data_shape), kernel, strides, padding, dilation)
+    batch, height, width, channels, depth = g.batch, g.height, g.width, g.channels, g.depth
+    out_h, out_w, phase_h, phase_w, plane, image = g.out_h, g.out_w, g.phase_h, g.phase_w, g.plane, g.image
+    sh, sw, top, left, rows, kw, dh, dw = g.sh, g.sw, g.top, g.left, g.rows, g.kw, g.dh, g.dw
+    used_h, used_w = g.used_h, g.used_w
     row_blocks = -(-rows // BLOCK)
     col_blocks = -(-out_channels // BLOCK)
-    taps = kh * kw
-    pairs = taps * channels // 2
+    taps = g.kh * g.kw
+    pairs = taps * depth // 2
     ldb = pairs * 16 * 2 * 2
     tasks = col_blocks * batch * row_blocks
 
@@ -278,44 +312,53 @@ def conv_primfunc(data_shape: tuple[int, ...], out_channels: int, kernel: tuple[
                  y: T.Buffer((batch, out_h, out_w, out_channels), "float32")) -> None:
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True, "op_pattern": 8})
         bits = T.decl_buffer((batch, height, width, channels), "uint16", data=x.data)
-        padded = T.decl_buffer((batch * image,), "uint16")
-        for nh in T.parallel(batch * (padded_h + 1)):
-            for ow, c in T.grid(padded_w, channels):
-                padded[nh * padded_w * channels + ow * channels + c] = T.if_then_else(
-                    nh % (padded_h + 1) >= top and nh % (padded_h + 1) < top + height
-                    and ow >= left and ow < left + width,
-                    bits[nh // (padded_h + 1), T.max(nh % (padded_h + 1) - top, 0) % height,
-                         T.max(ow - left, 0) % width, c], T.uint16(0))
+        phases = T.decl_buffer((batch * image,), "uint16")
+        # One task per phase image row: (image, phase row, phase column, row); whole pixels copied.
+        for task in T.parallel(batch * sh * sw * (phase_h + 1)):
+            if task // (phase_h + 1) // sw % sh < used_h and task // (phase_h + 1) % sw < used_w:
+                for wq in T.serial(phase_w):
+                    base = (task * phase_w + wq) * depth
+                    src_h = task % (phase_h + 1) * sh + task // (phase_h + 1) // sw % sh - top
+                    src_w = wq * sw + task // (phase_h + 1) % sw - left
+                    if src_h >= 0 and src_h < height and src_w >= 0 and src_w < width:
+                        for c in T.serial(channels):
+                            phases[base + c] = bits[task // ((phase_h + 1) * sh * sw), src_h, src_w, c]
+                    else:
+                        for c in T.serial(channels):
+                            phases[base + c] = T.uint16(0)
+                    for c in T.serial(depth - channels):
+                        phases[base + channels + c] = T.uint16(0)
         for task in T.parallel(tasks):
             with T.attr(0, "pragma_import_llvm", LLVM_IR):
                 col = task // (batch * row_blocks)
                 n = task % (batch * row_blocks) // row_blocks
                 row = T.min(task % row_blocks * BLOCK, rows - BLOCK)
                 tile = T.decl_buffer((BLOCK, BLOCK), "float32", scope="local")
+                where = T.decl_buffer((taps,), "int64", scope="local")
+                for t in T.serial(taps):  # _ConvGeometry.tap_offset, in bytes
+                    where[t] = T.int64(((t // kw * dh % sh * sw + t % kw * dw % sw) * plane
+                                        + (t // kw * dh // sh * phase_w + t % kw * dw // sw) * depth) * 2)
                 T.evaluate(T.call_extern(
                     "void", _FUNCTION, tile.access_ptr("w"), T.int64(BLOCK * 4),
-                    padded.access_ptr("r", offset=n * image + row * channels), T.int64(channels * 2),
-                    b.access_ptr("r", offset=col * 2 * pairs * 32), T.int64(ldb), T.int64(channels // DEPTH),
-                    T.int64(taps), T.int64(kw), T.int64(dh * padded_w * channels * 2), T.int64(dw * channels * 2)))
+                    phases.access_ptr("r", offset=n * image + row * depth), T.int64(depth * 2),
+                    b.access_ptr("r", offset=col * 2 * pairs * 32), T.int64(ldb), T.int64(depth // DEPTH),
+                    where.access_ptr("r"), T.int64(taps)))
                 for r in T.serial(BLOCK):
-                    if (row + r) % padded_w < out_w:
+                    if (row + r) % phase_w < out_w:
                         for j in T.serial(T.min(BLOCK, out_channels - col * BLOCK)):
-                            y[n, (row + r) // padded_w, (row + r) % padded_w, col * BLOCK + j] = tile[r, j]
+                            y[n, (row + r) // phase_w, (row + r) % phase_w, col * BLOCK + j] = tile[r, j]
 
     return amx_conv
 
 
-def emit_conv(bb: Any, x: Any, data_shape: tuple[int, ...], weight_bits: Any, padding: list[int],
-              dilation: list[int]) -> Any:
+def emit_conv(bb: Any, x: Any, data_shape: tuple[int, ...], weight_bits: Any, strides: list[int],
+              padding: list[int], dilation: list[int]) -> Any:
     """The call of :func:`conv_primfunc` on NHWC ``x`` and an OIHW weight's bfloat16 bit patterns."""
     import tvm  # noqa: PLC0415
     from tvm import relax  # noqa: PLC0415
 
     out_channels, _, kh, kw = weight_bits.shape
-    func = conv_primfunc(data_shape, out_channels, (kh, kw), padding, dilation)
-    gvar = bb.add_func(func, "amx_conv")
-    batch, height, width, _ = data_shape
-    out_h = height + padding[0] + padding[2] - (kh - 1) * dilation[0]
-    out_w = width + padding[1] + padding[3] - (kw - 1) * dilation[1]
-    packed = relax.const(tvm.runtime.tensor(pack_conv_weight(weight_bits)))
-    return relax.call_tir(gvar, [x, packed], relax.TensorType([batch, out_h, out_w, out_channels], "float32"))
+    g = _ConvGeometry(tuple(data_shape), (kh, kw), strides, padding, dilation)
+    gvar = bb.add_func(conv_primfunc(data_shape, out_channels, (kh, kw), strides, padding, dilation), "amx_conv")
+    packed = relax.const(tvm.runtime.tensor(pack_conv_weight(weight_bits, g.depth)))
+    return relax.call_tir(gvar, [x, packed], relax.TensorType([g.batch, g.out_h, g.out_w, out_channels], "float32"))

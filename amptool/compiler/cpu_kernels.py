@@ -536,22 +536,26 @@ def _uses_bf16_dot(data: Any, weight: Any, out_dtype: str, channels: int, pad_ch
             and out_dtype == "float32" and (pad_channels or channels % 16 == 0) and _bf16_dot_available())
 
 
-def _uses_amx(data: Any, weight: Any, out_dtype: str, data_shape: Sequence[int]) -> bool:
-    """bfloat16 inputs and weights accumulated in float32, a shape the AMX micro-kernel takes
-    (``cpu_amx.fits``), a target with AMX-BF16."""
+def _uses_amx(data: Any, weight: Any, out_dtype: str) -> bool:
+    """bfloat16 inputs and weights accumulated in float32 on a target with AMX-BF16 (the caller
+    checks the shape: ``cpu_amx.fits``, ``cpu_amx.conv_fits``)."""
     import tvm  # noqa: PLC0415
 
     from amptool.compiler import cpu_amx  # noqa: PLC0415
 
     if str(data.ty.dtype) != "bfloat16" or str(weight.ty.dtype) != "bfloat16" or out_dtype != "float32":
         return False
-    if not cpu_amx.fits(math.prod(data_shape[:-1]), int(data_shape[-1])):
-        return False
     target = tvm.target.Target.current(allow_none=True)
     key = (str(target), "amx")
     if key not in _X86_WITHOUT:
         _X86_WITHOUT[key] = target is None or not cpu_amx.has_amx_bf16(target)
     return not _X86_WITHOUT[key]
+
+
+def _amx_fits(data_shape: Sequence[int]) -> bool:
+    from amptool.compiler import cpu_amx  # noqa: PLC0415
+
+    return cpu_amx.fits(math.prod(data_shape[:-1]), int(data_shape[-1]))
 
 
 def _bf16_bits(array: np.ndarray) -> np.ndarray:
@@ -653,15 +657,15 @@ def _legalize_conv2d_nhwc(bb: Any, call: Any, w: np.ndarray, geometry: dict[str,
     if groups != 1:  # groups of whole vectors of output channels (cpu_layout.wants_nhwc)
         return _grouped_conv2d_nhwc(bb, call, w, geometry, out_w)
     data_shape = static_shape(data)
-    if data_shape is not None and _uses_amx(data, weight, out_dtype, data_shape):
+    if data_shape is not None and _uses_amx(data, weight, out_dtype):
         from amptool.compiler import cpu_amx  # noqa: PLC0415
 
-        if w.shape[2:] == (1, 1) and not any(geometry["padding"]) and set(geometry["strides"]) == {1}:
+        pointwise = w.shape[2:] == (1, 1) and not any(geometry["padding"]) and set(geometry["strides"]) == {1}
+        if pointwise and _amx_fits(data_shape):
             # A 1×1 conv in NHWC is a matmul of the pixels (rows) by the [IC, OC] weight.
             return cpu_amx.emit_matmul(bb, data, tuple(data_shape[:-1]), _bf16_bits(w[:, :, 0, 0].T))
         if cpu_amx.conv_fits(tuple(data_shape), out_channels, w.shape[2:], **geometry):
-            return cpu_amx.emit_conv(bb, data, tuple(data_shape), _bf16_bits(w), geometry["padding"],
-                                     geometry["dilation"])
+            return cpu_amx.emit_conv(bb, data, tuple(data_shape), _bf16_bits(w), **geometry)
     if _uses_bf16_dot(data, weight, out_dtype, out_channels, pad_channels=True):
         # Output channels padded with zero filters to a multiple of 16 and cropped after: vdpbf16ps
         # on 32 channels for 24 beats float32 FMAs on blocks of 8 (MobileNetV2's 144 → 24 conv
@@ -890,7 +894,7 @@ def _legalize_matmul(bb: Any, call: Any) -> Any:
     if w.ndim != 2:
         return _default(bb, call)
     k, n = w.shape
-    if _uses_amx(a, b, out_dtype, a_shape):
+    if _uses_amx(a, b, out_dtype) and _amx_fits(a_shape):
         from amptool.compiler import cpu_amx  # noqa: PLC0415
 
         return cpu_amx.emit_matmul(bb, a, tuple(a_shape[:-1]), _bf16_bits(w))
