@@ -46,6 +46,9 @@ BLOCK = 32
 #: ``K`` per step: one A tile row holds 32 bfloat16 (64 bytes).
 DEPTH = 32
 _FUNCTION = "amptool_amx_bf16_32x32"
+#: Asks Linux for the tile state (once per library) and loads the tile configuration: once per
+#: parallel task, before its blocks (the configuration is per thread, and every kernel here uses one).
+_CONFIGURE = "amptool_amx_configure"
 _SYS_ARCH_PRCTL = 158
 _ARCH_REQ_XCOMP_PERM = 0x1023
 _XFEATURE_XTILEDATA = 18
@@ -63,8 +66,7 @@ declare void @llvm.x86.tilezero(i8)
 declare void @llvm.x86.tileloadd64(i8, ptr, i64)
 declare void @llvm.x86.tdpbf16ps(i8, i8, i8)
 declare void @llvm.x86.tilestored64(i8, ptr, i64)
-define void @{_FUNCTION}(ptr %c, i64 %ldc, ptr %a, i64 %lda, ptr %b, i64 %ldb, i64 %steps, ptr %offsets,
-                         i64 %taps) alwaysinline {{
+define void @{_CONFIGURE}() alwaysinline {{
 entry:
   %config = alloca [64 x i8], align 64
   %permitted = load i32, ptr @amptool_amx_permitted
@@ -82,6 +84,11 @@ configure:
   %rows = getelementptr i8, ptr %config, i64 48
   store <8 x i8> <i8 16, i8 16, i8 16, i8 16, i8 16, i8 16, i8 16, i8 16>, ptr %rows
   call void @llvm.x86.ldtilecfg(ptr %config)
+  ret void
+}}
+define void @{_FUNCTION}(ptr %c, i64 %ldc, ptr %a, i64 %lda, ptr %b, i64 %ldb, i64 %steps, ptr %offsets,
+                         i64 %taps) alwaysinline {{
+entry:
   call void @llvm.x86.tilezero(i8 0)
   call void @llvm.x86.tilezero(i8 1)
   call void @llvm.x86.tilezero(i8 2)
@@ -90,7 +97,7 @@ configure:
   %b1 = getelementptr i8, ptr %b, i64 %ldb
   br label %tap
 tap:
-  %t = phi i64 [0, %configure], [%next_tap, %tap_done]
+  %t = phi i64 [0, %entry], [%next_tap, %tap_done]
   %t_at = getelementptr i64, ptr %offsets, i64 %t
   %t_offset = load i64, ptr %t_at
   %a0 = getelementptr i8, ptr %a, i64 %t_offset
@@ -181,7 +188,12 @@ def matmul_primfunc(lead: tuple[int, ...], k: int, n: int) -> Any:
     # column block by column block, each read once; many rows by a narrow weight (ResNet's first
     # 1×1 convs: 3136 × 256) row block by row block, the output written in whole rows
     # ([3136, 64] · [64, 256] 0.36 → 0.15 ms).
-    row_step, col_step = (1, row_blocks) if n >= rows else (col_blocks, 1)
+    # A task is a strip (the tile configuration loaded once for it): a column block over every row
+    # block, or a row block over every column block; block (task, inner) is at row block
+    # ``task·rt + inner·ri``, column block ``task·ct + inner·ci``.
+    by_columns = n >= rows
+    tasks, inner_blocks = (col_blocks, row_blocks) if by_columns else (row_blocks, col_blocks)
+    rt, ri, ct, ci = (0, 1, 1, 0) if by_columns else (1, 0, 0, 1)
 
     @T.prim_func(private=True)
     def amx_matmul(x: T.Buffer((*lead, k), "bfloat16"), b: T.Buffer((col_blocks * 2, pairs, 16, 2), "uint16"),
@@ -191,27 +203,29 @@ def matmul_primfunc(lead: tuple[int, ...], k: int, n: int) -> Any:
         # are what the tiles load, so they are addressed through a uint16 view of the same data.
         bits = T.decl_buffer((rows, k), "uint16", data=x.data)
         c = T.decl_buffer((rows, n), "float32", data=y.data)
-        for task in T.parallel(row_blocks * col_blocks):
+        for task in T.parallel(tasks):
             with T.attr(0, "pragma_import_llvm", LLVM_IR):
                 origin = T.decl_buffer((1,), "int64", scope="local")
                 origin[0] = T.int64(0)
-                row = T.min(task // row_step % row_blocks * BLOCK, rows - BLOCK)
-                col = task // col_step % col_blocks
-                if col < full_cols:
-                    T.evaluate(T.call_extern(
-                        "void", _FUNCTION, c.access_ptr("w", offset=row * n + col * BLOCK), T.int64(n * 4),
-                        bits.access_ptr("r", offset=row * k), T.int64(k * 2),
-                        b.access_ptr("r", offset=col * 2 * pairs * 32), T.int64(ldb), T.int64(steps),
-                        origin.access_ptr("r"), T.int64(1)))
-                else:
-                    tile = T.alloc_buffer((BLOCK, BLOCK), "float32", scope="local")
-                    T.evaluate(T.call_extern(
-                        "void", _FUNCTION, tile.access_ptr("w"), T.int64(BLOCK * 4),
-                        bits.access_ptr("r", offset=row * k), T.int64(k * 2),
-                        b.access_ptr("r", offset=col * 2 * pairs * 32), T.int64(ldb), T.int64(steps),
-                        origin.access_ptr("r"), T.int64(1)))
-                    for r, j in T.grid(BLOCK, n - full_cols * BLOCK):
-                        c[row + r, full_cols * BLOCK + j] = tile[r, j]
+                T.evaluate(T.call_extern("void", _CONFIGURE))
+                for inner in T.serial(inner_blocks):
+                    row = T.min((task * rt + inner * ri) * BLOCK, rows - BLOCK)
+                    col = task * ct + inner * ci
+                    if col < full_cols:
+                        T.evaluate(T.call_extern(
+                            "void", _FUNCTION, c.access_ptr("w", offset=row * n + col * BLOCK), T.int64(n * 4),
+                            bits.access_ptr("r", offset=row * k), T.int64(k * 2),
+                            b.access_ptr("r", offset=col * 2 * pairs * 32), T.int64(ldb), T.int64(steps),
+                            origin.access_ptr("r"), T.int64(1)))
+                    else:
+                        tile = T.alloc_buffer((BLOCK, BLOCK), "float32", scope="local")
+                        T.evaluate(T.call_extern(
+                            "void", _FUNCTION, tile.access_ptr("w"), T.int64(BLOCK * 4),
+                            bits.access_ptr("r", offset=row * k), T.int64(k * 2),
+                            b.access_ptr("r", offset=col * 2 * pairs * 32), T.int64(ldb), T.int64(steps),
+                            origin.access_ptr("r"), T.int64(1)))
+                        for r, j in T.grid(BLOCK, n - full_cols * BLOCK):
+                            c[row + r, full_cols * BLOCK + j] = tile[r, j]
 
     return amx_matmul
 
@@ -304,7 +318,10 @@ def conv_primfunc(data_shape: tuple[int, ...], out_channels: int, kernel: tuple[
     taps = g.kh * g.kw
     pairs = taps * depth // 2
     ldb = pairs * 16 * 2 * 2
-    tasks = col_blocks * batch * row_blocks
+    # Strips as the matmul's: a column block over every (image, row block), or the other way.
+    by_columns = out_channels >= batch * rows
+    tasks, inner_blocks = (col_blocks, batch * row_blocks) if by_columns else (batch * row_blocks, col_blocks)
+    pt, pi, ct, ci = (0, 1, 1, 0) if by_columns else (1, 0, 0, 1)
 
     @T.prim_func(private=True)
     def amx_conv(x: T.Buffer((batch, height, width, channels), "bfloat16"),
@@ -330,23 +347,26 @@ def conv_primfunc(data_shape: tuple[int, ...], out_channels: int, kernel: tuple[
                         phases[base + channels + c] = T.uint16(0)
         for task in T.parallel(tasks):
             with T.attr(0, "pragma_import_llvm", LLVM_IR):
-                col = task // (batch * row_blocks)
-                n = task % (batch * row_blocks) // row_blocks
-                row = T.min(task % row_blocks * BLOCK, rows - BLOCK)
                 tile = T.decl_buffer((BLOCK, BLOCK), "float32", scope="local")
                 where = T.decl_buffer((taps,), "int64", scope="local")
-                for t in T.serial(taps):  # _ConvGeometry.tap_offset, in bytes
+                for t in T.serial(taps):  # the tap's offset in bytes (see _ConvGeometry)
                     where[t] = T.int64(((t // kw * dh % sh * sw + t % kw * dw % sw) * plane
                                         + (t // kw * dh // sh * phase_w + t % kw * dw // sw) * depth) * 2)
-                T.evaluate(T.call_extern(
-                    "void", _FUNCTION, tile.access_ptr("w"), T.int64(BLOCK * 4),
-                    phases.access_ptr("r", offset=n * image + row * depth), T.int64(depth * 2),
-                    b.access_ptr("r", offset=col * 2 * pairs * 32), T.int64(ldb), T.int64(depth // DEPTH),
-                    where.access_ptr("r"), T.int64(taps)))
-                for r in T.serial(BLOCK):
-                    if (row + r) % phase_w < out_w:
-                        for j in T.serial(T.min(BLOCK, out_channels - col * BLOCK)):
-                            y[n, (row + r) // phase_w, (row + r) % phase_w, col * BLOCK + j] = tile[r, j]
+                T.evaluate(T.call_extern("void", _CONFIGURE))
+                for inner in T.serial(inner_blocks):
+                    col = task * ct + inner * ci
+                    pixels = task * pt + inner * pi  # (image, row block)
+                    n = pixels // row_blocks
+                    row = T.min(pixels % row_blocks * BLOCK, rows - BLOCK)
+                    T.evaluate(T.call_extern(
+                        "void", _FUNCTION, tile.access_ptr("w"), T.int64(BLOCK * 4),
+                        phases.access_ptr("r", offset=n * image + row * depth), T.int64(depth * 2),
+                        b.access_ptr("r", offset=col * 2 * pairs * 32), T.int64(ldb), T.int64(depth // DEPTH),
+                        where.access_ptr("r"), T.int64(taps)))
+                    for r in T.serial(BLOCK):
+                        if (row + r) % phase_w < out_w:
+                            for j in T.serial(T.min(BLOCK, out_channels - col * BLOCK)):
+                                y[n, (row + r) // phase_w, (row + r) % phase_w, col * BLOCK + j] = tile[r, j]
 
     return amx_conv
 
