@@ -113,12 +113,14 @@ _CONVS = [
     ((1, 64, 14, 14), 64, (3, 3), [1, 1, 1, 1], (2, 2), (1, 1), True),    # stride 2: phase images
     ((1, 256, 14, 14), 96, (1, 1), [0, 0, 0, 0], (2, 2), (1, 1), True),   # a 1×1 stride-2 downsample
     ((1, 48, 13, 15), 40, (3, 3), [1, 0, 2, 1], (2, 1), (1, 1), True),    # uneven strides, 48 channels padded to 64
-    ((1, 3, 32, 32), 64, (7, 7), [3, 3, 3, 3], (2, 2), (1, 1), False),    # a 3-channel stem: the vector kernel
+    ((1, 3, 32, 32), 64, (7, 7), [3, 3, 3, 3], (2, 2), (1, 1), True),     # an RGB stem: taps span pixels
+    ((1, 5, 20, 21), 24, (5, 7), [2, 3, 2, 3], (1, 2), (2, 1), True),     # 5 channels, dilated rows, stride 2
+    ((1, 64, 4, 4), 64, (3, 3), [1, 1, 1, 1], (1, 1), (1, 1), False),     # 4 × 6 at the padded width: < 32 rows
 ]
 
 
 @pytest.mark.parametrize(("shape", "out_channels", "kernel", "pads", "strides", "dilations", "amx"), _CONVS)
-def test_amx_takes_the_convs_of_enough_channels(tmp_path: Path, shape: tuple[int, ...], out_channels: int,
+def test_amx_takes_the_convs_of_a_block_of_pixels(tmp_path: Path, shape: tuple[int, ...], out_channels: int,
                                         kernel: tuple[int, int], pads: list[int], strides: tuple[int, int],
                                         dilations: tuple[int, int], amx: bool) -> None:
     path = _conv_model(tmp_path / "conv.onnx", shape, out_channels, kernel, pads, strides, dilations)
