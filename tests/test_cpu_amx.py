@@ -144,3 +144,65 @@ def test_amx_convs_are_onnxruntimes(tmp_path: Path, shape: tuple[int, ...], out_
     got = np.asarray(build_model(ConvertConfig(model=path, dtype="bfloat16")).compiled().run({"x": x})["y"], np.float32)
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=2 ** -7, atol=1e-6 * float(np.abs(want).max()))
+
+
+def _residual_block(path: Path, downsample: bool, clip: bool) -> Path:
+    """A stem conv, then conv → bias → ReLU → conv → bias → + shortcut → ReLU (or Clip 0..6), the
+    shortcut the block's input or a 1×1 conv of it (ResNet's downsample: its add is in both convs'
+    reach), then a 1×1 conv: the block's values all stay inside the bfloat16 graph."""
+    rng = np.random.default_rng(6)
+    out = 64 if downsample else 32
+
+    def weight(name: str, shape: tuple[int, ...]) -> onnx.TensorProto:
+        return numpy_helper.from_array(_bf16_exact(rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))), name)
+
+    def bias(name: str, size: int) -> onnx.TensorProto:
+        return numpy_helper.from_array(_bf16_exact(rng.standard_normal(size)), name)
+
+    inits = [weight("w0", (32, 32, 1, 1)), bias("b0", 32), weight("w1", (64, 32, 3, 3)), bias("b1", 64),
+             weight("w2", (out, 64, 3, 3)), bias("b2", out), weight("w3", (32, out, 1, 1)),
+             numpy_helper.from_array(np.float32(0.0), "lo"), numpy_helper.from_array(np.float32(6.0), "hi")]
+    nodes = [helper.make_node("Conv", ["x", "w0", "b0"], ["c0"]), helper.make_node("Relu", ["c0"], ["h"]),
+             helper.make_node("Conv", ["h", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1])]
+    if downsample:
+        inits.append(weight("wd", (64, 32, 1, 1)))
+        nodes.append(helper.make_node("Conv", ["h", "wd"], ["shortcut"]))
+    nodes += [helper.make_node("Add", ["c2", "shortcut" if downsample else "h"], ["s"]),
+              helper.make_node("Clip", ["s", "lo", "hi"], ["a"]) if clip else helper.make_node("Relu", ["s"], ["a"]),
+              helper.make_node("Conv", ["a", "w3"], ["y"])]
+    graph = helper.make_graph(nodes, "block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 12, 12])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 12, 12])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.mark.parametrize(("downsample", "clip"), [(False, False), (True, False), (False, True)])
+def test_epilogues_run_inside_the_amx_kernels(tmp_path: Path, downsample: bool, clip: bool) -> None:
+    """Bias, shortcut, ReLU/clip and the cast to bfloat16 are applied as each tile is stored: no
+    kernel of their own is left (amx_epilogues)."""
+    path = _residual_block(tmp_path / "block.onnx", downsample, clip)
+    kernels = scheduled_kernels(str(path), "bfloat16", "sapphirerapids")
+    amx = [k for k in kernels if "amptool_amx_bf16_32x32" in k]
+    assert len(amx) == (5 if downsample else 4)
+    others = [k for k in kernels if "amptool_amx_bf16_32x32" not in k]
+    assert not [k for k in others if "T.max(" in k or "T.min(" in k], others  # no ReLU/clip kernel left
+    assert sum('"bfloat16"' in k.split("y: T.Buffer")[-1][:80] for k in amx) >= 1  # a kernel storing bfloat16
+
+
+@needs_amx
+@pytest.mark.parametrize(("downsample", "clip"), [(False, False), (True, False), (False, True)])
+def test_fused_epilogues_give_onnxruntimes_values(tmp_path: Path, downsample: bool, clip: bool) -> None:
+    import onnxruntime as ort
+
+    from amptool.app.convert import ConvertConfig, build_model
+
+    path = str(_residual_block(tmp_path / "block.onnx", downsample, clip))
+    x = _bf16_exact(np.random.default_rng(8).standard_normal((1, 32, 12, 12)).astype(np.float32))
+    want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(["y"], {"x": x})[0]
+    got = np.asarray(build_model(ConvertConfig(model=path, dtype="bfloat16")).compiled().run({"x": x})["y"], np.float32)
+    # The intermediate activation is rounded to bfloat16 between the convs: a few bfloat16 ulps.
+    np.testing.assert_allclose(got, want, rtol=0, atol=0.03 * float(np.abs(want).max()))

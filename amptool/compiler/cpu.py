@@ -35,6 +35,7 @@ import tvm
 from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 
 from amptool.compiler import stages
+from amptool.compiler.amx_epilogues import fuse_amx_epilogues
 from amptool.compiler.cpu_attention import SCORES_BLOCK, attention, fuse_attention
 from amptool.compiler.cpu_conv1d import conv1d_as_conv2d
 from amptool.compiler.cpu_conv_transpose import split_conv_transpose
@@ -111,7 +112,7 @@ def stage_passes(target: Any) -> stages.Stages:
     schedule, schedule_passes = shared[_SCHEDULED - 1]
     return [("layout", [_FUSE_ATTENTION, _SPLIT_CONV_TRANSPOSE, _CONV1D_AS_CONV2D, _ROW_SCANS, _SOFTMAX_LAST_AXIS,
                         *layout_passes()]),
-            ("epilogues", [_WIDEN_EPILOGUES]),
+            ("epilogues", [_WIDEN_EPILOGUES, _AMX_EPILOGUES]),
             *shared[:_SCHEDULED - 1], (schedule, [*schedule_passes, UniformSelects]), ("in place", [_IN_PLACE]),
             *shared[_SCHEDULED:]]
 
@@ -127,6 +128,7 @@ _CONV1D_AS_CONV2D = _module_pass(conv1d_as_conv2d, "Conv1dAsConv2d")
 _ROW_SCANS = _module_pass(rewrite_scans, "RowScans")
 _SOFTMAX_LAST_AXIS = _module_pass(softmax_to_last_axis, "SoftmaxLastAxis")
 _WIDEN_EPILOGUES = _module_pass(widen_epilogues, "WidenEpilogues")
+_AMX_EPILOGUES = _module_pass(fuse_amx_epilogues, "AmxEpilogues")
 _IN_PLACE = _module_pass(write_in_place, "WriteInPlace")
 
 

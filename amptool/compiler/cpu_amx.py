@@ -39,6 +39,7 @@ treats bfloat16 denormal inputs as zero — rounding-level differences from a se
 # mypy: disable-error-code="valid-type"
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 #: Rows and columns of the output block one micro-kernel call computes (2 × 2 tiles of 16 × 16).
@@ -168,11 +169,64 @@ def pack_weight(bits: Any) -> Any:
     return np.ascontiguousarray(padded.reshape(k // 2, 2, padded.shape[1] // 16, 16).transpose(2, 0, 3, 1))
 
 
-def matmul_primfunc(lead: tuple[int, ...], k: int, n: int) -> Any:
-    """The PrimFunc ``(A [*lead, k] bfloat16, B packed uint16) → C [*lead, n] float32``, the
-    leading axes taken as one of rows: one parallel task per 32 × 32 block; the last row block ends
-    at the last row, the last column block, when ``n`` is no multiple of 32, goes through a local
-    tile and only its real columns are copied."""
+@dataclass(frozen=True)
+class Epilogue:
+    """What a kernel does to each float32 sum before storing it, in this order: add a bias per
+    output channel, add a residual tensor of the output's shape (read in ``residual``'s dtype),
+    the ``clamps`` in their order (``("max", 0.0)`` is ReLU; a ReLU6 is a max and a min), and store
+    in ``dtype`` — a conv's or matmul's bias, ResNet's shortcut, ReLU/ReLU6 and the cast to bfloat16
+    (``amx_epilogues`` finds them)."""
+
+    bias: tuple[float, ...] | None = None
+    residual: str | None = None
+    clamps: tuple[tuple[str, float], ...] = ()
+    dtype: str = "float32"
+
+    @property
+    def plain(self) -> bool:
+        return self == PLAIN
+
+    def apply(self, total: Any, bias: Any, channel: Any, residual: Any, at: Any) -> Any:
+        """The stored value of float32 ``total`` (TIR) at output channel ``channel`` and flat
+        output index ``at``, reading the ``bias`` and ``residual`` buffers only when it has them."""
+        from tvm import tirx  # noqa: PLC0415
+
+        value = total
+        if self.bias is not None:
+            value = value + bias[channel]
+        if self.residual is not None:
+            value = value + residual[at].astype("float32")
+        for kind, bound in self.clamps:
+            value = (tirx.max if kind == "max" else tirx.min)(value, tirx.const(bound, "float32"))
+        return value.astype(self.dtype)
+
+    def shapes(self, out_shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...], str]:
+        """(bias shape, residual shape, residual dtype) of the kernel's parameters: one element where
+        the epilogue has none (the parameter is then a zero the kernel never reads)."""
+        return ((len(self.bias),) if self.bias is not None else (1,),
+                out_shape if self.residual is not None else (1,), self.residual or "float32")
+
+    def arguments(self, residual: Any) -> list[Any]:
+        """The Relax arguments for the bias and residual parameters."""
+        import numpy as np  # noqa: PLC0415
+        import tvm  # noqa: PLC0415
+        from tvm import relax  # noqa: PLC0415
+
+        bias = np.asarray(self.bias if self.bias is not None else (0.0,), dtype=np.float32)
+        dummy = relax.const(tvm.runtime.tensor(np.zeros((1,), np.float32)))
+        return [relax.const(tvm.runtime.tensor(bias)), residual if self.residual is not None else dummy]
+
+
+#: No epilogue: the float32 sums stored as they are.
+PLAIN = Epilogue()
+
+
+def matmul_primfunc(lead: tuple[int, ...], k: int, n: int, epilogue: Epilogue = PLAIN) -> Any:
+    """The PrimFunc ``(A [*lead, k] bfloat16, B packed uint16, bias, residual) → C [*lead, n]``, the
+    leading axes taken as one of rows: each parallel task a strip of 32 × 32 blocks; the last row
+    block ends at the last row. A block goes straight to C without an epilogue, else through a
+    local tile, its values through ``epilogue`` — as does a last column block of ``n`` no
+    multiple of 32 (only its real columns stored)."""
     import math  # noqa: PLC0415
 
     from tvm.script import tirx as T  # noqa: PLC0415
@@ -180,246 +234,157 @@ def matmul_primfunc(lead: tuple[int, ...], k: int, n: int) -> Any:
     rows = math.prod(lead)
     row_blocks = -(-rows // BLOCK)
     col_blocks = -(-n // BLOCK)
-    full_cols = n // BLOCK
+    direct_cols = n // BLOCK if epilogue.plain else 0  # column blocks stored straight from the tiles
     pairs = k // 2
     ldb = pairs * 16 * 2 * 2  # bytes of one 16-column block of B
     steps = k // DEPTH
+    bias_shape, residual_shape, residual_dtype = epilogue.shapes(tuple(lead) + (n,))
+    residual_size = math.prod(residual_shape)
+    tail = n % BLOCK  # columns of a last, partial block
+    out_dtype = epilogue.dtype
     # The larger operand is walked once: a weight wider than the rows are many (BERT's 128 × 3072)
     # column block by column block, each read once; many rows by a narrow weight (ResNet's first
     # 1×1 convs: 3136 × 256) row block by row block, the output written in whole rows
-    # ([3136, 64] · [64, 256] 0.36 → 0.15 ms).
-    # A task is a strip (the tile configuration loaded once for it): a column block over every row
-    # block, or a row block over every column block; block (task, inner) is at row block
-    # ``task·rt + inner·ri``, column block ``task·ct + inner·ci``.
+    # ([3136, 64] · [64, 256] 0.36 → 0.15 ms). A task is a strip (the tile configuration loaded
+    # once for it): block (task, inner) is at row block ``task·rt + inner·ri``, column block
+    # ``task·ct + inner·ci``.
     by_columns = n >= rows
     tasks, inner_blocks = (col_blocks, row_blocks) if by_columns else (row_blocks, col_blocks)
     rt, ri, ct, ci = (0, 1, 1, 0) if by_columns else (1, 0, 0, 1)
 
     @T.prim_func(private=True)
     def amx_matmul(x: T.Buffer((*lead, k), "bfloat16"), b: T.Buffer((col_blocks * 2, pairs, 16, 2), "uint16"),
-                   y: T.Buffer((*lead, n), "float32")) -> None:
+                   bias: T.Buffer(bias_shape, "float32"), residual: T.Buffer(residual_shape, residual_dtype),
+                   y: T.Buffer((*lead, n), out_dtype)) -> None:
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True, "op_pattern": 8})
         # TVM's bfloat16 legalization retypes ``x``'s pointer to float32 in ``access_ptr``; its bits
         # are what the tiles load, so they are addressed through a uint16 view of the same data.
         bits = T.decl_buffer((rows, k), "uint16", data=x.data)
-        c = T.decl_buffer((rows, n), "float32", data=y.data)
+        c = T.decl_buffer((rows, n), out_dtype, data=y.data)
+        flat = T.decl_buffer((residual_size,), residual_dtype, data=residual.data)
         for task in T.parallel(tasks):
             with T.attr(0, "pragma_import_llvm", LLVM_IR):
                 origin = T.decl_buffer((1,), "int64", scope="local")
                 origin[0] = T.int64(0)
+                tile = T.decl_buffer((BLOCK, BLOCK), "float32", scope="local")
                 T.evaluate(T.call_extern("void", _CONFIGURE))
                 for inner in T.serial(inner_blocks):
                     row = T.min((task * rt + inner * ri) * BLOCK, rows - BLOCK)
                     col = task * ct + inner * ci
-                    if col < full_cols:
+                    if epilogue.plain and col < direct_cols:  # (the first test is Python's: no bfloat16 C here)
                         T.evaluate(T.call_extern(
                             "void", _FUNCTION, c.access_ptr("w", offset=row * n + col * BLOCK), T.int64(n * 4),
                             bits.access_ptr("r", offset=row * k), T.int64(k * 2),
                             b.access_ptr("r", offset=col * 2 * pairs * 32), T.int64(ldb), T.int64(steps),
                             origin.access_ptr("r"), T.int64(1)))
                     else:
-                        tile = T.alloc_buffer((BLOCK, BLOCK), "float32", scope="local")
                         T.evaluate(T.call_extern(
                             "void", _FUNCTION, tile.access_ptr("w"), T.int64(BLOCK * 4),
                             bits.access_ptr("r", offset=row * k), T.int64(k * 2),
                             b.access_ptr("r", offset=col * 2 * pairs * 32), T.int64(ldb), T.int64(steps),
                             origin.access_ptr("r"), T.int64(1)))
-                        for r, j in T.grid(BLOCK, n - full_cols * BLOCK):
-                            c[row + r, full_cols * BLOCK + j] = tile[r, j]
+                        for r in T.serial(BLOCK):
+                            if col * BLOCK + BLOCK <= n:
+                                for j in T.vectorized(BLOCK):
+                                    c[row + r, col * BLOCK + j] = epilogue.apply(
+                                        tile[r, j], bias, col * BLOCK + j, flat, (row + r) * n + col * BLOCK + j)
+                            else:
+                                for j in T.serial(tail):
+                                    c[row + r, col * BLOCK + j] = epilogue.apply(
+                                        tile[r, j], bias, col * BLOCK + j, flat, (row + r) * n + col * BLOCK + j)
 
     return amx_matmul
 
 
-def emit_matmul(bb: Any, x: Any, lead: tuple[int, ...], weight_bits: Any) -> Any:
+def emit_matmul(bb: Any, x: Any, lead: tuple[int, ...], weight_bits: Any, epilogue: Epilogue = PLAIN,
+                residual: Any = None) -> Any:
     """The call of :func:`matmul_primfunc` on ``x`` (``[*lead, K]`` bfloat16) and a constant weight
-    given as its ``[K, N]`` bfloat16 bit patterns; float32 ``[*lead, N]``. Opaque to FuseOps: the
-    kernel is hand-written, no schedule could take a fused epilogue."""
+    given as its ``[K, N]`` bfloat16 bit patterns; ``[*lead, N]`` in the epilogue's dtype. Opaque to
+    FuseOps: the kernel is hand-written, no schedule could take a fused epilogue (``amx_epilogues``
+    puts the common ones in)."""
     import tvm  # noqa: PLC0415
     from tvm import relax  # noqa: PLC0415
 
     k, n = weight_bits.shape
-    gvar = bb.add_func(matmul_primfunc(lead, k, n), "amx_matmul")
+    gvar = bb.add_func(matmul_primfunc(lead, k, n, epilogue), "amx_matmul")
     packed = relax.const(tvm.runtime.tensor(pack_weight(weight_bits)))
-    return relax.call_tir(gvar, [x, packed], relax.TensorType([*lead, n], "float32"))
+    return relax.call_tir(gvar, [x, packed, *epilogue.arguments(residual)],
+                          relax.TensorType([*lead, n], epilogue.dtype))
 
 
-def conv_fits(data_shape: tuple[int, ...], out_channels: int, kernel: tuple[int, int], strides: list[int],
-              padding: list[int], dilation: list[int]) -> bool:
-    """Whether an NHWC conv suits :func:`conv_primfunc`: an output of at least a block of rows at
-    the phase images' width."""
-    geometry = _ConvGeometry(tuple(data_shape), kernel, strides, padding, dilation)
-    return out_channels > 0 and geometry.out_h > 0 and geometry.out_w > 0 and geometry.rows >= BLOCK
+@dataclass(frozen=True)
+class Plan:
+    """The AMX kernel for one conv2d or matmul call: a matmul of ``data`` (``[*lead, K]``) by a
+    ``[K, N]`` weight, or a conv of NHWC ``data`` by an OIHW weight; ``weight_bits`` are the
+    bfloat16 bit patterns (uint16)."""
+
+    kind: str
+    data: Any
+    shape: tuple[int, ...]
+    weight_bits: Any
+    geometry: tuple[tuple[int, ...], ...] = ()  # a conv's (strides, padding, dilation)
+
+    def emit(self, bb: Any, epilogue: Epilogue = PLAIN, residual: Any = None) -> Any:
+        """The kernel's call (its PrimFunc added to ``bb``), each output through ``epilogue``."""
+        if self.kind == "matmul":
+            return emit_matmul(bb, self.data, self.shape, self.weight_bits, epilogue, residual)
+        from amptool.compiler.cpu_amx_conv import emit_conv  # noqa: PLC0415
+
+        strides, padding, dilation = (list(values) for values in self.geometry)
+        return emit_conv(bb, self.data, self.shape, self.weight_bits, strides, padding, dilation, epilogue, residual)
 
 
-class _ConvGeometry:
-    """Sizes and taps of a conv over phase images: a stride-(sh, sw) conv reads, for each tap, one
-    of the sh·sw images of every sh-th row and sw-th column of the padded input (its phase), at an
-    offset of whole rows and columns — a stride-1 read, one row stride for the whole output.
-
-    A tap is a 32-deep slice of ``K``: its offset into the phase images and, for each of its 32
-    rows of weights, the (input channel, kernel row, kernel column) it multiplies, or None (zero).
-    With 16 channels or more a tap is one kernel position and its channels padded to 32s. With
-    fewer (an RGB stem) a tap's 32 values are consecutive pixels of one phase row — 10 pixels of 3
-    channels — so one tap covers up to ``32 // C`` kernel columns: ResNet-50's 7×7 stride-2 stem
-    is 14 taps, not 49 of 3 channels padded to 32."""
-
-    def __init__(self, data_shape: tuple[int, ...], kernel: tuple[int, int], strides: list[int], padding: list[int],
-                 dilation: list[int]) -> None:
-        self.batch, self.height, self.width, self.channels = data_shape
-        self.kh, self.kw = kernel
-        self.sh, self.sw = strides
-        self.top, self.left, bottom, right = padding
-        self.dh, self.dw = dilation
-        padded_h, padded_w = self.height + self.top + bottom, self.width + self.left + right
-        self.out_h = (padded_h - (self.kh - 1) * self.dh - 1) // self.sh + 1
-        self.out_w = (padded_w - (self.kw - 1) * self.dw - 1) // self.sw + 1
-        self.merged = self.channels < DEPTH // 2
-        # Values per pixel in the phase images: channels padded with zeros to 32-deep steps, or as
-        # they are when a tap spans pixels.
-        self.depth = self.channels if self.merged else -(-self.channels // DEPTH) * DEPTH
-        self.phase_h, self.phase_w = -(-padded_h // self.sh), -(-padded_w // self.sw)
-        # Zero rows after each phase image: one for the last taps' reach past the output's width,
-        # and a merged tap's 32 values past the last pixel.
-        self.spare = 1 + (-(-DEPTH // (self.phase_w * self.depth)) if self.merged else 0)
-        self.plane = (self.phase_h + self.spare) * self.phase_w * self.depth
-        self.image = self.sh * self.sw * self.plane
-        self.rows = self.out_h * self.phase_w  # output pixels at the phase width: p = oh · Wq + ow
-        # Phase rows (columns) some tap reads, when they are the first few (a 1×1 stride-2 conv
-        # reads phase 0 only): the others are left unwritten.
-        self.used_h = _leading_phases(self.kh, self.dh, self.sh)
-        self.used_w = _leading_phases(self.kw, self.dw, self.sw)
-
-    def _offset(self, down: int, phase_col: int, pixel: int) -> int:
-        """Elements from an output pixel's phase position to kernel row offset ``down`` (input rows),
-        phase column ``phase_col`` and ``pixel`` phase pixels along."""
-        phase = (down % self.sh) * self.sw + phase_col
-        return phase * self.plane + (down // self.sh * self.phase_w + pixel) * self.depth
-
-    def taps(self) -> list[tuple[int, list[tuple[int, int, int] | None]]]:
-        found: list[tuple[int, list[tuple[int, int, int] | None]]] = []
-        for i in range(self.kh):
-            down = i * self.dh
-            if not self.merged:
-                for j in range(self.kw):
-                    across = j * self.dw
-                    rows = [(c, i, j) if c < self.channels else None for c in range(self.depth)]
-                    found += [(self._offset(down, across % self.sw, across // self.sw) + step * DEPTH,
-                               rows[step * DEPTH:(step + 1) * DEPTH]) for step in range(self.depth // DEPTH)]
-                continue
-            window = DEPTH // self.channels
-            for phase_col in range(self.sw):
-                columns = {j * self.dw // self.sw: j for j in range(self.kw) if j * self.dw % self.sw == phase_col}
-                for first in range(0, max(columns, default=-1) + 1, window):
-                    rows = [(c, i, columns[first + p]) if p < window and first + p in columns else None
-                            for p, c in (divmod(k, self.channels) for k in range(DEPTH))]
-                    if any(rows):
-                        found.append((self._offset(down, phase_col, first), rows))
-        return found
+#: Whether a target (by its string) has AMX-BF16: asked per conv and matmul.
+_HAS_AMX: dict[str, bool] = {}
 
 
-def _leading_phases(taps: int, dilation: int, stride: int) -> int:
-    """``n`` when the taps read phases 0..n-1 exactly, else ``stride`` (all)."""
-    used = {tap * dilation % stride for tap in range(taps)}
-    return len(used) if used == set(range(len(used))) else stride
+def _target_has_amx() -> bool:
+    import tvm  # noqa: PLC0415
+
+    target = tvm.target.Target.current(allow_none=True)
+    if target is None:
+        return False
+    key = str(target)
+    if key not in _HAS_AMX:
+        _HAS_AMX[key] = has_amx_bf16(target)
+    return _HAS_AMX[key]
 
 
-def pack_conv_weight(bits: Any, taps: list[tuple[int, list[tuple[int, int, int] | None]]]) -> Any:
-    """An OIHW weight's bfloat16 bit patterns as :func:`pack_weight` of ``[32·taps, OC]``: each
-    tap's 32 rows the weights its values multiply (zeros for padding)."""
-    import numpy as np  # noqa: PLC0415
+def plan(call: Any) -> Plan | None:
+    """The AMX kernel for a ``relax.matmul`` or NHWC ``relax.nn.conv2d`` call, or None: bfloat16
+    data and constant weight accumulated in float32, a shape the kernels take, a target with
+    AMX-BF16 (the current one)."""
+    import math  # noqa: PLC0415
 
-    rows = [where for _, wheres in taps for where in wheres]
-    matrix = np.zeros((len(rows), bits.shape[0]), dtype=np.uint16)
-    for k, where in enumerate(rows):
-        if where is not None:
-            matrix[k] = bits[:, where[0], where[1], where[2]]
-    return pack_weight(matrix)
-
-
-def conv_primfunc(data_shape: tuple[int, ...], out_channels: int, kernel: tuple[int, int], strides: list[int],
-                  padding: list[int], dilation: list[int]) -> Any:
-    """An NHWC conv ``(X bfloat16, W packed, tap offsets int64) → Y float32`` as taps of the
-    micro-kernel.
-
-    The input is copied once into zero-padded phase images (:class:`_ConvGeometry`; one image for
-    stride 1); the output is computed over the phase width — pixel ``p = oh · Wq + ow`` reads
-    phase pixel ``p`` plus the tap's offset, so each tile is a plain strided load — and only the
-    ``ow < OW`` pixels of each 32 × 32 block are copied out (the padding columns' products are the
-    waste: 2/58 of a 3×3 conv at 56 columns, 2/9 at 7)."""
-    from tvm.script import tirx as T  # noqa: PLC0415
-
-    g = _ConvGeometry(tuple(data_shape), kernel, strides, padding, dilation)
-    batch, height, width, channels, depth = g.batch, g.height, g.width, g.channels, g.depth
-    out_h, out_w, phase_h, phase_w, image = g.out_h, g.out_w, g.phase_h, g.phase_w, g.image
-    sh, sw, top, left, rows, spare = g.sh, g.sw, g.top, g.left, g.rows, g.spare
-    used_h, used_w = g.used_h, g.used_w
-    phase_rows = phase_h + spare
-    row_blocks = -(-rows // BLOCK)
-    col_blocks = -(-out_channels // BLOCK)
-    taps = len(g.taps())
-    pairs = taps * DEPTH // 2
-    ldb = pairs * 16 * 2 * 2
-    # Strips as the matmul's: a column block over every (image, row block), or the other way.
-    by_columns = out_channels >= batch * rows
-    tasks, inner_blocks = (col_blocks, batch * row_blocks) if by_columns else (batch * row_blocks, col_blocks)
-    pt, pi, ct, ci = (0, 1, 1, 0) if by_columns else (1, 0, 0, 1)
-
-    @T.prim_func(private=True)
-    def amx_conv(x: T.Buffer((batch, height, width, channels), "bfloat16"),
-                 b: T.Buffer((col_blocks * 2, pairs, 16, 2), "uint16"), where: T.Buffer((taps,), "int64"),
-                 y: T.Buffer((batch, out_h, out_w, out_channels), "float32")) -> None:
-        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True, "op_pattern": 8})
-        bits = T.decl_buffer((batch, height, width, channels), "uint16", data=x.data)
-        phases = T.decl_buffer((batch * image,), "uint16")
-        # One task per phase image row: (image, phase row, phase column, row); whole pixels copied.
-        for task in T.parallel(batch * sh * sw * phase_rows):
-            if task // phase_rows // sw % sh < used_h and task // phase_rows % sw < used_w:
-                for wq in T.serial(phase_w):
-                    base = (task * phase_w + wq) * depth
-                    src_h = task % phase_rows * sh + task // phase_rows // sw % sh - top
-                    src_w = wq * sw + task // phase_rows % sw - left
-                    if src_h >= 0 and src_h < height and src_w >= 0 and src_w < width:
-                        for c in T.serial(channels):
-                            phases[base + c] = bits[task // (phase_rows * sh * sw), src_h, src_w, c]
-                    else:
-                        for c in T.serial(channels):
-                            phases[base + c] = T.uint16(0)
-                    for c in T.serial(depth - channels):
-                        phases[base + channels + c] = T.uint16(0)
-        for task in T.parallel(tasks):
-            with T.attr(0, "pragma_import_llvm", LLVM_IR):
-                tile = T.decl_buffer((BLOCK, BLOCK), "float32", scope="local")
-                T.evaluate(T.call_extern("void", _CONFIGURE))
-                for inner in T.serial(inner_blocks):
-                    col = task * ct + inner * ci
-                    pixels = task * pt + inner * pi  # (image, row block)
-                    n = pixels // row_blocks
-                    row = T.min(pixels % row_blocks * BLOCK, rows - BLOCK)
-                    T.evaluate(T.call_extern(
-                        "void", _FUNCTION, tile.access_ptr("w"), T.int64(BLOCK * 4),
-                        phases.access_ptr("r", offset=n * image + row * depth), T.int64(depth * 2),
-                        b.access_ptr("r", offset=col * 2 * pairs * 32), T.int64(ldb), T.int64(1),
-                        where.access_ptr("r"), T.int64(taps)))
-                    for r in T.serial(BLOCK):
-                        if (row + r) % phase_w < out_w:
-                            for j in T.serial(T.min(BLOCK, out_channels - col * BLOCK)):
-                                y[n, (row + r) // phase_w, (row + r) % phase_w, col * BLOCK + j] = tile[r, j]
-
-    return amx_conv
-
-
-def emit_conv(bb: Any, x: Any, data_shape: tuple[int, ...], weight_bits: Any, strides: list[int],
-              padding: list[int], dilation: list[int]) -> Any:
-    """The call of :func:`conv_primfunc` on NHWC ``x`` and an OIHW weight's bfloat16 bit patterns."""
     import numpy as np  # noqa: PLC0415
     import tvm  # noqa: PLC0415
-    from tvm import relax  # noqa: PLC0415
 
-    out_channels, _, kh, kw = weight_bits.shape
-    g = _ConvGeometry(tuple(data_shape), (kh, kw), strides, padding, dilation)
-    taps = g.taps()
-    gvar = bb.add_func(conv_primfunc(data_shape, out_channels, (kh, kw), strides, padding, dilation), "amx_conv")
-    packed = relax.const(tvm.runtime.tensor(pack_conv_weight(weight_bits, taps)))
-    offsets = relax.const(tvm.runtime.tensor(np.array([2 * offset for offset, _ in taps], dtype=np.int64)))
-    return relax.call_tir(gvar, [x, packed, offsets],
-                          relax.TensorType([g.batch, g.out_h, g.out_w, out_channels], "float32"))
+    from amptool import _tvm  # noqa: PLC0415
+
+    name = _tvm.op_name(call)
+    if name not in ("relax.matmul", "relax.nn.conv2d") or len(call.args) != 2:
+        return None
+    data, weight = call.args
+    if (_tvm.tensor_dtype(data) != "bfloat16" or _tvm.tensor_dtype(weight) != "bfloat16"
+            or _tvm.tensor_dtype(call) != "float32" or not isinstance(weight, tvm.ir.GenericConst)):
+        return None
+    shape = _tvm.static_shape(data)
+    if shape is None or not _target_has_amx():
+        return None
+    bits = np.ascontiguousarray(_tvm.constant_view(weight)).view(np.uint16)
+    if name == "relax.matmul":
+        if bits.ndim != 2 or len(shape) < 2 or not fits(math.prod(shape[:-1]), shape[-1]):
+            return None
+        return Plan("matmul", data, tuple(shape[:-1]), bits)
+    attrs = call.attrs
+    layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout))
+    if layouts != ("NHWC", "OIHW", "NHWC") or int(attrs.groups) != 1 or len(shape) != 4:
+        return None
+    strides, padding, dilation = ([int(v) for v in values] for values in (attrs.strides, attrs.padding, attrs.dilation))
+    if bits.shape[2:] == (1, 1) and set(strides) == {1} and not any(padding) and fits(math.prod(shape[:-1]), shape[-1]):
+        return Plan("matmul", data, tuple(shape[:-1]), np.ascontiguousarray(bits[:, :, 0, 0].T))  # pixels × [IC, OC]
+    from amptool.compiler.cpu_amx_conv import conv_fits  # noqa: PLC0415
+
+    if not conv_fits(tuple(shape), bits.shape[0], bits.shape[2:], strides, padding, dilation):
+        return None
+    return Plan("conv", data, tuple(shape), bits, (tuple(strides), tuple(padding), tuple(dilation)))

@@ -41,7 +41,7 @@ from __future__ import annotations
 import functools
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -536,26 +536,11 @@ def _uses_bf16_dot(data: Any, weight: Any, out_dtype: str, channels: int, pad_ch
             and out_dtype == "float32" and (pad_channels or channels % 16 == 0) and _bf16_dot_available())
 
 
-def _uses_amx(data: Any, weight: Any, out_dtype: str) -> bool:
-    """bfloat16 inputs and weights accumulated in float32 on a target with AMX-BF16 (the caller
-    checks the shape: ``cpu_amx.fits``, ``cpu_amx.conv_fits``)."""
-    import tvm  # noqa: PLC0415
+def _amx_plan(call: Any) -> Any:
+    """``cpu_amx.plan``: bfloat16 products on AMX tiles where the target has them."""
+    from amptool.compiler import cpu_amx  # noqa: PLC0415 - TVMScript parsing on first use
 
-    from amptool.compiler import cpu_amx  # noqa: PLC0415
-
-    if str(data.ty.dtype) != "bfloat16" or str(weight.ty.dtype) != "bfloat16" or out_dtype != "float32":
-        return False
-    target = tvm.target.Target.current(allow_none=True)
-    key = (str(target), "amx")
-    if key not in _X86_WITHOUT:
-        _X86_WITHOUT[key] = target is None or not cpu_amx.has_amx_bf16(target)
-    return not _X86_WITHOUT[key]
-
-
-def _amx_fits(data_shape: Sequence[int]) -> bool:
-    from amptool.compiler import cpu_amx  # noqa: PLC0415
-
-    return cpu_amx.fits(math.prod(data_shape[:-1]), int(data_shape[-1]))
+    return cpu_amx.plan(call)
 
 
 def _bf16_bits(array: np.ndarray) -> np.ndarray:
@@ -656,16 +641,9 @@ def _legalize_conv2d_nhwc(bb: Any, call: Any, w: np.ndarray, geometry: dict[str,
                         columns=columns, out_dtype=out_dtype, primfunc_name_hint=cpu_nhwc.DEPTHWISE_NHWC_BLOCK)
     if groups != 1:  # groups of whole vectors of output channels (cpu_layout.wants_nhwc)
         return _grouped_conv2d_nhwc(bb, call, w, geometry, out_w)
-    data_shape = static_shape(data)
-    if data_shape is not None and _uses_amx(data, weight, out_dtype):
-        from amptool.compiler import cpu_amx  # noqa: PLC0415
-
-        pointwise = w.shape[2:] == (1, 1) and not any(geometry["padding"]) and set(geometry["strides"]) == {1}
-        if pointwise and _amx_fits(data_shape):
-            # A 1×1 conv in NHWC is a matmul of the pixels (rows) by the [IC, OC] weight.
-            return cpu_amx.emit_matmul(bb, data, tuple(data_shape[:-1]), _bf16_bits(w[:, :, 0, 0].T))
-        if cpu_amx.conv_fits(tuple(data_shape), out_channels, w.shape[2:], **geometry):
-            return cpu_amx.emit_conv(bb, data, tuple(data_shape), _bf16_bits(w), **geometry)
+    amx = _amx_plan(call)
+    if amx is not None:
+        return amx.emit(bb)
     if _uses_bf16_dot(data, weight, out_dtype, out_channels, pad_channels=True):
         # Output channels padded with zero filters to a multiple of 16 and cropped after: vdpbf16ps
         # on 32 channels for 24 beats float32 FMAs on blocks of 8 (MobileNetV2's 144 → 24 conv
@@ -894,10 +872,9 @@ def _legalize_matmul(bb: Any, call: Any) -> Any:
     if w.ndim != 2:
         return _default(bb, call)
     k, n = w.shape
-    if _uses_amx(a, b, out_dtype) and _amx_fits(a_shape):
-        from amptool.compiler import cpu_amx  # noqa: PLC0415
-
-        return cpu_amx.emit_matmul(bb, a, tuple(a_shape[:-1]), _bf16_bits(w))
+    amx = _amx_plan(call)
+    if amx is not None:
+        return amx.emit(bb)
     if _uses_bf16_dot(a, b, out_dtype, n) and k % 2 == 0:
         # [K/2, 2, N/16, 16] → [N/16, K/2, 16, 2]
         pairs = _bf16_bits(w).reshape(k // 2, 2, n // 16, 16).transpose(2, 0, 3, 1)
