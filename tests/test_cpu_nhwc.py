@@ -77,6 +77,7 @@ def test_cnn_block_matches_onnxruntime(tmp_path, dtype, tolerance):
 def test_cnn_block_runs_the_nhwc_kernels(tmp_path, dtype, mcpu):
     """bfloat16 convs are ``vdpbf16ps`` kernels where the dot product pays (znver4), float32 FMA
     kernels on converted values where it does not (an Intel server core: half the FMA rate)."""
+    from amptool.compiler.cpu_amx import has_amx_bf16
     from amptool.compiler.cpu_intrinsics import has_bf16_dot
     from amptool.compiler.cpu_speed import bf16_dot_pays
 
@@ -86,7 +87,9 @@ def test_cnn_block_runs_the_nhwc_kernels(tmp_path, dtype, mcpu):
     assert '"amp_depthwise_nhwc' in text
     spec = {"kind": "llvm", "mcpu": mcpu} if mcpu else TARGET
     dot_pays = bf16_dot_pays(spec["mcpu"], spec.get("mattr", ()))
-    if dtype == "bfloat16" and has_bf16_dot(_tvm.make_target(spec)) and dot_pays:
+    if dtype == "bfloat16" and has_amx_bf16(_tvm.make_target(spec)):
+        assert "amptool_amx_bf16_32x32" in text  # AMX tiles (cpu_amx) take the convs
+    elif dtype == "bfloat16" and has_bf16_dot(_tvm.make_target(spec)) and dot_pays:
         assert '"amp_conv2d_nhwc_bf16' in text and "amptool_dpbf16" in text
         # The 24-channel convs too: zero filters pad them to 32, the epilogue stores the first 24
         # (no float32 block-of-8 kernel left).

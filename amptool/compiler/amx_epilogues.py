@@ -1,7 +1,7 @@
 """AMX kernels with their epilogues: ``conv2d/matmul → add bias → add residual → relu/clip →
 astype(bfloat16)`` becomes one call of the AMX kernel that applies them while storing.
 
-What: in each dataflow block, a conv2d or matmul that ``cpu_amx.plan`` gives an AMX kernel, and
+What: in each dataflow block, a conv2d or matmul that ``amx_plan.plan`` gives an AMX kernel, and
 the chain of single-use float32 ops after it — in this order: ``add`` of a constant per output
 channel (the bias), ``add`` of a tensor of the output's shape (a shortcut, read in bfloat16 when
 it is a bfloat16 value cast up), up to two of ``relu``/``maximum``/``minimum`` with a scalar
@@ -14,7 +14,7 @@ them: each conv stored float32 sums and a kernel of its own read them back for t
 and cast — on ResNet-50 bf16 1.2 ms of 7.9 in such kernels, and twice the output's memory
 traffic. Here the epilogue runs on the 32 × 32 tile still in cache and stores bfloat16.
 
-When: only for targets with AMX-BF16 (``plan`` checks); ``widen_epilogues`` has already made
+When: only for targets with AMX-BF16 (``amx_plan.plan`` checks); ``widen_epilogues`` has already made
 the chains float32, so this runs after it. Preserves: the same float32 operations in the same
 order, rounded once to bfloat16 at the end — the values of the unfused chain.
 """
@@ -55,7 +55,7 @@ def fuse_amx_epilogues(mod: Any) -> Any:
 def _chains(func: Any) -> list[_Chain]:
     from tvm import relax  # noqa: PLC0415
 
-    from amptool.compiler import cpu_amx  # noqa: PLC0415
+    from amptool.compiler import amx_plan  # noqa: PLC0415
 
     uses = _tvm.var_uses(func)
     found = []
@@ -78,7 +78,7 @@ def _chains(func: Any) -> list[_Chain]:
             if not isinstance(binding.value, relax.Call) or _tvm.op_name(binding.value) not in (
                     "relax.matmul", "relax.nn.conv2d"):
                 continue
-            plan = cpu_amx.plan(binding.value)
+            plan = amx_plan.plan(binding.value)
             if plan is not None:
                 chain = _follow(binding, plan, users, values, uses, claimed)
                 if chain is not None:

@@ -7,7 +7,7 @@ LLVM IR (:data:`LLVM_IR`) imported into the module with ``pragma_import_llvm`` a
 hand-written PrimFunc that walks the blocks in parallel; A is read where it lies (rows are
 ``K`` bfloat16 apart), B is the weight packed at compile time as ``[N/16, K/2, 16, 2]`` (the
 layout ``vdpbf16ps`` kernels use), zero columns padding ``N`` to 32s. A 1×1 stride-1 NHWC conv
-is that matmul over its pixels; any other NHWC conv (:func:`conv_primfunc`) sums the same
+is that matmul over its pixels; any other NHWC conv (``cpu_amx_conv``) sums the same
 micro-kernel over its taps, each an offset into zero-padded phase images of the input (one per
 stride phase: a strided read becomes a stride-1 one), channels padded to 32s.
 
@@ -16,19 +16,24 @@ without tiles bfloat16 was no faster than float32, while OpenVINO's bfloat16 use
 Sapphire-Rapids-class VM this was written on, BERT-base bf16 took 84.9 ms against OpenVINO's
 22.6, ResNet-50 31.1 against 6.9. A 128 × 768 × 768 product takes 0.15 ms on two cores here
 (~1 TFLOP/s), numpy's float32 0.64. With them (``cpu_speed.py``, 2 threads): BERT-base bf16 84.9 →
-28.0 ms; ResNet-50 bf16 31.1 → 24.4 ms (1×1 convs) → 16.1 ms (3×3 convs too; float32 29.7) →
-kernel sum 12.1 ms with the strided convs.
+21.7 ms, ResNet-50 31.1 → 7.8 ms (float32 29.6), the epilogues inside (``amx_epilogues``) kernel
+sum 8.4 → 6.8 ms; benchmarks/README.md has the steps.
 
 When: the target has AMX-BF16 and AMX-TILE (``-mattr`` from the host's flags when the VM's model
 number hides them: ``_tvm.host_feature_corrections``), the inputs are bfloat16 accumulated in
 float32, and there are at least 32 rows (a tail block is moved back to end at the last row: rows
-computed twice, equal); a matmul's ``K`` a multiple of 32, a conv's input channels at least 16.
-Fewer rows (a decode step's one) stay on the vector kernels, which the weights' memory traffic
-bounds either way; so does a 3-channel stem (tiles would compute 32 channels).
+computed twice, equal) — ``amx_plan`` decides; a matmul's ``K`` a multiple of 32 (a conv pads its
+channels). Fewer rows (a decode step's one) stay on the vector kernels, which the weights' memory
+traffic bounds either way.
+
+A task is a strip of blocks, a column block over the row blocks or a row block over the column
+blocks, whichever walks the larger operand once; the tile configuration (palette 1, eight 16 × 64-
+byte tiles) is loaded once per task.
 
 Linux hands a process the AMX state only on request (``arch_prctl(ARCH_REQ_XCOMP_PERM,
 XFEATURE_XTILEDATA)``; without it the first tile instruction is SIGILL): the micro-kernel makes
-that system call itself, once per loaded library, so the exported ``.so`` runs in any process.
+that system call itself (``_CONFIGURE``, once per loaded library), so the exported ``.so`` runs
+in any process.
 
 Numerics: ``tdpbf16ps`` adds each pair's products in float32 with round-to-nearest-even and
 treats bfloat16 denormal inputs as zero — rounding-level differences from a sequential sum, as
@@ -310,81 +315,3 @@ def emit_matmul(bb: Any, x: Any, lead: tuple[int, ...], weight_bits: Any, epilog
     packed = relax.const(tvm.runtime.tensor(pack_weight(weight_bits)))
     return relax.call_tir(gvar, [x, packed, *epilogue.arguments(residual)],
                           relax.TensorType([*lead, n], epilogue.dtype))
-
-
-@dataclass(frozen=True)
-class Plan:
-    """The AMX kernel for one conv2d or matmul call: a matmul of ``data`` (``[*lead, K]``) by a
-    ``[K, N]`` weight, or a conv of NHWC ``data`` by an OIHW weight; ``weight_bits`` are the
-    bfloat16 bit patterns (uint16)."""
-
-    kind: str
-    data: Any
-    shape: tuple[int, ...]
-    weight_bits: Any
-    geometry: tuple[tuple[int, ...], ...] = ()  # a conv's (strides, padding, dilation)
-
-    def emit(self, bb: Any, epilogue: Epilogue = PLAIN, residual: Any = None) -> Any:
-        """The kernel's call (its PrimFunc added to ``bb``), each output through ``epilogue``."""
-        if self.kind == "matmul":
-            return emit_matmul(bb, self.data, self.shape, self.weight_bits, epilogue, residual)
-        from amptool.compiler.cpu_amx_conv import emit_conv  # noqa: PLC0415
-
-        strides, padding, dilation = (list(values) for values in self.geometry)
-        return emit_conv(bb, self.data, self.shape, self.weight_bits, strides, padding, dilation, epilogue, residual)
-
-
-#: Whether a target (by its string) has AMX-BF16: asked per conv and matmul.
-_HAS_AMX: dict[str, bool] = {}
-
-
-def _target_has_amx() -> bool:
-    import tvm  # noqa: PLC0415
-
-    target = tvm.target.Target.current(allow_none=True)
-    if target is None:
-        return False
-    key = str(target)
-    if key not in _HAS_AMX:
-        _HAS_AMX[key] = has_amx_bf16(target)
-    return _HAS_AMX[key]
-
-
-def plan(call: Any) -> Plan | None:
-    """The AMX kernel for a ``relax.matmul`` or NHWC ``relax.nn.conv2d`` call, or None: bfloat16
-    data and constant weight accumulated in float32, a shape the kernels take, a target with
-    AMX-BF16 (the current one)."""
-    import math  # noqa: PLC0415
-
-    import numpy as np  # noqa: PLC0415
-    import tvm  # noqa: PLC0415
-
-    from amptool import _tvm  # noqa: PLC0415
-
-    name = _tvm.op_name(call)
-    if name not in ("relax.matmul", "relax.nn.conv2d") or len(call.args) != 2:
-        return None
-    data, weight = call.args
-    if (_tvm.tensor_dtype(data) != "bfloat16" or _tvm.tensor_dtype(weight) != "bfloat16"
-            or _tvm.tensor_dtype(call) != "float32" or not isinstance(weight, tvm.ir.GenericConst)):
-        return None
-    shape = _tvm.static_shape(data)
-    if shape is None or not _target_has_amx():
-        return None
-    bits = np.ascontiguousarray(_tvm.constant_view(weight)).view(np.uint16)
-    if name == "relax.matmul":
-        if bits.ndim != 2 or len(shape) < 2 or not fits(math.prod(shape[:-1]), shape[-1]):
-            return None
-        return Plan("matmul", data, tuple(shape[:-1]), bits)
-    attrs = call.attrs
-    layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout))
-    if layouts != ("NHWC", "OIHW", "NHWC") or int(attrs.groups) != 1 or len(shape) != 4:
-        return None
-    strides, padding, dilation = ([int(v) for v in values] for values in (attrs.strides, attrs.padding, attrs.dilation))
-    if bits.shape[2:] == (1, 1) and set(strides) == {1} and not any(padding) and fits(math.prod(shape[:-1]), shape[-1]):
-        return Plan("matmul", data, tuple(shape[:-1]), np.ascontiguousarray(bits[:, :, 0, 0].T))  # pixels × [IC, OC]
-    from amptool.compiler.cpu_amx_conv import conv_fits  # noqa: PLC0415
-
-    if not conv_fits(tuple(shape), bits.shape[0], bits.shape[2:], strides, padding, dilation):
-        return None
-    return Plan("conv", data, tuple(shape), bits, (tuple(strides), tuple(padding), tuple(dilation)))

@@ -537,10 +537,10 @@ def _uses_bf16_dot(data: Any, weight: Any, out_dtype: str, channels: int, pad_ch
 
 
 def _amx_plan(call: Any) -> Any:
-    """``cpu_amx.plan``: bfloat16 products on AMX tiles where the target has them."""
-    from amptool.compiler import cpu_amx  # noqa: PLC0415 - TVMScript parsing on first use
+    """``amx_plan.plan``: bfloat16 products on AMX tiles where the target has them."""
+    from amptool.compiler import amx_plan  # noqa: PLC0415 - TVMScript parsing on first use
 
-    return cpu_amx.plan(call)
+    return amx_plan.plan(call)
 
 
 def _bf16_bits(array: np.ndarray) -> np.ndarray:

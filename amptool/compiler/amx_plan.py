@@ -1,0 +1,89 @@
+"""Which convs and matmuls run on AMX tiles: one decision, shared by legalization
+(``cpu_kernels``) and the epilogue fusion (``amx_epilogues``), and the call that runs them.
+
+A ``relax.matmul`` or NHWC ``relax.nn.conv2d`` gets an AMX kernel when its data and constant
+weight are bfloat16 accumulated in float32, the current target has AMX-BF16, and the shape suits
+the kernels (``cpu_amx.fits``, ``cpu_amx_conv.conv_fits``); a 1×1 stride-1 conv is the matmul of
+its pixels. Why AMX, and the kernels: ``cpu_amx``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from amptool import _tvm
+from amptool.compiler.cpu_amx import PLAIN, Epilogue, emit_matmul, fits, has_amx_bf16
+from amptool.compiler.cpu_amx_conv import conv_fits, emit_conv
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The AMX kernel for one conv2d or matmul call: a matmul of ``data`` (``[*lead, K]``) by a
+    ``[K, N]`` weight, or a conv of NHWC ``data`` by an OIHW weight; ``weight_bits`` are the
+    bfloat16 bit patterns (uint16)."""
+
+    kind: str
+    data: Any
+    shape: tuple[int, ...]
+    weight_bits: Any
+    geometry: tuple[tuple[int, ...], ...] = ()  # a conv's (strides, padding, dilation)
+
+    def emit(self, bb: Any, epilogue: Epilogue = PLAIN, residual: Any = None) -> Any:
+        """The kernel's call (its PrimFunc added to ``bb``), each output through ``epilogue``."""
+        if self.kind == "matmul":
+            return emit_matmul(bb, self.data, self.shape, self.weight_bits, epilogue, residual)
+        strides, padding, dilation = (list(values) for values in self.geometry)
+        return emit_conv(bb, self.data, self.shape, self.weight_bits, strides, padding, dilation, epilogue, residual)
+
+
+#: Whether a target (by its string) has AMX-BF16: asked per conv and matmul.
+_HAS_AMX: dict[str, bool] = {}
+
+
+def _target_has_amx() -> bool:
+    import tvm  # noqa: PLC0415
+
+    target = tvm.target.Target.current(allow_none=True)
+    if target is None:
+        return False
+    key = str(target)
+    if key not in _HAS_AMX:
+        _HAS_AMX[key] = has_amx_bf16(target)
+    return _HAS_AMX[key]
+
+
+def plan(call: Any) -> Plan | None:
+    """The AMX kernel for a ``relax.matmul`` or NHWC ``relax.nn.conv2d`` call, or None: bfloat16
+    data and constant weight accumulated in float32, a shape the kernels take, a target with
+    AMX-BF16 (the current one)."""
+    import tvm  # noqa: PLC0415
+
+    name = _tvm.op_name(call)
+    if name not in ("relax.matmul", "relax.nn.conv2d") or len(call.args) != 2:
+        return None
+    data, weight = call.args
+    if (_tvm.tensor_dtype(data) != "bfloat16" or _tvm.tensor_dtype(weight) != "bfloat16"
+            or _tvm.tensor_dtype(call) != "float32" or not isinstance(weight, tvm.ir.GenericConst)):
+        return None
+    shape = _tvm.static_shape(data)
+    if shape is None or not _target_has_amx():
+        return None
+    bits = np.ascontiguousarray(_tvm.constant_view(weight)).view(np.uint16)
+    if name == "relax.matmul":
+        if bits.ndim != 2 or len(shape) < 2 or not fits(math.prod(shape[:-1]), shape[-1]):
+            return None
+        return Plan("matmul", data, tuple(shape[:-1]), bits)
+    attrs = call.attrs
+    layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout))
+    if layouts != ("NHWC", "OIHW", "NHWC") or int(attrs.groups) != 1 or len(shape) != 4:
+        return None
+    strides, padding, dilation = ([int(v) for v in values] for values in (attrs.strides, attrs.padding, attrs.dilation))
+    if bits.shape[2:] == (1, 1) and set(strides) == {1} and not any(padding) and fits(math.prod(shape[:-1]), shape[-1]):
+        return Plan("matmul", data, tuple(shape[:-1]), np.ascontiguousarray(bits[:, :, 0, 0].T))  # pixels × [IC, OC]
+    if not conv_fits(tuple(shape), bits.shape[0], bits.shape[2:], strides, padding, dilation):
+        return None
+    return Plan("conv", data, tuple(shape), bits, (tuple(strides), tuple(padding), tuple(dilation)))
