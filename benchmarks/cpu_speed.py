@@ -159,7 +159,8 @@ def _section(tables: list[str], report: BenchReport) -> str:
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         MARKER,
-        f"Measured {date} on {report.host['cpu']} (LLVM `{report.host['llvm_cpu']}`, {report.host['cpus']} CPUs "
+        f"Measured {date} on {report.host['cpu']} (LLVM `{report.host['llvm_cpu']}`{_mattr(report.host)}, "
+        f"{report.host['cpus']} CPUs "
         f"visible to the process). Versions: {versions}. Each runtime timed in its own worker process, one at "
         "a time (amptool bench); a load average above ~2.2 means other work shared the 2 cores and the "
         "ratios favour amptool.",
@@ -183,6 +184,11 @@ def _write(readme: Path, section: str) -> None:
     tmp = readme.with_suffix(".md.tmp")
     tmp.write_text(head + section + END_MARKER + tail, encoding="utf-8")
     os.replace(tmp, readme)
+
+
+def _mattr(host: dict[str, str]) -> str:
+    """`` with -mattr=…`` where the host's features differ from its LLVM CPU name's, else empty."""
+    return f" with `-mattr={host['llvm_mattr']}`" if host.get("llvm_mattr") else ""
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import pytest
 from amptool.app import bench
 from amptool.app.bench import ONNXRUNTIME, BenchConfig, BenchReport, VariantTiming, bench_model
 from amptool.app.bench_worker import ONNXRUNTIME_RUNTIME, WorkerSpec, isolated_workers
+from amptool.compiler.targets import host_llvm_spec
 from amptool.errors import UserError
 from amptool.testing import model_zoo
 from benchmarks.bench_isolation import seeded_feeds, standalone_onnxruntime_ms
@@ -44,6 +45,7 @@ def test_json_contract_and_summary_line(zoo_model, run_cli, tmp_path):
     assert all(v > 0 for v in data["ratios"].values())
     assert set(data["paired_ratios"]) == set(data["ratios"]) and all(v > 0 for v in data["paired_ratios"].values())
     assert data["host"]["llvm_cpu"] and data["versions"]["apache-tvm"]
+    assert data["host"]["llvm_mattr"] == ",".join(host_llvm_spec().get("mattr", []))
     assert data["isolation"] == "process per runtime, fresh each round" and data["tvm_threads"] == 1
     assert set(data["settle_ms"]) == set(variants)  # how long each worker took to go idle after a turn
     last = result.output.strip().splitlines()[-1]

@@ -469,7 +469,8 @@ def _round_workers(specs: list[WorkerSpec], config: BenchConfig) -> Generator[tu
 
 
 def host_info() -> dict[str, str]:
-    """CPU model name, LLVM's name for it and the machine, for reports."""
+    """CPU model name, LLVM's name for it (and the features added to or taken from that name for
+    this host, ``llvm_mattr``), the CPU count and the machine, for reports."""
     name = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as handle:
@@ -479,7 +480,11 @@ def host_info() -> dict[str, str]:
                     break
     except OSError:  # pragma: no cover - not Linux
         pass
-    return {"cpu": name, "llvm_cpu": _tvm.host_cpu(), "cpus": str(default_threads()), "machine": platform.machine()}
+    from amptool.compiler.targets import host_llvm_spec  # noqa: PLC0415
+
+    corrections = ",".join(host_llvm_spec().get("mattr", []))  # features the CPU's LLVM name misstates
+    return {"cpu": name, "llvm_cpu": _tvm.host_cpu(), "llvm_mattr": corrections, "cpus": str(default_threads()),
+            "machine": platform.machine()}
 
 
 def _gpu_info(devices: set[str]) -> dict[str, str]:
