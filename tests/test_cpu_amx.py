@@ -206,3 +206,21 @@ def test_fused_epilogues_give_onnxruntimes_values(tmp_path: Path, downsample: bo
     got = np.asarray(build_model(ConvertConfig(model=path, dtype="bfloat16")).compiled().run({"x": x})["y"], np.float32)
     # The intermediate activation is rounded to bfloat16 between the convs: a few bfloat16 ulps.
     np.testing.assert_allclose(got, want, rtol=0, atol=0.03 * float(np.abs(want).max()))
+
+
+def test_a_product_of_constants_is_left_to_folding_off_the_tiles() -> None:
+    """Relax folds a call on constants by running it on the build machine, which may have no AMX (a
+    cross-compile for another CPU): such a call gets no AMX kernel; the same call on a variable does."""
+    import tvm
+    from tvm import relax
+
+    from amptool.compiler import amx_plan
+
+    rng = np.random.default_rng(0)
+    weight = relax.const(tvm.runtime.tensor(rng.standard_normal((64, 32)).astype(ml_dtypes.bfloat16)))
+    data = relax.const(tvm.runtime.tensor(rng.standard_normal((32, 64)).astype(ml_dtypes.bfloat16)))
+    variable = relax.Var("x", relax.TensorType([32, 64], "bfloat16"))
+    normalize = relax.BlockBuilder().normalize
+    with _tvm.make_target({"kind": "llvm", "mcpu": "sapphirerapids"}):
+        assert amx_plan.plan(normalize(relax.op.matmul(variable, weight, out_dtype="float32"))) is not None
+        assert amx_plan.plan(normalize(relax.op.matmul(data, weight, out_dtype="float32"))) is None

@@ -70,7 +70,9 @@ def plan(call: Any) -> Plan | None:
             or _tvm.tensor_dtype(call) != "float32" or not isinstance(weight, tvm.ir.GenericConst)):
         return None
     shape = _tvm.static_shape(data)
-    if shape is None or not _target_has_amx():
+    if shape is None or _tvm.is_constant(data) or not _target_has_amx():
+        # (A constant's product is folded at build time, on the build machine, which may have no
+        # AMX: a cross-compile for another CPU.)
         return None
     bits = np.ascontiguousarray(_tvm.constant_view(weight)).view(np.uint16)
     if name == "relax.matmul":
