@@ -47,7 +47,8 @@ def _matmul_model(path: Path, lead: tuple[int, ...], k: int, n: int, seed: int =
     ((197,), 64, 97, True),       # a row tail (197 = 6 blocks + 5) and a column tail (97 = 3 blocks + 1)
     ((3, 50), 96, 48, True),      # batch axes taken as rows
     ((1, 16), 768, 768, False),   # fewer rows than a block: the vector kernels
-    ((1, 128), 72, 64, False),    # k no multiple of 32
+    ((1, 128), 72, 64, False),    # k no multiple of 32, over one step
+    ((2, 40), 24, 40, True),      # one short step (MobileNetV2's 24-channel 1×1 convs)
 ])
 def test_amx_is_chosen_for_the_shapes_it_takes(tmp_path: Path, lead: tuple[int, ...], k: int, n: int,
                                                amx: bool) -> None:
@@ -60,7 +61,7 @@ def test_amx_is_chosen_for_the_shapes_it_takes(tmp_path: Path, lead: tuple[int, 
 
 @needs_amx
 @pytest.mark.parametrize(("lead", "k", "n"), [((1, 128), 768, 768), ((197,), 64, 97), ((3, 50), 96, 48),
-                                              ((32,), 32, 16)])
+                                              ((32,), 32, 16), ((2, 40), 24, 40), ((64,), 2, 20)])
 def test_amx_products_are_onnxruntimes(tmp_path: Path, lead: tuple[int, ...], k: int, n: int) -> None:
     import onnxruntime as ort
 

@@ -72,7 +72,7 @@ declare void @llvm.x86.tilezero(i8)
 declare void @llvm.x86.tileloadd64(i8, ptr, i64)
 declare void @llvm.x86.tdpbf16ps(i8, i8, i8)
 declare void @llvm.x86.tilestored64(i8, ptr, i64)
-define void @{_CONFIGURE}() alwaysinline {{
+define void @{_CONFIGURE}(i64 %a_bytes, i64 %b_rows) alwaysinline {{
 entry:
   %config = alloca [64 x i8], align 64
   %permitted = load i32, ptr @amptool_amx_permitted
@@ -89,6 +89,16 @@ configure:
   store <8 x i16> <i16 64, i16 64, i16 64, i16 64, i16 64, i16 64, i16 64, i16 64>, ptr %colsb
   %rows = getelementptr i8, ptr %config, i64 48
   store <8 x i8> <i8 16, i8 16, i8 16, i8 16, i8 16, i8 16, i8 16, i8 16>, ptr %rows
+  %a_colsb = trunc i64 %a_bytes to i16
+  %a4 = getelementptr i8, ptr %config, i64 24
+  store i16 %a_colsb, ptr %a4
+  %a5 = getelementptr i8, ptr %config, i64 26
+  store i16 %a_colsb, ptr %a5
+  %b_count = trunc i64 %b_rows to i8
+  %b6 = getelementptr i8, ptr %config, i64 54
+  store i8 %b_count, ptr %b6
+  %b7 = getelementptr i8, ptr %config, i64 55
+  store i8 %b_count, ptr %b7
   call void @llvm.x86.ldtilecfg(ptr %config)
   ret void
 }}
@@ -159,8 +169,10 @@ def has_amx_bf16(target: Any) -> bool:
 
 
 def fits(rows: int, k: int) -> bool:
-    """Whether a ``[rows, k]`` bfloat16 left operand suits the micro-kernel (see the module doc)."""
-    return rows >= BLOCK and k % DEPTH == 0 and k > 0
+    """Whether a ``[rows, k]`` bfloat16 left operand suits the micro-kernel (see the module doc):
+    ``k`` in 32-deep steps, or one shorter even step (A tiles of ``k`` values, B tiles of ``k/2``
+    pairs: MobileNetV2's 16- and 24-channel 1×1 convs read their input as it is)."""
+    return rows >= BLOCK and k > 0 and (k % DEPTH == 0 or (k < DEPTH and k % 2 == 0))
 
 
 def pack_weight(bits: Any) -> Any:
@@ -242,7 +254,7 @@ def matmul_primfunc(lead: tuple[int, ...], k: int, n: int, epilogue: Epilogue = 
     direct_cols = n // BLOCK if epilogue.plain else 0  # column blocks stored straight from the tiles
     pairs = k // 2
     ldb = pairs * 16 * 2 * 2  # bytes of one 16-column block of B
-    steps = k // DEPTH
+    steps = max(1, k // DEPTH)  # (a k under 32 is one short step)
     bias_shape, residual_shape, residual_dtype = epilogue.shapes(tuple(lead) + (n,))
     residual_size = math.prod(residual_shape)
     tail = n % BLOCK  # columns of a last, partial block
@@ -272,7 +284,7 @@ def matmul_primfunc(lead: tuple[int, ...], k: int, n: int, epilogue: Epilogue = 
                 origin = T.decl_buffer((1,), "int64", scope="local")
                 origin[0] = T.int64(0)
                 tile = T.decl_buffer((BLOCK, BLOCK), "float32", scope="local")
-                T.evaluate(T.call_extern("void", _CONFIGURE))
+                T.evaluate(T.call_extern("void", _CONFIGURE, T.int64(min(k, DEPTH) * 2), T.int64(min(k, DEPTH) // 2)))
                 for inner in T.serial(inner_blocks):
                     row = T.min((task * rt + inner * ri) * BLOCK, rows - BLOCK)
                     col = task * ct + inner * ci

@@ -172,7 +172,7 @@ def conv_primfunc(data_shape: tuple[int, ...], out_channels: int, kernel: tuple[
         for task in T.parallel(tasks):
             with T.attr(0, "pragma_import_llvm", LLVM_IR):
                 tile = T.decl_buffer((BLOCK, BLOCK), "float32", scope="local")
-                T.evaluate(T.call_extern("void", _CONFIGURE))
+                T.evaluate(T.call_extern("void", _CONFIGURE, T.int64(DEPTH * 2), T.int64(DEPTH // 2)))
                 for inner in T.serial(inner_blocks):
                     col = task * ct + inner * ci
                     pixels = task * pt + inner * pi  # (image, row block)
