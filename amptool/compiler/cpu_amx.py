@@ -22,7 +22,8 @@ sum 8.4 → 6.8 ms; benchmarks/README.md has the steps.
 When: the target has AMX-BF16 and AMX-TILE (``-mattr`` from the host's flags when the VM's model
 number hides them: ``_tvm.host_feature_corrections``), the inputs are bfloat16 accumulated in
 float32, and there are at least 32 rows (a tail block is moved back to end at the last row: rows
-computed twice, equal) — ``amx_plan`` decides; a matmul's ``K`` a multiple of 32 (a conv pads its
+computed twice, equal) — ``amx_plan`` decides; a matmul's ``K`` a multiple of 32 or one even step
+under 32 (the tile configuration's A row bytes and B rows shortened for it; a conv pads its
 channels). Fewer rows (a decode step's one) stay on the vector kernels, which the weights' memory
 traffic bounds either way.
 
