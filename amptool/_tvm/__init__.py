@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from amptool._tvm.build import (  # noqa: F401
     count_prim_funcs,
+    cpuinfo_field,
     export_library,
     host_cpu,
     host_feature_corrections,

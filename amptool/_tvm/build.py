@@ -51,14 +51,19 @@ def host_feature_corrections(cpu: str, flags: frozenset[str] | None = None) -> l
 
 def _cpuinfo_flags() -> frozenset[str]:
     """The first CPU's ``flags`` in /proc/cpuinfo (x86 Linux), or empty."""
+    return frozenset((cpuinfo_field("flags") or "").split())
+
+
+def cpuinfo_field(key: str) -> str | None:
+    """The first CPU's ``key`` line in /proc/cpuinfo ('model name', 'flags'), None where unreadable."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
             for line in handle:
-                if line.startswith("flags"):
-                    return frozenset(line.partition(":")[2].split())
+                if line.startswith(key):
+                    return line.partition(":")[2].strip()
     except OSError:
         pass
-    return frozenset()
+    return None
 
 
 def make_target(spec: dict[str, Any]) -> Any:

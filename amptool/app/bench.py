@@ -471,15 +471,7 @@ def _round_workers(specs: list[WorkerSpec], config: BenchConfig) -> Generator[tu
 def host_info() -> dict[str, str]:
     """CPU model name, LLVM's name for it (and the features added to or taken from that name for
     this host, ``llvm_mattr``), the CPU count and the machine, for reports."""
-    name = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    name = line.split(":", 1)[1].strip()
-                    break
-    except OSError:  # pragma: no cover - not Linux
-        pass
+    name = _tvm.cpuinfo_field("model name") or platform.processor() or platform.machine()
     from amptool.compiler.targets import host_llvm_spec  # noqa: PLC0415
 
     corrections = ",".join(host_llvm_spec().get("mattr", []))  # features the CPU's LLVM name misstates

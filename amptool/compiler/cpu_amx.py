@@ -239,6 +239,19 @@ class Epilogue:
 PLAIN = Epilogue()
 
 
+def strips(row_blocks: int, col_blocks: int, *, by_columns: bool) -> tuple[int, int, tuple[int, int, int, int]]:
+    """(parallel tasks, blocks per task, (rt, ri, ct, ci)): a task is a strip of blocks, the tile
+    configuration loaded once for it, and block (task, inner) is at row block ``task·rt + inner·ri``,
+    column block ``task·ct + inner·ci``. ``by_columns``: a column block over every row block, else the
+    reverse — so the larger operand is walked once: a weight wider than the rows are many (BERT's
+    128 × 3072) column block by column block, each read once; many rows by a narrow weight (ResNet's
+    first 1×1 convs: 3136 × 256) row block by row block, the output written in whole rows
+    ([3136, 64] · [64, 256] 0.36 → 0.15 ms)."""
+    if by_columns:
+        return col_blocks, row_blocks, (0, 1, 1, 0)
+    return row_blocks, col_blocks, (1, 0, 0, 1)
+
+
 def matmul_primfunc(lead: tuple[int, ...], k: int, n: int, epilogue: Epilogue = PLAIN) -> Any:
     """The PrimFunc ``(A [*lead, k] bfloat16, B packed uint16, bias, residual) → C [*lead, n]``, the
     leading axes taken as one of rows: each parallel task a strip of 32 × 32 blocks; the last row
@@ -252,7 +265,7 @@ def matmul_primfunc(lead: tuple[int, ...], k: int, n: int, epilogue: Epilogue = 
     rows = math.prod(lead)
     row_blocks = -(-rows // BLOCK)
     col_blocks = -(-n // BLOCK)
-    direct_cols = n // BLOCK if epilogue.plain else 0  # column blocks stored straight from the tiles
+    direct_cols = n // BLOCK  # column blocks stored straight from the tiles, without an epilogue
     pairs = k // 2
     ldb = pairs * 16 * 2 * 2  # bytes of one 16-column block of B
     steps = max(1, k // DEPTH)  # (a k under 32 is one short step)
@@ -260,15 +273,7 @@ def matmul_primfunc(lead: tuple[int, ...], k: int, n: int, epilogue: Epilogue = 
     residual_size = math.prod(residual_shape)
     tail = n % BLOCK  # columns of a last, partial block
     out_dtype = epilogue.dtype
-    # The larger operand is walked once: a weight wider than the rows are many (BERT's 128 × 3072)
-    # column block by column block, each read once; many rows by a narrow weight (ResNet's first
-    # 1×1 convs: 3136 × 256) row block by row block, the output written in whole rows
-    # ([3136, 64] · [64, 256] 0.36 → 0.15 ms). A task is a strip (the tile configuration loaded
-    # once for it): block (task, inner) is at row block ``task·rt + inner·ri``, column block
-    # ``task·ct + inner·ci``.
-    by_columns = n >= rows
-    tasks, inner_blocks = (col_blocks, row_blocks) if by_columns else (row_blocks, col_blocks)
-    rt, ri, ct, ci = (0, 1, 1, 0) if by_columns else (1, 0, 0, 1)
+    tasks, inner_blocks, (rt, ri, ct, ci) = strips(row_blocks, col_blocks, by_columns=n >= rows)
 
     @T.prim_func(private=True)
     def amx_matmul(x: T.Buffer((*lead, k), "bfloat16"), b: T.Buffer((col_blocks * 2, pairs, 16, 2), "uint16"),

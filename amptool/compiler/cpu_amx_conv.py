@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from amptool.compiler.cpu_amx import _CONFIGURE, _FUNCTION, BLOCK, DEPTH, LLVM_IR, PLAIN, Epilogue, pack_weight
+from amptool.compiler.cpu_amx import _CONFIGURE, _FUNCTION, BLOCK, DEPTH, LLVM_IR, PLAIN, Epilogue, pack_weight, strips
 
 
 def conv_fits(data_shape: tuple[int, ...], out_channels: int, kernel: tuple[int, int], strides: list[int],
@@ -139,10 +139,9 @@ def conv_primfunc(data_shape: tuple[int, ...], out_channels: int, kernel: tuple[
     residual_size = math.prod(residual_shape)
     tail = out_channels % BLOCK  # channels of a last, partial block
     out_dtype = epilogue.dtype
-    # Strips as the matmul's: a column block over every (image, row block), or the other way.
-    by_columns = out_channels >= batch * rows
-    tasks, inner_blocks = (col_blocks, batch * row_blocks) if by_columns else (batch * row_blocks, col_blocks)
-    pt, pi, ct, ci = (0, 1, 1, 0) if by_columns else (1, 0, 0, 1)
+    # Strips as the matmul's, the (image, row block) pairs its rows.
+    tasks, inner_blocks, (pt, pi, ct, ci) = strips(batch * row_blocks, col_blocks,
+                                                   by_columns=out_channels >= batch * rows)
 
     @T.prim_func(private=True)
     def amx_conv(x: T.Buffer((batch, height, width, channels), "bfloat16"),
