@@ -273,7 +273,15 @@ LOADS_PER_FMA = 0.5
 CROPPED_TILE_COST = 1.25
 
 
-def tile_vectors(blocks: int, lanes: int, width: int) -> int:
+#: Weight bytes per FMA that a core's L2 feeds a register tile without its FMA pipes waiting, on
+#: the CPUs ``cpu_speed.l2_bound_tiles`` names. ResNet-50's 3×3 64 → 64 conv at 56² (a 147 KB
+#: panel of four vectors, L2): 4 vectors × 4 columns (16 bytes per FMA) 0.73 ms, 2 × 14 (4.6) 0.66,
+#: onnxruntime 0.57; its 1×1 64 → 256 (a 16 KB panel, L1) 0.31 as 4 × 4, 0.34 as 2 × 14 (per-kernel
+#: minima alternated, 2 threads, a Sapphire Rapids VM).
+L2_BYTES_PER_FMA = 12.0
+
+
+def tile_vectors(blocks: int, lanes: int, width: int, panel_bytes: int = 0, l1_bytes: int = 0) -> int:
     """Vectors of output channels in one NHWC register tile, for a conv of ``blocks`` vectors and
     ``width`` output columns: of the divisors of ``blocks`` up to 4 (AVX-512) or 2 (AVX2), the one
     whose tile (``nhwc_columns``) costs least per useful FMA — its loads per FMA (one broadcast
@@ -294,7 +302,12 @@ def tile_vectors(blocks: int, lanes: int, width: int) -> int:
     others 3–14% slower with it at two threads; alternated again, they were faster or level.
     """
     tiles = {v: nhwc_columns(width, lanes, v) for v in _vector_counts(blocks, lanes)}
-    return min(tiles, key=lambda v: (_tile_cost(v, tiles[v], width), -tiles[v], v))
+
+    def cost(v: int) -> float:
+        streamed = lanes * 4 / tiles[v] if panel_bytes * v > l1_bytes else 0.0
+        return _tile_cost(v, tiles[v], width, streamed)
+
+    return min(tiles, key=lambda v: (cost(v), -tiles[v], v))
 
 
 def _vector_counts(blocks: int, lanes: int) -> list[int]:
@@ -311,10 +324,12 @@ def _vector_counts(blocks: int, lanes: int) -> list[int]:
     return [v for v in range(1, min(most, blocks) + 1) if blocks % v == 0]
 
 
-def _tile_cost(vectors: int, columns: int, width: int) -> float:
-    """Loads per useful FMA of a tile of ``vectors`` × ``columns`` on rows of ``width`` (``tile_vectors``)."""
+def _tile_cost(vectors: int, columns: int, width: int, streamed: float = 0.0) -> float:
+    """Loads per useful FMA of a tile of ``vectors`` × ``columns`` on rows of ``width`` (``tile_vectors``),
+    or the L2 bytes of weights ``streamed`` per FMA as loads where they cost more (``L2_BYTES_PER_FMA``)."""
     computed = -(-width // columns) * columns
-    per_fma = max(LOADS_PER_FMA, 1 / vectors + 1 / columns) * computed / width
+    loads = max(LOADS_PER_FMA, 1 / vectors + 1 / columns, LOADS_PER_FMA * streamed / L2_BYTES_PER_FMA)
+    per_fma = loads * computed / width
     return per_fma * (CROPPED_TILE_COST if computed != width else 1.0)
 
 
@@ -332,7 +347,7 @@ def flat_tile(blocks: int, lanes: int, height: int, width: int) -> tuple[int, in
     vectors × 14 columns (0.57 loads per FMA), as four vectors' tiles (up to 6 columns) crop; its
     196 positions take 4 × 4 (0.5). 1024 → 256 and 256 → 1024 at 14², per-kernel minima
     alternated on an Ice Lake core: 7% faster at one thread, 4–8% at two (chunked as
-    ``cpu_schedules_nhwc.WEIGHT_CHUNK_SHARE`` has it). Its 7² maps (49 positions: 2 × 7, 0.64)
+    ``WEIGHT_CHUNK_SHARE`` has it). Its 7² maps (49 positions: 2 × 7, 0.64)
     take 4 × 5 over 50. With AVX-512 a flat tile's conv runs chunked
     (``cpu_schedules_nhwc.flat_tile_loops``; its epilogue follows a channel block's whole map).
 
@@ -674,7 +689,7 @@ def _legalize_conv2d_nhwc(bb: Any, call: Any, w: np.ndarray, geometry: dict[str,
                             primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BLOCK)
     vectors = 1
     if block == lanes:
-        vectors = tile_vectors(w.shape[0] // lanes, lanes, out_w)
+        vectors = tile_vectors(w.shape[0] // lanes, lanes, out_w, **_streamed_panel(data, w, geometry, lanes))
         block, columns = lanes * vectors, nhwc_columns(out_w, lanes, vectors)
     return _call_packed(bb, cpu_nhwc.conv2d_nhwc, data, cpu_nhwc.pack_conv_weight(w, block), weight, vectors,
                         **geometry, columns=columns, out_dtype=out_dtype, out_channels=out_channels,
@@ -704,9 +719,49 @@ def _call_packed(bb: Any, compute: Callable[..., Any], data: Any, packed: np.nda
 CHUNK_WEIGHTS = 0.5
 
 
+#: The share of the L1 data cache a chunk's weights may take (``cpu_schedules_nhwc._weight_chunk``;
+#: also what a row tile's weight panel may fill, ``_streamed_panel``). Half of Ice Lake's 48 KB at
+#: first; 5/6 (40 KB) ran ResNet-50's 14² and 7² 3×3 convs 5–11% faster (32 input channels a chunk,
+#: not 16) and its 1×1 convs at 14² 2–3% (128 channels of 4-vector tiles, not 64): kernel sums −2%
+#: at one and at two threads (per-kernel minima, alternated in one process).
+WEIGHT_CHUNK_SHARE = 5 / 6
+
+
 #: Weight bytes over a conv kernel's other bytes above which it walks its channel blocks outermost
 #: (``cpu_schedules_nhwc._weights_dominate``), and above which, on AVX2, it may take a flat tile.
 WEIGHTS_DOMINATE = 2.0
+
+
+def _streamed_panel(data: Any, w: np.ndarray, geometry: dict[str, list[int]], lanes: int) -> dict[str, int]:
+    """``tile_vectors``' panel arguments for a row-tiled conv on a CPU whose tiles are bound by the
+    weights they stream from L2 (``cpu_speed.l2_bound_tiles``): the bytes of one vector's weight
+    panel and the L1 share a chunk may take; none where the conv runs chunked (its weights then
+    come from L1: ``cpu_schedules_nhwc._weight_chunk``) or the CPU is another."""
+    import tvm  # noqa: PLC0415
+
+    from amptool.compiler.cpu_speed import l2_bound_tiles  # noqa: PLC0415
+
+    target = tvm.target.Target.current(allow_none=True)
+    if target is None or lanes < 16 or not l2_bound_tiles(target.attrs.get("mcpu"), target.attrs.get("mattr") or ()):
+        return {}
+    out_h, out_w = _output_map(data, w, geometry)
+    if w.size >= CHUNK_WEIGHTS * _activations(data, w, out_h, out_w):
+        return {}
+    return {"panel_bytes": w[0].size * lanes * w.itemsize, "l1_bytes": int(l1_data_bytes(target) * WEIGHT_CHUNK_SHARE)}
+
+
+def _output_map(data: Any, w: np.ndarray, geometry: dict[str, list[int]]) -> tuple[int, int]:
+    """(out_h, out_w) of an NHWC conv of ``data`` with OIHW weights ``w``."""
+    _, height, width, _ = (int(d) for d in data.ty.shape)
+    kh, kw = w.shape[2:]
+    top, left, bottom, right = geometry["padding"]
+    (sh, sw), (dh, dw) = geometry["strides"], geometry["dilation"]
+    return (height + top + bottom - (kh - 1) * dh - 1) // sh + 1, (width + left + right - (kw - 1) * dw - 1) // sw + 1
+
+
+def _activations(data: Any, w: np.ndarray, out_h: int, out_w: int) -> int:
+    """Elements of an NHWC conv's input and output."""
+    return math.prod(int(d) for d in list(data.ty.shape)[1:]) + out_h * out_w * w.shape[0]
 
 
 def _flat_map(data: Any, w: np.ndarray, geometry: dict[str, list[int]], lanes: int) -> tuple[int, int]:
@@ -723,15 +778,10 @@ def _flat_map(data: Any, w: np.ndarray, geometry: dict[str, list[int]], lanes: i
     weights do not dominate, 1.05–1.20×; its 14² 1×1 256 → 1024 (weights level with the rest)
     1.2× (an AVX2 EPYC, 2 threads, per-call minima alternated).
     """
-    _, height, width, channels = (int(d) for d in data.ty.shape)
-    kh, kw = w.shape[2:]
-    top, left, bottom, right = geometry["padding"]
-    (sh, sw), (dh, dw) = geometry["strides"], geometry["dilation"]
-    out_h = (height + top + bottom - (kh - 1) * dh - 1) // sh + 1
-    out_w = (width + left + right - (kw - 1) * dw - 1) // sw + 1
-    activations = height * width * channels + out_h * out_w * w.shape[0]
+    out_h, out_w = _output_map(data, w, geometry)
+    activations = _activations(data, w, out_h, out_w)
     if lanes >= 16:
-        if (kh, kw) != (1, 1) or any(geometry["padding"]) or w.size < CHUNK_WEIGHTS * activations:
+        if w.shape[2:] != (1, 1) or any(geometry["padding"]) or w.size < CHUNK_WEIGHTS * activations:
             return 1, 0
     elif w.size <= WEIGHTS_DOMINATE * activations:
         return 1, 0

@@ -20,7 +20,7 @@ from typing import Any
 
 from amptool.compiler.bf16_pairs import block_of
 from amptool.compiler.cpu_depthwise import INTERIOR_ATTR
-from amptool.compiler.cpu_kernels import CHUNK_WEIGHTS, WEIGHTS_DOMINATE, flat_tile, nhwc_columns
+from amptool.compiler.cpu_kernels import CHUNK_WEIGHTS, WEIGHT_CHUNK_SHARE, WEIGHTS_DOMINATE, flat_tile, nhwc_columns
 from amptool.compiler.cpu_nhwc import CONV2D_NHWC_BLOCK, DEPTHWISE_NHWC_BLOCK, NHWC_PAD_BLOCK, ragged_row
 from amptool.compiler.cpu_schedules import (
     Tiling,
@@ -217,11 +217,6 @@ def _copy_rows_at(sch: Any, conv: Any, y: Any, tiling: Tiling) -> bool:
     return True
 
 
-#: The share of the L1 data cache (``Tiling.l1_bytes``) a chunk's weights may take. Half of Ice
-#: Lake's 48 KB at first; 5/6 (40 KB) ran ResNet-50's 14² and 7² 3×3 convs 5–11% faster (32 input
-#: channels a chunk, not 16) and its 1×1 convs at 14² 2–3% (128 channels of 4-vector tiles, not
-#: 64): kernel sums −2% at one and at two threads (per-kernel minima, alternated in one process).
-WEIGHT_CHUNK_SHARE = 5 / 6
 
 
 def _weight_chunk(sch: Any, conv: Any, block: int, tiling: Tiling, planned: bool = False) -> int | None:

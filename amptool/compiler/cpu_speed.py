@@ -61,6 +61,20 @@ SLOW_BF16_DOT_CPUS = frozenset({"cooperlake", "sapphirerapids", "emeraldrapids",
 SLOW_BF16_MEASURED = "1.03-1.15x"
 
 
+#: LLVM CPU names whose conv register tiles are bound by weights streamed from L2, not by L1 loads:
+#: Golden Cove server cores load three times a cycle (Ice Lake twice), so a tile's broadcast loads
+#: cost less beside its two FMAs, and a weight panel larger than L1 is what the FMAs wait on
+#: (``cpu_kernels.tile_vectors``). AMX-BF16 added to another CPU name marks such a core too (as in
+#: ``bf16_dot_pays``).
+L2_BOUND_TILE_CPUS = frozenset({"sapphirerapids", "emeraldrapids", "graniterapids", "graniterapids-d"})
+
+
+def l2_bound_tiles(mcpu: str | None, mattr: Sequence[str] = ()) -> bool:
+    """Whether conv tiles on CPU ``mcpu`` with features ``mattr`` should be chosen for the L2 bytes
+    of a weight panel that L1 cannot hold (``L2_BOUND_TILE_CPUS``)."""
+    return (mcpu or "") in L2_BOUND_TILE_CPUS or "+amx-bf16" in [str(f) for f in mattr]
+
+
 def bf16_dot_pays(mcpu: str | None, mattr: Sequence[str] = ()) -> bool:
     """Whether bfloat16 products should use ``vdpbf16ps`` on CPU ``mcpu`` with features ``mattr``
     (the target having AVX512-BF16 is the caller's check); elsewhere they are float32 FMAs on
