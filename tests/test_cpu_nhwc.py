@@ -516,6 +516,29 @@ def test_dense_pointwise_convs_tile_runs_of_positions() -> None:
     assert flat_tile(16, 8, 28, 28) is None
 
 
+def test_golden_cove_tiles_weigh_l2_panels_and_parallel_tasks() -> None:
+    """On a Sapphire Rapids class CPU a row tile whose weight panel L1 cannot hold streams it from
+    L2 per column tile, so the wider tile wins: 3×3 64 → 64 at 56² (147 KB as four vectors) takes
+    2 vectors × 14 columns, not 4 × 4 — which a 16 KB 1×1 panel keeps; and a flat tile keeps 8
+    channel blocks (parallel tasks) where a narrower block allows: 1024 → 256 at 14² leaves the
+    4-vector flat tile (4 tasks) for rows, 256 → 1024 keeps it (16). Ice Lake keeps its tiles."""
+    import tvm
+
+    from amptool.compiler.cpu_kernels import flat_min_tasks, flat_tile, tile_vectors
+
+    assert tile_vectors(4, 16, 56) == 4
+    assert tile_vectors(4, 16, 56, panel_bytes=9 * 64 * 16 * 4, l1_bytes=40 << 10) == 2
+    assert tile_vectors(16, 16, 56, panel_bytes=64 * 16 * 4, l1_bytes=40 << 10) == 4
+    assert flat_tile(16, 16, 14, 14, min_tasks=8) is None and flat_tile(64, 16, 14, 14, min_tasks=8) == (4, 4, 196)
+    assert flat_tile(32, 16, 7, 7, min_tasks=8) == (4, 5, 50)
+    def target(mcpu: str, *mattr: str) -> tvm.target.Target:
+        return tvm.target.Target({"kind": "llvm", "mcpu": mcpu, "mattr": list(mattr)})
+
+    assert flat_min_tasks(target("sapphirerapids")) == 8
+    assert flat_min_tasks(target("rocketlake", "+amx-bf16", "+amx-tile")) == 8
+    assert flat_min_tasks(target("icelake-server")) == 1 and flat_min_tasks(target("znver4")) == 1
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_weight_heavy_convs_with_taps_tile_runs_of_positions_on_avx2(tmp_path, dtype):
     """On AVX2 a conv whose weights outweigh its activations twice over — 3×3 ones too, strided or

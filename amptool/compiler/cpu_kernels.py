@@ -333,7 +333,31 @@ def _tile_cost(vectors: int, columns: int, width: int, streamed: float = 0.0) ->
     return per_fma * (CROPPED_TILE_COST if computed != width else 1.0)
 
 
-def flat_tile(blocks: int, lanes: int, height: int, width: int) -> tuple[int, int, int] | None:
+#: Channel blocks — the parallel tasks of a chunked flat tile — a flat tile keeps at least where a
+#: narrower block allows (``min_tasks`` of ``flat_tile``), on the CPUs ``flat_min_tasks`` names.
+#: ResNet-50's 1×1 1024 → 256 at 14² as 4 blocks of 4 vectors × 4 positions ran 0.36–0.39 ms at
+#: two threads (onnxruntime 0.28), as 8 blocks of 2 × 14 0.29–0.32 — level at one thread (per-kernel
+#: minima alternated, a Sapphire Rapids VM); the whole model 0.985× (paired runs). Not measured on
+#: Ice Lake or Zen 4, whose tiles stay as they were.
+FLAT_TASKS = 8
+
+
+def flat_min_tasks(target: Any) -> int:
+    """``flat_tile``'s ``min_tasks`` for ``target``: ``FLAT_TASKS`` where measured (the CPUs of
+    ``cpu_speed.l2_bound_tiles``), else 1."""
+    return FLAT_TASKS if _l2_bound(target) else 1
+
+
+def _l2_bound(target: Any) -> bool:
+    """Whether ``target`` is an llvm CPU of ``cpu_speed.l2_bound_tiles``."""
+    from amptool.compiler.cpu_speed import l2_bound_tiles  # noqa: PLC0415
+
+    if target is None or str(target.kind.name) != "llvm":
+        return False
+    return l2_bound_tiles(target.attrs.get("mcpu"), target.attrs.get("mattr") or ())
+
+
+def flat_tile(blocks: int, lanes: int, height: int, width: int, min_tasks: int = 1) -> tuple[int, int, int] | None:
     """(channel vectors, positions per tile, positions computed) of a register tile over a conv's
     map read as one run of ``height * width`` output positions (``_flat_map`` says which convs),
     when it costs fewer loads per useful FMA than ``tile_vectors``' tile on rows of ``width``; else
@@ -364,7 +388,9 @@ def flat_tile(blocks: int, lanes: int, height: int, width: int) -> tuple[int, in
     best = _tile_cost(row, row_columns, width)
     positions = height * width
     flat = None
-    for vectors in _vector_counts(blocks, lanes)[1:]:  # one vector's tiles keep nhwc_columns' caps
+    counts = _vector_counts(blocks, lanes)[1:]  # one vector's tiles keep nhwc_columns' caps
+    counts = [v for v in counts if blocks // v >= min_tasks] or counts[:1]
+    for vectors in counts:
         most = min((_vector_registers(lanes) - vectors - 1) // vectors, positions)
         if lanes < 16:  # AVX2: no fewer accumulators in flight than the row tile (see Why), least waste
             fewest = -(-row * row_columns // vectors)
@@ -641,6 +667,8 @@ def _paired_bf16(weight: np.ndarray) -> np.ndarray:
 
 def _legalize_conv2d_nhwc(bb: Any, call: Any, w: np.ndarray, geometry: dict[str, list[int]]) -> Any:
     """An NHWC conv (``cpu_layout`` made it so) → :mod:`amptool.compiler.cpu_nhwc`'s kernels."""
+    import tvm  # noqa: PLC0415
+
     from amptool.compiler import cpu_nhwc  # noqa: PLC0415
 
     data, weight = call.args
@@ -681,7 +709,10 @@ def _legalize_conv2d_nhwc(bb: Any, call: Any, w: np.ndarray, geometry: dict[str,
         # 512 → 1000 1×1 conv at 13²: 2.0 → 1.3–1.4 ms (onnxruntime 1.26); EfficientNet's 40-channel
         # convs 0.81×, the model level.
         w = _zero_filters(w, 2 * lanes)
-    flat = flat_tile(w.shape[0] // lanes, lanes, *_flat_map(data, w, geometry, lanes)) if block == lanes else None
+    flat = None
+    if block == lanes:
+        target = tvm.target.Target.current(allow_none=True)
+        flat = flat_tile(w.shape[0] // lanes, lanes, *_flat_map(data, w, geometry, lanes), flat_min_tasks(target))
     if flat is not None:
         vectors, _, positions = flat
         return _call_packed(bb, cpu_nhwc.flat_nhwc, data, cpu_nhwc.pack_conv_weight(w, lanes * vectors), weight,
@@ -739,10 +770,8 @@ def _streamed_panel(data: Any, w: np.ndarray, geometry: dict[str, list[int]], la
     come from L1: ``cpu_schedules_nhwc._weight_chunk``) or the CPU is another."""
     import tvm  # noqa: PLC0415
 
-    from amptool.compiler.cpu_speed import l2_bound_tiles  # noqa: PLC0415
-
     target = tvm.target.Target.current(allow_none=True)
-    if target is None or lanes < 16 or not l2_bound_tiles(target.attrs.get("mcpu"), target.attrs.get("mattr") or ()):
+    if lanes < 16 or not _l2_bound(target):
         return {}
     out_h, out_w = _output_map(data, w, geometry)
     if w.size >= CHUNK_WEIGHTS * _activations(data, w, out_h, out_w):

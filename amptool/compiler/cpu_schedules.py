@@ -63,6 +63,7 @@ from amptool.compiler.cpu_kernels import (
     PAD_BLOCK,
     accumulator_budget,
     column_tile,
+    flat_min_tasks,
     l1_data_bytes,
     matmul_row_cap,
     vector_lanes,
@@ -91,11 +92,13 @@ class Tiling:
     accumulators: int
     parallel: bool = True
     l1_bytes: int = DEFAULT_L1_BYTES
+    flat_tasks: int = 1  # cpu_kernels.flat_min_tasks
 
     @staticmethod
     def for_target(target: Any) -> Tiling:
         lanes = vector_lanes(target)
-        return Tiling(lanes=lanes, accumulators=accumulator_budget(lanes), l1_bytes=l1_data_bytes(target))
+        return Tiling(lanes=lanes, accumulators=accumulator_budget(lanes), l1_bytes=l1_data_bytes(target),
+                      flat_tasks=flat_min_tasks(target))
 
 
 class Guarded(dlight.ScheduleRule):

@@ -101,7 +101,7 @@ def flat_tile_loops(sch: Any, conv: Any, block: int,
     channels = _extent(sch, c)
     if channels is None or channels % tiling.lanes:
         return None
-    flat = flat_tile(channels // tiling.lanes, tiling.lanes, height, width)
+    flat = flat_tile(channels // tiling.lanes, tiling.lanes, height, width, tiling.flat_tasks)
     if flat is None or flat[0] * tiling.lanes != block or flat[2] != _extent(sch, p):
         return None
     co, ci = sch.split(c, [None, block])
