@@ -61,7 +61,8 @@ def test_amx_is_chosen_for_the_shapes_it_takes(tmp_path: Path, lead: tuple[int, 
 
 @needs_amx
 @pytest.mark.parametrize(("lead", "k", "n"), [((1, 128), 768, 768), ((197,), 64, 97), ((3, 50), 96, 48),
-                                              ((32,), 32, 16), ((2, 40), 24, 40), ((64,), 2, 20)])
+                                              ((32,), 32, 16), ((2, 40), 24, 40), ((64,), 2, 20),
+                                              ((1, 1250), 32, 16)])  # 40 row blocks dealt unevenly
 def test_amx_products_are_onnxruntimes(tmp_path: Path, lead: tuple[int, ...], k: int, n: int) -> None:
     import onnxruntime as ort
 
@@ -207,6 +208,18 @@ def test_fused_epilogues_give_onnxruntimes_values(tmp_path: Path, downsample: bo
     got = np.asarray(build_model(ConvertConfig(model=path, dtype="bfloat16")).compiled().run({"x": x})["y"], np.float32)
     # The intermediate activation is rounded to bfloat16 between the convs: a few bfloat16 ulps.
     np.testing.assert_allclose(got, want, rtol=0, atol=0.03 * float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize(("tasks", "cores"), [(392, 2), (96, 2), (40, 2), (5, 2), (1, 1), (300, 64)])
+def test_workers_deal_every_task_once_and_evenly(tasks: int, cores: int) -> None:
+    """A kernel's strips are dealt to parallel workers in contiguous runs (one tile configuration and
+    one epilogue tile a worker): every task once, runs differing by at most one, 8 workers a core
+    unless the tasks are fewer or would be over 8 a worker."""
+    workers = cpu_amx.parallel_workers(tasks, cores)
+    runs = [range(w * tasks // workers, (w + 1) * tasks // workers) for w in range(workers)]
+    assert [task for run in runs for task in run] == list(range(tasks))
+    assert max(map(len, runs)) - min(map(len, runs)) <= 1
+    assert workers == min(tasks, max(8 * cores, -(-tasks // 8)))
 
 
 def test_a_product_of_constants_is_left_to_folding_off_the_tiles() -> None:

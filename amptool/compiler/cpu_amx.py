@@ -252,6 +252,26 @@ def strips(row_blocks: int, col_blocks: int, *, by_columns: bool) -> tuple[int, 
     return row_blocks, col_blocks, (1, 0, 0, 1)
 
 
+#: Parallel iterations a kernel's tasks are dealt to, per core of the building machine (a host
+#: build runs where it was built; elsewhere only the grain is off): each iteration a contiguous run of
+#: tasks loading the tile configuration once (``ldtilecfg``) and taking its 4 KB epilogue tile from
+#: TVM's workspace pool once. One iteration a task had made AMX kernels MobileNetV2's largest
+#: callers of the pool (4% of a bfloat16 run in Alloc/FreeWorkspace, perf): dealt to 64 iterations
+#: its kernel sum went 1.58 → 1.47 ms (stem 0.174 → 0.130, its 32 → 16 1×1 conv 0.055 → 0.029; OpenVINO
+#: 0.103 and 0.030), to 16 (8 a core here) 1.46 (per-kernel minima alternated, 2 threads).
+WORKERS_PER_CORE = 8
+
+
+def parallel_workers(tasks: int, cores: int | None = None) -> int:
+    """Parallel iterations for ``tasks`` strips: ``WORKERS_PER_CORE`` a core (``cores``, default this
+    machine's), fewer when there are fewer tasks, more when each would get over 8. A worker's tasks
+    are ``[w · tasks // workers, (w + 1) · tasks // workers)``: no two differ by more than one."""
+    import os  # noqa: PLC0415
+
+    cores = cores or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    return min(tasks, max(WORKERS_PER_CORE * cores, -(-tasks // 8)))
+
+
 def matmul_primfunc(lead: tuple[int, ...], k: int, n: int, epilogue: Epilogue = PLAIN) -> Any:
     """The PrimFunc ``(A [*lead, k] bfloat16, B packed uint16, bias, residual) → C [*lead, n]``, the
     leading axes taken as one of rows: each parallel task a strip of 32 × 32 blocks; the last row
@@ -274,6 +294,7 @@ def matmul_primfunc(lead: tuple[int, ...], k: int, n: int, epilogue: Epilogue = 
     tail = n % BLOCK  # columns of a last, partial block
     out_dtype = epilogue.dtype
     tasks, inner_blocks, (rt, ri, ct, ci) = strips(row_blocks, col_blocks, by_columns=n >= rows)
+    workers = parallel_workers(tasks)
 
     @T.prim_func(private=True)
     def amx_matmul(x: T.Buffer((*lead, k), "bfloat16"), b: T.Buffer((col_blocks * 2, pairs, 16, 2), "uint16"),
@@ -285,36 +306,37 @@ def matmul_primfunc(lead: tuple[int, ...], k: int, n: int, epilogue: Epilogue = 
         bits = T.decl_buffer((rows, k), "uint16", data=x.data)
         c = T.decl_buffer((rows, n), out_dtype, data=y.data)
         flat = T.decl_buffer((residual_size,), residual_dtype, data=residual.data)
-        for task in T.parallel(tasks):
+        for worker in T.parallel(workers):
             with T.attr(0, "pragma_import_llvm", LLVM_IR):
                 origin = T.decl_buffer((1,), "int64", scope="local")
                 origin[0] = T.int64(0)
                 tile = T.decl_buffer((BLOCK, BLOCK), "float32", scope="local")
                 T.evaluate(T.call_extern("void", _CONFIGURE, T.int64(min(k, DEPTH) * 2), T.int64(min(k, DEPTH) // 2)))
-                for inner in T.serial(inner_blocks):
-                    row = T.min((task * rt + inner * ri) * BLOCK, rows - BLOCK)
-                    col = task * ct + inner * ci
-                    if epilogue.plain and col < direct_cols:  # (the first test is Python's: no bfloat16 C here)
-                        T.evaluate(T.call_extern(
-                            "void", _FUNCTION, c.access_ptr("w", offset=row * n + col * BLOCK), T.int64(n * 4),
-                            bits.access_ptr("r", offset=row * k), T.int64(k * 2),
-                            b.access_ptr("r", offset=col * 2 * pairs * 32), T.int64(ldb), T.int64(steps),
-                            origin.access_ptr("r"), T.int64(1)))
-                    else:
-                        T.evaluate(T.call_extern(
-                            "void", _FUNCTION, tile.access_ptr("w"), T.int64(BLOCK * 4),
-                            bits.access_ptr("r", offset=row * k), T.int64(k * 2),
-                            b.access_ptr("r", offset=col * 2 * pairs * 32), T.int64(ldb), T.int64(steps),
-                            origin.access_ptr("r"), T.int64(1)))
-                        for r in T.serial(BLOCK):
-                            if col * BLOCK + BLOCK <= n:
-                                for j in T.vectorized(BLOCK):
-                                    c[row + r, col * BLOCK + j] = epilogue.apply(
-                                        tile[r, j], bias, col * BLOCK + j, flat, (row + r) * n + col * BLOCK + j)
-                            else:
-                                for j in T.serial(tail):
-                                    c[row + r, col * BLOCK + j] = epilogue.apply(
-                                        tile[r, j], bias, col * BLOCK + j, flat, (row + r) * n + col * BLOCK + j)
+                for task in T.serial(worker * tasks // workers, (worker + 1) * tasks // workers):
+                    for inner in T.serial(inner_blocks):
+                        row = T.min((task * rt + inner * ri) * BLOCK, rows - BLOCK)
+                        col = task * ct + inner * ci
+                        if epilogue.plain and col < direct_cols:  # (the first test is Python's: no bfloat16 C here)
+                            T.evaluate(T.call_extern(
+                                "void", _FUNCTION, c.access_ptr("w", offset=row * n + col * BLOCK), T.int64(n * 4),
+                                bits.access_ptr("r", offset=row * k), T.int64(k * 2),
+                                b.access_ptr("r", offset=col * 2 * pairs * 32), T.int64(ldb), T.int64(steps),
+                                origin.access_ptr("r"), T.int64(1)))
+                        else:
+                            T.evaluate(T.call_extern(
+                                "void", _FUNCTION, tile.access_ptr("w"), T.int64(BLOCK * 4),
+                                bits.access_ptr("r", offset=row * k), T.int64(k * 2),
+                                b.access_ptr("r", offset=col * 2 * pairs * 32), T.int64(ldb), T.int64(steps),
+                                origin.access_ptr("r"), T.int64(1)))
+                            for r in T.serial(BLOCK):
+                                if tail == 0 or col * BLOCK + BLOCK <= n:  # (no tail: Python's True, one branch)
+                                    for j in T.vectorized(BLOCK):
+                                        c[row + r, col * BLOCK + j] = epilogue.apply(
+                                            tile[r, j], bias, col * BLOCK + j, flat, (row + r) * n + col * BLOCK + j)
+                                else:
+                                    for j in T.vectorized(tail):
+                                        c[row + r, col * BLOCK + j] = epilogue.apply(
+                                            tile[r, j], bias, col * BLOCK + j, flat, (row + r) * n + col * BLOCK + j)
 
     return amx_matmul
 

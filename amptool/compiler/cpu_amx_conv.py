@@ -14,7 +14,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from amptool.compiler.cpu_amx import _CONFIGURE, _FUNCTION, BLOCK, DEPTH, LLVM_IR, PLAIN, Epilogue, pack_weight, strips
+from amptool.compiler.cpu_amx import (
+    _CONFIGURE,
+    _FUNCTION,
+    BLOCK,
+    DEPTH,
+    LLVM_IR,
+    PLAIN,
+    Epilogue,
+    pack_weight,
+    parallel_workers,
+    strips,
+)
 
 
 def conv_fits(data_shape: tuple[int, ...], out_channels: int, kernel: tuple[int, int], strides: list[int],
@@ -142,6 +153,7 @@ def conv_primfunc(data_shape: tuple[int, ...], out_channels: int, kernel: tuple[
     # Strips as the matmul's, the (image, row block) pairs its rows.
     tasks, inner_blocks, (pt, pi, ct, ci) = strips(batch * row_blocks, col_blocks,
                                                    by_columns=out_channels >= batch * rows)
+    workers = parallel_workers(tasks)
 
     @T.prim_func(private=True)
     def amx_conv(x: T.Buffer((batch, height, width, channels), "bfloat16"),
@@ -168,31 +180,31 @@ def conv_primfunc(data_shape: tuple[int, ...], out_channels: int, kernel: tuple[
                             phases[base + c] = T.uint16(0)
                     for c in T.serial(depth - channels):
                         phases[base + channels + c] = T.uint16(0)
-        for task in T.parallel(tasks):
+        for worker in T.parallel(workers):
             with T.attr(0, "pragma_import_llvm", LLVM_IR):
                 tile = T.decl_buffer((BLOCK, BLOCK), "float32", scope="local")
                 T.evaluate(T.call_extern("void", _CONFIGURE, T.int64(DEPTH * 2), T.int64(DEPTH // 2)))
-                for inner in T.serial(inner_blocks):
-                    col = task * ct + inner * ci
-                    pixels = task * pt + inner * pi  # (image, row block)
-                    n = pixels // row_blocks
-                    row = T.min(pixels % row_blocks * BLOCK, rows - BLOCK)
-                    T.evaluate(T.call_extern(
-                        "void", _FUNCTION, tile.access_ptr("w"), T.int64(BLOCK * 4),
-                        phases.access_ptr("r", offset=n * image + row * depth), T.int64(depth * 2),
-                        b.access_ptr("r", offset=col * 2 * pairs * 32), T.int64(ldb), T.int64(1),
-                        where.access_ptr("r"), T.int64(taps)))
-                    for r in T.serial(BLOCK):
-                        if (row + r) % phase_w < out_w:
-                            pixel = (n * out_h + (row + r) // phase_w) * out_w + (row + r) % phase_w
-                            if col * BLOCK + BLOCK <= out_channels:
-                                for j in T.vectorized(BLOCK):
-                                    out[pixel * out_channels + col * BLOCK + j] = epilogue.apply(
-                                        tile[r, j], bias, col * BLOCK + j, flat, pixel * out_channels + col * BLOCK + j)
-                            else:
-                                for j in T.serial(tail):
-                                    out[pixel * out_channels + col * BLOCK + j] = epilogue.apply(
-                                        tile[r, j], bias, col * BLOCK + j, flat, pixel * out_channels + col * BLOCK + j)
+                for task in T.serial(worker * tasks // workers, (worker + 1) * tasks // workers):
+                    for inner in T.serial(inner_blocks):
+                        col = task * ct + inner * ci
+                        pixels = task * pt + inner * pi  # (image, row block)
+                        n = pixels // row_blocks
+                        row = T.min(pixels % row_blocks * BLOCK, rows - BLOCK)
+                        T.evaluate(T.call_extern(
+                            "void", _FUNCTION, tile.access_ptr("w"), T.int64(BLOCK * 4),
+                            phases.access_ptr("r", offset=n * image + row * depth), T.int64(depth * 2),
+                            b.access_ptr("r", offset=col * 2 * pairs * 32), T.int64(ldb), T.int64(1),
+                            where.access_ptr("r"), T.int64(taps)))
+                        for r in T.serial(BLOCK):
+                            if (row + r) % phase_w < out_w:
+                                pixel = (n * out_h + (row + r) // phase_w) * out_w + (row + r) % phase_w
+                                at = pixel * out_channels + col * BLOCK
+                                if tail == 0 or col * BLOCK + BLOCK <= out_channels:  # (no tail: one branch)
+                                    for j in T.vectorized(BLOCK):
+                                        out[at + j] = epilogue.apply(tile[r, j], bias, col * BLOCK + j, flat, at + j)
+                                else:
+                                    for j in T.vectorized(tail):
+                                        out[at + j] = epilogue.apply(tile[r, j], bias, col * BLOCK + j, flat, at + j)
 
     return amx_conv
 
