@@ -238,3 +238,51 @@ def test_a_product_of_constants_is_left_to_folding_off_the_tiles() -> None:
     with _tvm.make_target({"kind": "llvm", "mcpu": "sapphirerapids"}):
         assert amx_plan.plan(normalize(relax.op.matmul(variable, weight, out_dtype="float32"))) is not None
         assert amx_plan.plan(normalize(relax.op.matmul(data, weight, out_dtype="float32"))) is None
+
+
+def _batched_model(path: Path, batch: tuple[int, ...], m: int, k: int, n: int) -> Path:
+    """``x · (y + 0)``: a product of two computed tensors (the Add keeps ``y`` an activation)."""
+    zero = numpy_helper.from_array(np.zeros((1,), np.float32), "zero")
+    nodes = [helper.make_node("Add", ["y", "zero"], ["v"]), helper.make_node("MatMul", ["x", "v"], ["out"])]
+    graph = helper.make_graph(nodes, "bmm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [*batch, m, k]),
+                                             helper.make_tensor_value_info("y", TensorProto.FLOAT, [*batch, k, n])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [*batch, m, n])], [zero])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+_BATCHED = [((1, 12), 128, 64, 128),  # BERT-base's Q·Kᵀ
+            ((2, 3), 197, 64, 197),   # ViT's 197 tokens: a row tail and a column tail (197 = 6 · 32 + 5)
+            ((4,), 40, 24, 48),       # one short k step, a half column block
+            ((3,), 64, 96, 32)]       # three k steps
+
+
+@pytest.mark.parametrize(("batch", "m", "k", "n"), _BATCHED)
+def test_products_of_activations_take_amx_tiles(tmp_path: Path, batch: tuple[int, ...], m: int, k: int,
+                                                n: int) -> None:
+    """Attention's bfloat16 products of two computed tensors lower to the batched AMX kernel for an
+    AMX target (no AMX needed here to lower), to the vector kernels for others."""
+    path = _batched_model(tmp_path / "bmm.onnx", batch, m, k, n)
+    assert "amptool_amx_bf16_32x32" in "\n".join(scheduled_kernels(str(path), "bfloat16", "sapphirerapids"))
+    assert "amptool_amx_bf16_32x32" not in "\n".join(scheduled_kernels(str(path), "bfloat16", "znver4"))
+
+
+@needs_amx
+@pytest.mark.parametrize(("batch", "m", "k", "n"), _BATCHED)
+def test_amx_products_of_activations_are_onnxruntimes(tmp_path: Path, batch: tuple[int, ...], m: int, k: int,
+                                                      n: int) -> None:
+    import onnxruntime as ort
+
+    from amptool.app.convert import ConvertConfig, build_model
+
+    path = str(_batched_model(tmp_path / "bmm.onnx", batch, m, k, n))
+    rng = np.random.default_rng(3)
+    feeds = {"x": _bf16_exact(rng.standard_normal((*batch, m, k)).astype(np.float32)),
+             "y": _bf16_exact(rng.standard_normal((*batch, k, n)).astype(np.float32))}
+    want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(["out"], feeds)[0]
+    got = np.asarray(build_model(ConvertConfig(model=path, dtype="bfloat16")).compiled().run(feeds)["out"], np.float32)
+    # float32 sums of exact products; the output's one bfloat16 rounding (the model's float32 output
+    # is cast from the bfloat16 graph) is the error left
+    np.testing.assert_allclose(got, want, rtol=2 ** -7, atol=1e-6 * float(np.abs(want).max()))

@@ -4,7 +4,8 @@
 A ``relax.matmul`` or NHWC ``relax.nn.conv2d`` gets an AMX kernel when its data and constant
 weight are bfloat16 accumulated in float32, the current target has AMX-BF16, and the shape suits
 the kernels (``cpu_amx.fits``, ``cpu_amx_conv.conv_fits``); a 1×1 stride-1 conv is the matmul of
-its pixels. Why AMX, and the kernels: ``cpu_amx``.
+its pixels. Why AMX, and the kernels: ``cpu_amx``. A product of two computed bfloat16 tensors
+(attention's) gets :mod:`amptool.compiler.cpu_amx_batched`'s kernel (``plan_batched``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 
 from amptool import _tvm
 from amptool.compiler.cpu_amx import PLAIN, Epilogue, emit_matmul, fits, has_amx_bf16
+from amptool.compiler.cpu_amx_batched import emit_batched
 from amptool.compiler.cpu_amx_conv import conv_fits, emit_conv
 
 
@@ -89,3 +91,23 @@ def plan(call: Any) -> Plan | None:
     if not conv_fits(tuple(shape), bits.shape[0], bits.shape[2:], strides, padding, dilation):
         return None
     return Plan("conv", data, tuple(shape), bits, (tuple(strides), tuple(padding), tuple(dilation)))
+
+
+def plan_batched(bb: Any, call: Any) -> Any | None:
+    """The AMX kernel's call for a ``relax.matmul`` of two computed tensors (``[*batch, M, K] ·
+    [*batch, K, N]``, the same batch dims), or None: bfloat16 operands accumulated in float32, static
+    shapes, at least a block of rows an item and a ``K`` the micro-kernel takes, a target with AMX-BF16."""
+    if _tvm.op_name(call) != "relax.matmul" or len(call.args) != 2:
+        return None
+    a, b = call.args
+    if _tvm.tensor_dtype(a) != "bfloat16" or _tvm.tensor_dtype(b) != "bfloat16" or _tvm.tensor_dtype(call) != "float32":
+        return None
+    a_shape, b_shape = _tvm.static_shape(a), _tvm.static_shape(b)
+    if a_shape is None or b_shape is None or len(a_shape) < 2 or len(a_shape) != len(b_shape):
+        return None
+    *batch, m, k = a_shape
+    if tuple(b_shape[:-2]) != tuple(batch) or b_shape[-2] != k or not fits(m, k):
+        return None
+    if _tvm.is_constant(a) or _tvm.is_constant(b) or not _target_has_amx():
+        return None  # (a constant's product is folded on the build machine: see ``plan``)
+    return emit_batched(bb, a, b, tuple(batch), m, k, b_shape[-1])

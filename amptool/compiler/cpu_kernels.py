@@ -1045,11 +1045,17 @@ def _legalize_matmul_of_activations(bb: Any, call: Any, a_shape: list[int], b_sh
     it handles badly — a column count no vector from 4 lanes up divides, a row count without a
     divisor from 4 up to the accumulator budget —
     as ``MATMUL_BLOCK`` over the right operand packed at run time (zero columns padding it to
-    whole blocks); any other keeps TVM's legalization.
+    whole blocks); any other keeps TVM's legalization. bfloat16 ones on an AMX target run on tiles
+    (``amx_plan.plan_batched``).
 
     Why: ViT-B/16's 197 tokens gave Q·Kᵀ a scalar dot per output (20 ms a layer at one thread,
     onnxruntime 0.8) and P·V one row per tile (1.9 ms, onnxruntime 0.55).
     """
+    from amptool.compiler import amx_plan  # noqa: PLC0415 - TVMScript parsing on first use
+
+    amx = amx_plan.plan_batched(bb, call)
+    if amx is not None:
+        return amx
     b = call.args[1]
     out_dtype = str(call.ty.dtype)
     lanes = _current_lanes()
