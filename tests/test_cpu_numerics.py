@@ -135,3 +135,36 @@ def test_pad_after_conv_is_not_fused_into_the_conv_tiles(pads):
             conv += np.einsum("nchw,oc->nohw", padded[:, :, i:i + 16, j:j + 16], w[:, :, i, j])
     want = np.pad(np.maximum(conv, 0), ((0, 0), (0, 0), pads, pads))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(("divisor", "scaled"), [
+    (np.float32(np.sqrt(2.0)), True),            # GELU's x / √2
+    (np.full((1, 1), 8.0, np.float32), True),    # attention's / √d, as a [1, 1] constant
+    (np.float32(0.0), True),                     # ±inf and NaN as onnxruntime's (TVM's division failed to build)
+    (np.float32(1e-39), False),                  # a subnormal: its reciprocal overflows
+    (np.array([2.0, 4.0, 8.0], np.float32), False),  # several values
+])
+def test_division_by_one_constant_is_a_product_with_its_reciprocal(tmp_path, divisor, scaled):
+    """``x / c`` for one constant value ``c`` is ``x · (1/c)`` (no vector division), within one
+    float32 rounding of onnxruntime's quotient; other divisions stay divisions."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from amptool.app.convert import ConvertConfig, build_model
+    from tests.conftest import scheduled_kernels
+
+    graph = helper.make_graph([helper.make_node("Div", ["x", "c"], ["y"])], "div",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.asarray(divisor, np.float32), "c")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = str(tmp_path / "div.onnx")
+    onnx.save(model, path)
+    text = "\n".join(scheduled_kernels(path, "float32"))
+    assert ('"scaled"' in text) == scaled and (" / " in text or "T.Div" in text) != scaled, text
+    x = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
+    x[0, 0] = 0.0
+    want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = build_model(ConvertConfig(model=path, dtype="float32")).compiled().run({"x": x})["y"]
+    np.testing.assert_allclose(got, want, rtol=2 ** -22, atol=0)
