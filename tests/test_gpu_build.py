@@ -248,3 +248,21 @@ def test_kernels_split_over_modules_are_the_kernels_one_module_holds():
     assert len(cuda_inspect.cuda_sources(one)) == 1 and len(cuda_inspect.cuda_sources(split)) == 2
     want, got = _kernel_texts(one), _kernel_texts(split)
     assert len(want) >= 4 and got == want
+
+
+@needs_cuda
+def test_division_by_a_constant_zero_builds_for_cuda(tmp_path):
+    """``x / 0`` with a constant zero (the shared ``legalize_divide``: a product with ±inf) builds
+    for CUDA, where TVM's division folded it into "Divide by zero"."""
+    import onnx
+
+    from amptool.app.convert import ConvertConfig, convert_model
+
+    graph = helper.make_graph([helper.make_node("Div", ["x", "c"], ["y"])], "div",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 3])],
+                              [numpy_helper.from_array(np.float32(0.0), "c")])
+    model = str(tmp_path / "div.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
+    convert_model(ConvertConfig(model=model, dtype="float16", target="cuda", cuda_arch="sm_90"), str(tmp_path / "out"))
+    assert (tmp_path / "out" / "model.so").is_file()

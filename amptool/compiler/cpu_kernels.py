@@ -160,7 +160,6 @@ def legalize_map() -> dict[str, Callable[[Any, Any], Any]]:
         "relax.nn.gelu_tanh": _legalize_gelu_tanh,
         "relax.image.grid_sample": _legalize_grid_sample,
         "relax.take": _legalize_take,
-        "relax.divide": _legalize_divide,
         **{f"relax.nn.max_pool{n}d": _legalize_max_pool for n in (1, 2, 3)},
         **dict.fromkeys(REDUCTIONS, tail_reduction(_default, _current_lanes)),
     }.items()}
@@ -222,38 +221,6 @@ def _default(bb: Any, call: Any) -> Any:
     import tvm  # noqa: PLC0415
 
     return tvm.ir.Op.get(str(call.op.name)).get_attr("FLegalize")(bb, call)
-
-
-def _legalize_divide(bb: Any, call: Any) -> Any:
-    """A float tensor divided by one constant value (GELU's ``x / √2``, attention's ``/ √d``) as a
-    product with its reciprocal, in float32 for every float dtype; any other division TVM's.
-
-    Why: a vector division issues once every several cycles where a multiply issues twice a cycle —
-    BERT-base's GELU kernel spent most of its time in its two ``vdivps`` a vector (this and
-    ``fast_erf``'s). Values: within one float32 rounding of the quotient (the reciprocal's and the
-    product's), as onnxruntime's own GELU computes ``x · (1/√2)``; below float32 the result's
-    rounding is the quotient's. A zero divisor too: TVM's division folded ``x / 0`` into a compile
-    error ("Divide by zero"), where ``x · ±inf`` gives the IEEE quotient."""
-    from tvm import te, tirx  # noqa: PLC0415
-
-    x, divisor = call.args
-    dtype = str(call.ty.dtype)
-    if dtype not in _FLOATS or str(x.ty.dtype) != dtype or not _tvm.is_constant(divisor):
-        return _default(bb, call)
-    value = _tvm.constant_view(divisor)
-    if value.size != 1 or value.ndim > len(static_shape(x) or ()):
-        return _default(bb, call)  # (a divisor of more dims than x broadcasts x: TVM's shape rules)
-    c = np.float64(value.reshape(()).astype(np.float64))
-    with np.errstate(divide="ignore", over="ignore"):
-        reciprocal = np.float32(1.0 / c)  # 1/±0 = ±inf: x · ±inf is x / ±0 (NaN for 0, ±inf else)
-    if np.isnan(c) or (c != 0 and (not np.isfinite(reciprocal) or abs(reciprocal) < np.finfo(np.float32).tiny)):
-        return _default(bb, call)  # (a reciprocal that overflows or is subnormal: TVM's division)
-
-    def compute(data: Any) -> Any:
-        scale = tirx.const(float(reciprocal), "float32")
-        return te.compute(data.shape, lambda *i: (data(*i).astype("float32") * scale).astype(dtype), name="scaled")
-
-    return bb.call_te(compute, x, primfunc_name_hint="divide")
 
 
 def _legalize_take(bb: Any, call: Any) -> Any:

@@ -1,0 +1,55 @@
+"""Division by one constant value, legalized for every target: a product with its reciprocal.
+
+``stages.relax_stages`` puts :func:`legalize_divide` under each pipeline's own legalizations (the
+CPU's ``cpu_kernels.legalize_map``, the GPU's none).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from amptool import _tvm
+from amptool._tvm import static_shape
+
+FLOATS = ("float16", "bfloat16", "float32", "float64")
+
+
+def legalize_divide(bb: Any, call: Any) -> Any:
+    """A float tensor divided by one constant value (GELU's ``x / √2``, attention's ``/ √d``) as a
+    product with its reciprocal, in float32 for every float dtype; any other division TVM's.
+
+    Why: a vector division issues once every several cycles where a multiply issues twice a cycle —
+    BERT-base's GELU kernel spent most of its time in its two ``vdivps`` a vector (this and
+    ``fast_erf``'s). Values: within one float32 rounding of the quotient (the reciprocal's and the
+    product's), as onnxruntime's own GELU computes ``x · (1/√2)``; below float32 the result's
+    rounding is the quotient's. A zero divisor too: TVM's division folded ``x / 0`` into a compile
+    error ("Divide by zero"), where ``x · ±inf`` gives the IEEE quotient."""
+    from tvm import te, tirx  # noqa: PLC0415
+
+    x, divisor = call.args
+    dtype = str(call.ty.dtype)
+    if dtype not in FLOATS or str(x.ty.dtype) != dtype or not _tvm.is_constant(divisor):
+        return _tvms(bb, call)
+    value = _tvm.constant_view(divisor)
+    if value.size != 1 or value.ndim > len(static_shape(x) or ()):
+        return _tvms(bb, call)  # (a divisor of more dims than x broadcasts x: TVM's shape rules)
+    c = np.float64(value.reshape(()).astype(np.float64))
+    with np.errstate(divide="ignore", over="ignore"):
+        reciprocal = np.float32(1.0 / c)  # 1/±0 = ±inf: x · ±inf is x / ±0 (NaN for 0, ±inf else)
+    if np.isnan(c) or (c != 0 and (not np.isfinite(reciprocal) or abs(reciprocal) < np.finfo(np.float32).tiny)):
+        return _tvms(bb, call)  # (a reciprocal that overflows or is subnormal: TVM's division)
+
+    def compute(data: Any) -> Any:
+        scale = tirx.const(float(reciprocal), "float32")
+        return te.compute(data.shape, lambda *i: (data(*i).astype("float32") * scale).astype(dtype), name="scaled")
+
+    return bb.call_te(compute, x, primfunc_name_hint="divide")
+
+
+def _tvms(bb: Any, call: Any) -> Any:
+    """TVM's own legalization of ``call``."""
+    import tvm  # noqa: PLC0415
+
+    return tvm.ir.Op.get(str(call.op.name)).get_attr("FLegalize")(bb, call)
