@@ -14,7 +14,7 @@ no AVX512-BF16 (-mattr=-avx512bf16)  —                   1.02× (no speed-up)
 AVX512-BF16 (znver4)              —                      0.76×
 AVX512-BF16, slow (emeraldrapids)  —                     1.03× (FMA kernels; ResNet-50, 2 threads)
 AVX2 only (znver3, an EPYC VM)     1.02× / 1.04× / 0.96×  0.95× / 0.75× / 0.87×
-AMX-BF16 (a Sapphire Rapids VM)    1.12× / 1.03× / 1.00×  0.22× / 0.62× / 0.25× (AMX: ``cpu_amx``)
+AMX-BF16 (a Sapphire Rapids VM)    1.12× / 1.06× / 1.00×  0.20× / 0.53× / 0.23× (AMX: ``cpu_amx``)
 ================================  ====================  =========================================
 
 (The AVX2 and AMX rows: ResNet-50 / MobileNetV2 / BERT-base, 2 threads, ``cpu_speed.py`` medians,
@@ -105,7 +105,7 @@ def low_precision_speed_note(dtype: str, spec: dict[str, Any]) -> str | None:
         return (f"CPU {cpu} has AVX512-FP16, but amptool's CPU kernels compute float16 in float32 after conversion, "
                 "measured 1.05x float32 latency (ResNet-50, 2 threads; weights take half the memory; no speed-up)")
     if has["amx-bf16"] and has["amx-tile"]:
-        return None  # matmuls and convs on AMX tiles (cpu_amx): measured 0.22-0.62x float32
+        return None  # matmuls and convs on AMX tiles (cpu_amx): measured 0.20-0.53x float32
     if not has["avx512bf16"]:
         if not has["avx512f"]:
             return None  # AVX2 only: measured 0.75-0.95x float32 (the table above) — no warning due
