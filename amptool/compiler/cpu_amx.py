@@ -254,11 +254,12 @@ def strips(row_blocks: int, col_blocks: int, *, by_columns: bool) -> tuple[int, 
 
 #: Parallel iterations a kernel's tasks are dealt to, per core of the building machine (a host
 #: build runs where it was built; elsewhere only the grain is off): each iteration a contiguous run of
-#: tasks loading the tile configuration once (``ldtilecfg``) and taking its 4 KB epilogue tile from
-#: TVM's workspace pool once. One iteration a task had made AMX kernels MobileNetV2's largest
-#: callers of the pool (4% of a bfloat16 run in Alloc/FreeWorkspace, perf): dealt to 64 iterations
-#: its kernel sum went 1.58 → 1.47 ms (stem 0.174 → 0.130, its 32 → 16 1×1 conv 0.055 → 0.029; OpenVINO
-#: 0.103 and 0.030), to 16 (8 a core here) 1.46 (per-kernel minima alternated, 2 threads).
+#: tasks loading the tile configuration once (``ldtilecfg``) and declaring its 4 KB epilogue tile
+#: once. One iteration a task had made AMX kernels MobileNetV2's largest callers of TVM's workspace
+#: pool (the tile was a "local" buffer: 4% of a bfloat16 run in Alloc/FreeWorkspace, perf): dealt to
+#: 64 iterations its kernel sum went 1.58 → 1.47 ms (stem 0.174 → 0.130, its 32 → 16 1×1 conv 0.055 →
+#: 0.029; OpenVINO 0.103 and 0.030), to 16 (8 a core here) 1.46 (per-kernel minima alternated, 2
+#: threads); the tile now a global-scope buffer that ``stack_tiles`` keeps on the stack, 0.99× more.
 WORKERS_PER_CORE = 8
 
 
@@ -310,7 +311,7 @@ def matmul_primfunc(lead: tuple[int, ...], k: int, n: int, epilogue: Epilogue = 
             with T.attr(0, "pragma_import_llvm", LLVM_IR):
                 origin = T.decl_buffer((1,), "int64", scope="local")
                 origin[0] = T.int64(0)
-                tile = T.decl_buffer((BLOCK, BLOCK), "float32", scope="local")
+                tile = T.decl_buffer((BLOCK, BLOCK), "float32")  # 4 KB: kept on the stack (stack_tiles)
                 T.evaluate(T.call_extern("void", _CONFIGURE, T.int64(min(k, DEPTH) * 2), T.int64(min(k, DEPTH) // 2)))
                 for task in T.serial(worker * tasks // workers, (worker + 1) * tasks // workers):
                     for inner in T.serial(inner_blocks):

@@ -60,7 +60,7 @@ def batched_primfunc(batch: tuple[int, ...], m: int, k: int, n: int) -> Any:
             with T.attr(0, "pragma_import_llvm", LLVM_IR):
                 origin = T.decl_buffer((1,), "int64", scope="local")
                 origin[0] = T.int64(0)
-                tile = T.decl_buffer((BLOCK, BLOCK), "float32", scope="local")
+                tile = T.decl_buffer((BLOCK, BLOCK), "float32")  # 4 KB: kept on the stack (stack_tiles)
                 T.evaluate(T.call_extern("void", _CONFIGURE, T.int64(min(k, DEPTH) * 2), T.int64(min(k, DEPTH) // 2)))
                 for task in T.serial(worker * tasks // workers, (worker + 1) * tasks // workers):
                     for col in T.serial(col_blocks):

@@ -182,7 +182,7 @@ def conv_primfunc(data_shape: tuple[int, ...], out_channels: int, kernel: tuple[
                         phases[base + channels + c] = T.uint16(0)
         for worker in T.parallel(workers):
             with T.attr(0, "pragma_import_llvm", LLVM_IR):
-                tile = T.decl_buffer((BLOCK, BLOCK), "float32", scope="local")
+                tile = T.decl_buffer((BLOCK, BLOCK), "float32")  # 4 KB: kept on the stack (stack_tiles)
                 T.evaluate(T.call_extern("void", _CONFIGURE, T.int64(DEPTH * 2), T.int64(DEPTH // 2)))
                 for task in T.serial(worker * tasks // workers, (worker + 1) * tasks // workers):
                     for inner in T.serial(inner_blocks):
