@@ -168,3 +168,22 @@ def test_division_by_one_constant_is_a_product_with_its_reciprocal(tmp_path, div
     want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     got = build_model(ConvertConfig(model=path, dtype="float32")).compiled().run({"x": x})["y"]
     np.testing.assert_allclose(got, want, rtol=2 ** -22, atol=0)
+
+
+def test_float64_division_by_a_constant_keeps_float64_precision(tmp_path):
+    """A float64 ``x / c`` as a product is computed in float64: within two float64 roundings of
+    the quotient, not float32's."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from amptool.app.convert import ConvertConfig, build_model
+
+    graph = helper.make_graph([helper.make_node("Div", ["x", "c"], ["y"])], "div",
+                              [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [64])],
+                              [helper.make_tensor_value_info("y", TensorProto.DOUBLE, [64])],
+                              [numpy_helper.from_array(np.float64(3.0), "c")])
+    path = str(tmp_path / "div64.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    x = np.random.default_rng(1).standard_normal(64)
+    got = build_model(ConvertConfig(model=path, dtype="float32")).compiled().run({"x": x})["y"]
+    np.testing.assert_allclose(got, x / 3.0, rtol=2 ** -51, atol=0)

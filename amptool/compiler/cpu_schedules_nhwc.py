@@ -217,8 +217,6 @@ def _copy_rows_at(sch: Any, conv: Any, y: Any, tiling: Tiling) -> bool:
     return True
 
 
-
-
 def _weight_chunk(sch: Any, conv: Any, block: int, tiling: Tiling, planned: bool = False) -> int | None:
     """Input channels per chunk of a conv whose weights dominate (``_weights_dominate``), or whose
     chunks were ``planned`` (a flat tile's): the largest divisor of the channel count (at least 8,

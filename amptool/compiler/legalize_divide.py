@@ -18,7 +18,7 @@ FLOATS = ("float16", "bfloat16", "float32", "float64")
 
 def legalize_divide(bb: Any, call: Any) -> Any:
     """A float tensor divided by one constant value (GELU's ``x / √2``, attention's ``/ √d``) as a
-    product with its reciprocal, in float32 for every float dtype; any other division TVM's.
+    product with its reciprocal, in float32 (float64 for float64); any other division TVM's.
 
     Why: a vector division issues once every several cycles where a multiply issues twice a cycle —
     BERT-base's GELU kernel spent most of its time in its two ``vdivps`` a vector (this and
@@ -35,15 +35,16 @@ def legalize_divide(bb: Any, call: Any) -> Any:
     value = _tvm.constant_view(divisor)
     if value.size != 1 or value.ndim > len(static_shape(x) or ()):
         return _tvms(bb, call)  # (a divisor of more dims than x broadcasts x: TVM's shape rules)
+    wide = "float64" if dtype == "float64" else "float32"  # the product's precision: float32 at least
     c = np.float64(value.reshape(()).astype(np.float64))
     with np.errstate(divide="ignore", over="ignore"):
-        reciprocal = np.float32(1.0 / c)  # 1/±0 = ±inf: x · ±inf is x / ±0 (NaN for 0, ±inf else)
-    if np.isnan(c) or (c != 0 and (not np.isfinite(reciprocal) or abs(reciprocal) < np.finfo(np.float32).tiny)):
+        reciprocal = np.dtype(wide).type(1.0 / c)  # 1/±0 = ±inf: x · ±inf is x / ±0 (NaN for 0, ±inf else)
+    if np.isnan(c) or (c != 0 and (not np.isfinite(reciprocal) or abs(reciprocal) < np.finfo(wide).tiny)):
         return _tvms(bb, call)  # (a reciprocal that overflows or is subnormal: TVM's division)
 
     def compute(data: Any) -> Any:
-        scale = tirx.const(float(reciprocal), "float32")
-        return te.compute(data.shape, lambda *i: (data(*i).astype("float32") * scale).astype(dtype), name="scaled")
+        scale = tirx.const(float(reciprocal), wide)
+        return te.compute(data.shape, lambda *i: (data(*i).astype(wide) * scale).astype(dtype), name="scaled")
 
     return bb.call_te(compute, x, primfunc_name_hint="divide")
 
