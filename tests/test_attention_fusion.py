@@ -169,3 +169,15 @@ def test_low_precision_builds_round_the_probabilities_as_three_kernels_do(tmp_pa
     apart = np.abs(np.asarray(fused, np.float32) - np.asarray(unfused, np.float32)).max()
     print(f"rounding error {error:.3g}, fused vs unfused {apart:.3g}")
     assert apart <= 0.25 * error  # (without the rounding, the two would be apart by about the error)
+
+
+def test_bfloat16_attention_stays_three_kernels_where_amx_takes_its_products(tmp_path: Path) -> None:
+    """On an AMX target a bfloat16 attention whose two products the tiles take (32 rows or more) is
+    not fused: ``Q·Kᵀ`` and ``P·V`` run on AMX (``amx_plan.takes_attention``); elsewhere, and with
+    fewer rows, it is one kernel. Lowered for named CPUs: no AMX needed here."""
+    path = _model(tmp_path / "amx.onnx", 64, 300, [], [], "scores")
+    amx = "\n".join(scheduled_kernels(path, "bfloat16", mcpu="sapphirerapids"))
+    assert 'T.sblock("amp_attention_scores' not in amx and "amptool_amx_bf16_32x32" in amx
+    assert any('T.sblock("amp_attention_scores' in t for t in scheduled_kernels(path, "bfloat16", mcpu="znver4"))
+    few = _model(tmp_path / "few.onnx", 12, 300, [], [], "scores")
+    assert any('T.sblock("amp_attention_scores' in t for t in scheduled_kernels(few, "bfloat16", mcpu="sapphirerapids"))

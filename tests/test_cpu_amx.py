@@ -256,7 +256,9 @@ def _batched_model(path: Path, batch: tuple[int, ...], m: int, k: int, n: int) -
 _BATCHED = [((1, 12), 128, 64, 128),  # BERT-base's Q·Kᵀ
             ((2, 3), 197, 64, 197),   # ViT's 197 tokens: a row tail and a column tail (197 = 6 · 32 + 5)
             ((4,), 40, 24, 48),       # one short k step, a half column block
-            ((3,), 64, 96, 32)]       # three k steps
+            ((3,), 64, 96, 32),       # three k steps
+            ((2, 3), 197, 197, 64),   # ViT's P·V: k = 6 · 32 + 5, its last step from a zero-padded copy
+            ((2,), 77, 45, 40)]       # CLIP's 77 tokens, an odd k = 32 + 13
 
 
 @pytest.mark.parametrize(("batch", "m", "k", "n"), _BATCHED)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from amptool import _tvm
-from amptool.compiler.cpu_amx import PLAIN, Epilogue, emit_matmul, fits, has_amx_bf16
+from amptool.compiler.cpu_amx import BLOCK, DEPTH, PLAIN, Epilogue, emit_matmul, fits, has_amx_bf16
 from amptool.compiler.cpu_amx_batched import emit_batched
 from amptool.compiler.cpu_amx_conv import conv_fits, emit_conv
 
@@ -96,7 +96,8 @@ def plan(call: Any) -> Plan | None:
 def plan_batched(bb: Any, call: Any) -> Any | None:
     """The AMX kernel's call for a ``relax.matmul`` of two computed tensors (``[*batch, M, K] ·
     [*batch, K, N]``, the same batch dims), or None: bfloat16 operands accumulated in float32, static
-    shapes, at least a block of rows an item and a ``K`` the micro-kernel takes, a target with AMX-BF16."""
+    shapes, at least a block of rows an item and a ``K`` the micro-kernel takes (over 32, any: the batched
+    kernel pads its last step), a target with AMX-BF16."""
     if _tvm.op_name(call) != "relax.matmul" or len(call.args) != 2:
         return None
     a, b = call.args
@@ -106,8 +107,23 @@ def plan_batched(bb: Any, call: Any) -> Any | None:
     if a_shape is None or b_shape is None or len(a_shape) < 2 or len(a_shape) != len(b_shape):
         return None
     *batch, m, k = a_shape
-    if tuple(b_shape[:-2]) != tuple(batch) or b_shape[-2] != k or not fits(m, k):
+    if tuple(b_shape[:-2]) != tuple(batch) or b_shape[-2] != k or not batched_fits(m, k):
         return None
     if _tvm.is_constant(a) or _tvm.is_constant(b) or not _target_has_amx():
         return None  # (a constant's product is folded on the build machine: see ``plan``)
     return emit_batched(bb, a, b, tuple(batch), m, k, b_shape[-1])
+
+
+def batched_fits(rows: int, k: int) -> bool:
+    """Whether the batched kernel takes an item of ``rows`` × ``k`` (``cpu_amx.fits``, or any ``k``
+    over one step: its last step zero-padded)."""
+    return fits(rows, k) or (rows >= BLOCK and k > DEPTH)
+
+
+def takes_attention(q_shape: list[int], keys: int, dtype: str) -> bool:
+    """Whether both of an attention's products — ``q·kᵀ`` (``q_shape``'s rows × its head dim) and
+    ``p·v`` (rows × ``keys``) — run on AMX tiles for the current target: then they are kept as
+    products, not fused into ``cpu_attention``'s float32 kernel (ViT bf16 kernel sum 0.92×, Whisper
+    0.73× on a Sapphire Rapids VM)."""
+    rows, head = q_shape[-2], q_shape[-1]
+    return dtype == "bfloat16" and batched_fits(rows, head) and batched_fits(rows, keys) and _target_has_amx()

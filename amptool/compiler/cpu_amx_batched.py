@@ -28,18 +28,24 @@ from amptool.compiler.cpu_amx import _CONFIGURE, _FUNCTION, BLOCK, DEPTH, LLVM_I
 
 def batched_primfunc(batch: tuple[int, ...], m: int, k: int, n: int) -> Any:
     """The PrimFunc ``(A [*batch, m, k] bfloat16, B [*batch, k, n] bfloat16) → C [*batch, m, n]
-    float32``."""
+    float32``. ``k``: whole 32-deep steps read from A where it lies, then a last partial step (a
+    sequence length such as ViT's 197) from a zero-padded copy of the block's 32 rows, into a tile of
+    its own added as the block is stored; or one short even step under 32."""
     from tvm.script import tirx as T  # noqa: PLC0415
 
     items = math.prod(batch)
     row_blocks, col_blocks = -(-m // BLOCK), -(-n // BLOCK)
-    pairs = k // 2
+    short = k < DEPTH  # one short step: the tile configuration's A rows and B rows shortened
+    steps = 1 if short else k // DEPTH
+    rest = 0 if short else k % DEPTH
+    depth = k if short else (steps + (rest > 0)) * DEPTH  # packed B's rows: zeros past k
+    pairs = depth // 2
     ldb = pairs * 16 * 2 * 2  # bytes of one 16-column block of packed B
-    item_words = col_blocks * BLOCK * k  # uint16 of one item's packed B
-    steps = max(1, k // DEPTH)  # (a k under 32 is one short step)
+    item_words = col_blocks * BLOCK * depth  # uint16 of one item's packed B
     full_cols, tail = n // BLOCK, n % BLOCK
     tasks = items * row_blocks
     workers = parallel_workers(tasks)
+    a_bytes, b_rows = (k * 2, k // 2) if short else (DEPTH * 2, DEPTH // 2)
 
     @T.prim_func(private=True)
     def amx_batched(x: T.Buffer((*batch, m, k), "bfloat16"), w: T.Buffer((*batch, k, n), "bfloat16"),
@@ -53,33 +59,52 @@ def batched_primfunc(batch: tuple[int, ...], m: int, k: int, n: int) -> Any:
         for item in T.parallel(items):
             for block, pair in T.grid(col_blocks * 2, pairs):
                 for lane, half in T.grid(16, 2):
-                    column = block * 16 + lane
+                    column, row = block * 16 + lane, 2 * pair + half
                     packed[item * item_words + ((block * pairs + pair) * 16 + lane) * 2 + half] = T.if_then_else(
-                        column < n, b_bits[item * k * n + (2 * pair + half) * n + T.min(column, n - 1)], T.uint16(0))
+                        column < n and row < k, b_bits[item * k * n + T.min(row, k - 1) * n + T.min(column, n - 1)],
+                        T.uint16(0))
         for worker in T.parallel(workers):
             with T.attr(0, "pragma_import_llvm", LLVM_IR):
                 origin = T.decl_buffer((1,), "int64", scope="local")
                 origin[0] = T.int64(0)
                 tile = T.decl_buffer((BLOCK, BLOCK), "float32")  # 4 KB: kept on the stack (stack_tiles)
-                T.evaluate(T.call_extern("void", _CONFIGURE, T.int64(min(k, DEPTH) * 2), T.int64(min(k, DEPTH) // 2)))
+                part = T.decl_buffer((BLOCK, BLOCK), "float32")  # the last partial step's sums
+                rows = T.decl_buffer((BLOCK * DEPTH,), "uint16")  # its A: 32 rows × 32, zero-padded
+                T.evaluate(T.call_extern("void", _CONFIGURE, T.int64(a_bytes), T.int64(b_rows)))
                 for task in T.serial(worker * tasks // workers, (worker + 1) * tasks // workers):
                     for col in T.serial(col_blocks):
                         start = (task // row_blocks * m + T.min(task % row_blocks * BLOCK, m - BLOCK))
-                        if tail == 0 or col < full_cols:  # (no tail: Python's True, one branch)
+                        at = task // row_blocks * item_words + col * 2 * pairs * 32  # the block's packed B
+                        if rest == 0 and (tail == 0 or col < full_cols):  # (Python's bool where it can)
                             T.evaluate(T.call_extern(
                                 "void", _FUNCTION, c.access_ptr("w", offset=start * n + col * BLOCK), T.int64(n * 4),
                                 a_bits.access_ptr("r", offset=start * k), T.int64(k * 2),
-                                packed.access_ptr("r", offset=task // row_blocks * item_words + col * 2 * pairs * 32),
-                                T.int64(ldb), T.int64(steps), origin.access_ptr("r"), T.int64(1)))
+                                packed.access_ptr("r", offset=at), T.int64(ldb), T.int64(steps), origin.access_ptr("r"),
+                                T.int64(1)))
                         else:
                             T.evaluate(T.call_extern(
                                 "void", _FUNCTION, tile.access_ptr("w"), T.int64(BLOCK * 4),
                                 a_bits.access_ptr("r", offset=start * k), T.int64(k * 2),
-                                packed.access_ptr("r", offset=task // row_blocks * item_words + col * 2 * pairs * 32),
-                                T.int64(ldb), T.int64(steps), origin.access_ptr("r"), T.int64(1)))
+                                packed.access_ptr("r", offset=at), T.int64(ldb), T.int64(steps), origin.access_ptr("r"),
+                                T.int64(1)))
+                            if rest > 0:
+                                for r, e in T.grid(BLOCK, DEPTH):
+                                    rows[r * DEPTH + e] = T.if_then_else(
+                                        e < rest, a_bits[(start + r) * k + steps * DEPTH + T.min(e, rest - 1)],
+                                        T.uint16(0))
+                                T.evaluate(T.call_extern(
+                                    "void", _FUNCTION, part.access_ptr("w"), T.int64(BLOCK * 4), rows.access_ptr("r"),
+                                    T.int64(DEPTH * 2), packed.access_ptr("r", offset=at + steps * DEPTH * 16),
+                                    T.int64(ldb), T.int64(1), origin.access_ptr("r"), T.int64(1)))
                             for r in T.serial(BLOCK):
-                                for j in T.vectorized(tail):
-                                    c[(start + r) * n + col * BLOCK + j] = tile[r, j]
+                                if tail == 0 or col < full_cols:
+                                    for j in T.vectorized(BLOCK):
+                                        c[(start + r) * n + col * BLOCK + j] = tile[r, j] + (part[r, j] if rest > 0
+                                                                                             else T.float32(0))
+                                else:
+                                    for j in T.vectorized(tail):
+                                        c[(start + r) * n + col * BLOCK + j] = tile[r, j] + (part[r, j] if rest > 0
+                                                                                             else T.float32(0))
 
     return amx_batched
 

@@ -23,6 +23,7 @@ does the same in float32 with each of those roundings (q, kᵀ, v widened first)
 are the three kernels' up to summation order.
 
 When not: fewer than ``MIN_KEYS`` keys (the scores stay in cache between the three kernels);
+bfloat16 products that AMX tiles take (``amx_plan.takes_attention``: the three kernels are faster);
 shapes that are not static; dtypes other than those two arrangements; ``v`` columns no 16-lane
 vector divides; an intermediate (the scores, the probabilities) used elsewhere, e.g. returned as
 attention weights; batch dims that differ between ``q``, ``kᵀ`` and ``v``.
@@ -269,6 +270,10 @@ def _accepts(match: _Match, softmax: Any, scores: Any, product: Any) -> bool:
     keys, columns = kt[-1], v[-1]
     if keys < MIN_KEYS or columns % _LANES:
         return False
+    from amptool.compiler import amx_plan  # noqa: PLC0415 - TVMScript parsing on first use
+
+    if amx_plan.takes_attention(q, keys, next(iter(low))):
+        return False  # bfloat16 products on AMX tiles beat the fused float32 kernel
     for step in match.steps:
         if step.operand is None:
             continue
