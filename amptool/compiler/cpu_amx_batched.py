@@ -72,8 +72,12 @@ def batched_primfunc(batch: tuple[int, ...], m: int, k: int, n: int) -> Any:
                 rows = T.decl_buffer((BLOCK * DEPTH,), "uint16")  # its A: 32 rows × 32, zero-padded
                 T.evaluate(T.call_extern("void", _CONFIGURE, T.int64(a_bytes), T.int64(b_rows)))
                 for task in T.serial(worker * tasks // workers, (worker + 1) * tasks // workers):
+                    start = task // row_blocks * m + T.min(task % row_blocks * BLOCK, m - BLOCK)
+                    if rest > 0:  # the strip's last partial step, once for all its column blocks
+                        for r, e in T.grid(BLOCK, DEPTH):
+                            rows[r * DEPTH + e] = T.if_then_else(
+                                e < rest, a_bits[(start + r) * k + steps * DEPTH + T.min(e, rest - 1)], T.uint16(0))
                     for col in T.serial(col_blocks):
-                        start = (task // row_blocks * m + T.min(task % row_blocks * BLOCK, m - BLOCK))
                         at = task // row_blocks * item_words + col * 2 * pairs * 32  # the block's packed B
                         if rest == 0 and (tail == 0 or col < full_cols):  # (Python's bool where it can)
                             T.evaluate(T.call_extern(
@@ -88,10 +92,6 @@ def batched_primfunc(batch: tuple[int, ...], m: int, k: int, n: int) -> Any:
                                 packed.access_ptr("r", offset=at), T.int64(ldb), T.int64(steps), origin.access_ptr("r"),
                                 T.int64(1)))
                             if rest > 0:
-                                for r, e in T.grid(BLOCK, DEPTH):
-                                    rows[r * DEPTH + e] = T.if_then_else(
-                                        e < rest, a_bits[(start + r) * k + steps * DEPTH + T.min(e, rest - 1)],
-                                        T.uint16(0))
                                 T.evaluate(T.call_extern(
                                     "void", _FUNCTION, part.access_ptr("w"), T.int64(BLOCK * 4), rows.access_ptr("r"),
                                     T.int64(DEPTH * 2), packed.access_ptr("r", offset=at + steps * DEPTH * 16),
