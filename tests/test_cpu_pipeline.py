@@ -245,18 +245,24 @@ def test_no_serial_scalar_steps_left_beside_a_scheduled_block(tmp_path: Path) ->
             assert "T.vectorized" in nest or "T.parallel" in nest or "T.int64(1))" in nest.split("\n")[0], nest[:400]
 
 
+def _head(tmp_path: Path, weight: np.ndarray) -> Path:
+    """A one-row classifier head ``x [1, K] · weight [K, N]`` saved as an ONNX model."""
+    k, n = weight.shape
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "head",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])], [numpy_helper.from_array(weight, "w")])
+    path = tmp_path / "head.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
 def test_one_row_matmul_takes_several_column_blocks(tmp_path: Path) -> None:
     """A 1-row matmul (a classifier head) gives each tile several column blocks, each its own
     accumulator, instead of one dependent FMA chain per block; the values stay onnxruntime's."""
     rng = np.random.default_rng(4)
     weight = rng.standard_normal((200, 40)).astype(np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"])], "head",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 200])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 40])], [numpy_helper.from_array(weight, "w")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    path = tmp_path / "head.onnx"
-    onnx.save(model, path)
+    path = _head(tmp_path, weight)
     (script,) = [s for s in scheduled_kernels(str(path), "float32") if "amp_matmul_update" in s]
     lines = script.splitlines()
     update = next(i for i, line in enumerate(lines) if 'T.sblock("amp_matmul_update")' in line)
@@ -274,12 +280,7 @@ def test_half_vector_columns_pad_to_whole_vectors(tmp_path: Path) -> None:
     padded columns are cropped, the values stay onnxruntime's within bfloat16's rounding."""
     rng = np.random.default_rng(5)
     weight = rng.standard_normal((64, 40)).astype(np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"])], "head",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 40])], [numpy_helper.from_array(weight, "w")])
-    path = tmp_path / "head.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    path = _head(tmp_path, weight)
     (script,) = [s for s in scheduled_kernels(str(path), "bfloat16", "skylake-avx512") if "amp_matmul_update" in s]
     packed = re.search(r'param_0: T\.Buffer\(\(T\.int64\(\d+\), T\.int64\(64\), T\.int64\((\d+)\)\)', script)
     assert packed and int(packed.group(1)) % 16 == 0, script  # 48 columns: three vectors
