@@ -5,15 +5,18 @@ packed at run time — in the kernel, one parallel pass — into the ``[N'/16, K
 :mod:`amptool.compiler.cpu_amx`'s micro-kernel (zero columns padding ``N`` to 32s), then the same
 32 × 32 blocks as a constant-weight matmul: a task is one item's strip of 32 rows over all its
 column blocks, tasks dealt to workers as there (``cpu_amx.parallel_workers``). Full column blocks
-go straight to the output, a last partial one through a tile.
+go straight to the output, a last partial one through a tile. A ``K`` that is no multiple of 32
+(ViT's 197 keys, Whisper's 1500): whole steps from A where it lies, the last partial one from a
+zero-padded copy of the strip's rows into a second tile, the two added as the block is stored.
 
 Why: the constant-weight kernels left attention's products on float32 FMAs over converted values;
 BERT-base bfloat16 spent 2.5 of its 19.7 ms kernel sum there (12 layers × 0.107 ms for ``Q·Kᵀ``,
 0.104 for ``P·V``; 235 GFLOP/s on two cores, the tiles' matmuls ~1.5 TFLOP/s).
 
 When: ``amx_plan.plan_batched`` — bfloat16 operands accumulated in float32, the same batch dims,
-static shapes, at least 32 rows an item, ``K`` as the micro-kernel takes it (``cpu_amx.fits``), a
-target with AMX-BF16. Numerics: the micro-kernel's.
+static shapes, at least 32 rows an item, ``K`` over 32 or one even step under it, a target with
+AMX-BF16; ``cpu_attention`` then leaves such an attention unfused (``amx_plan.takes_attention``).
+Numerics: the micro-kernel's (the padded step adds zeros).
 """
 
 # TVMScript buffer annotations are calls, which mypy rejects.
