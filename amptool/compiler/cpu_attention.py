@@ -272,7 +272,7 @@ def _accepts(match: _Match, softmax: Any, scores: Any, product: Any) -> bool:
         return False
     from amptool.compiler import amx_plan  # noqa: PLC0415 - TVMScript parsing on first use
 
-    if amx_plan.takes_attention(q, keys, next(iter(low))):
+    if amx_plan.takes_attention(q, keys, str(next(iter(low)))):
         return False  # bfloat16 products on AMX tiles beat the fused float32 kernel
     for step in match.steps:
         if step.operand is None:
