@@ -28,8 +28,9 @@ channels). Fewer rows (a decode step's one) stay on the vector kernels, which th
 traffic bounds either way.
 
 A task is a strip of blocks, a column block over the row blocks or a row block over the column
-blocks, whichever walks the larger operand once; the tile configuration (palette 1, eight 16 × 64-
-byte tiles) is loaded once per task.
+blocks, whichever walks the larger operand once; tasks are dealt to parallel workers in contiguous
+runs (``parallel_workers``), each loading the tile configuration (palette 1, eight 16 × 64-byte
+tiles) once and keeping its epilogue tile on its stack.
 
 Linux hands a process the AMX state only on request (``arch_prctl(ARCH_REQ_XCOMP_PERM,
 XFEATURE_XTILEDATA)``; without it the first tile instruction is SIGILL): the micro-kernel makes
@@ -240,8 +241,8 @@ PLAIN = Epilogue()
 
 
 def strips(row_blocks: int, col_blocks: int, *, by_columns: bool) -> tuple[int, int, tuple[int, int, int, int]]:
-    """(parallel tasks, blocks per task, (rt, ri, ct, ci)): a task is a strip of blocks, the tile
-    configuration loaded once for it, and block (task, inner) is at row block ``task·rt + inner·ri``,
+    """(parallel tasks, blocks per task, (rt, ri, ct, ci)): a task is a strip of blocks (dealt to
+    workers: ``parallel_workers``), and block (task, inner) is at row block ``task·rt + inner·ri``,
     column block ``task·ct + inner·ci``. ``by_columns``: a column block over every row block, else the
     reverse — so the larger operand is walked once: a weight wider than the rows are many (BERT's
     128 × 3072) column block by column block, each read once; many rows by a narrow weight (ResNet's
