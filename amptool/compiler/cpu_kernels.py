@@ -218,9 +218,9 @@ def _zeros(bb: Any, shape: list[int], dtype: str) -> Any:
 
 def _default(bb: Any, call: Any) -> Any:
     """TVM's own legalization of ``call``."""
-    import tvm  # noqa: PLC0415
+    from amptool.compiler.legalize_once import tvms_legalization  # noqa: PLC0415 - legalize_once imports TVM
 
-    return tvm.ir.Op.get(str(call.op.name)).get_attr("FLegalize")(bb, call)
+    return tvms_legalization(bb, call)
 
 
 def _legalize_take(bb: Any, call: Any) -> Any:
@@ -673,8 +673,7 @@ def _legalize_conv2d_nhwc(bb: Any, call: Any, w: np.ndarray, geometry: dict[str,
 
     data, weight = call.args
     out_dtype = str(call.ty.dtype)
-    (left, right), (_, sw), (_, dw) = geometry["padding"][1::2], geometry["strides"], geometry["dilation"]
-    out_w = (int(data.ty.shape[2]) + left + right - (w.shape[3] - 1) * dw - 1) // sw + 1
+    _, out_w = _output_map(data, w, geometry)
     lanes = _current_lanes()
     columns = nhwc_columns(out_w, lanes)
     groups = int(call.attrs.groups)
@@ -773,8 +772,7 @@ def _streamed_panel(data: Any, w: np.ndarray, geometry: dict[str, list[int]], la
     target = tvm.target.Target.current(allow_none=True)
     if lanes < 16 or not _l2_bound(target):
         return {}
-    out_h, out_w = _output_map(data, w, geometry)
-    if w.size >= CHUNK_WEIGHTS * _activations(data, w, out_h, out_w):
+    if _weights_chunked(data, w, geometry):
         return {}
     return {"panel_bytes": w[0].size * lanes * w.itemsize, "l1_bytes": int(l1_data_bytes(target) * WEIGHT_CHUNK_SHARE)}
 
@@ -783,14 +781,27 @@ def _output_map(data: Any, w: np.ndarray, geometry: dict[str, list[int]]) -> tup
     """(out_h, out_w) of an NHWC conv of ``data`` with OIHW weights ``w``."""
     _, height, width, _ = (int(d) for d in data.ty.shape)
     kh, kw = w.shape[2:]
-    top, left, bottom, right = geometry["padding"]
-    (sh, sw), (dh, dw) = geometry["strides"], geometry["dilation"]
+    return _output_size(height, width, kh, kw, geometry["padding"], geometry["strides"], geometry["dilation"])
+
+
+def _output_size(height: int, width: int, kh: int, kw: int, padding: list[int], strides: list[int],
+                 dilation: list[int]) -> tuple[int, int]:
+    """(out_h, out_w) of a conv over a ``height`` × ``width`` map, ``padding`` (top, left, bottom, right)."""
+    top, left, bottom, right = padding
+    (sh, sw), (dh, dw) = strides, dilation
     return (height + top + bottom - (kh - 1) * dh - 1) // sh + 1, (width + left + right - (kw - 1) * dw - 1) // sw + 1
 
 
 def _activations(data: Any, w: np.ndarray, out_h: int, out_w: int) -> int:
     """Elements of an NHWC conv's input and output."""
     return math.prod(int(d) for d in list(data.ty.shape)[1:]) + out_h * out_w * w.shape[0]
+
+
+def _weights_chunked(data: Any, w: np.ndarray, geometry: dict[str, list[int]]) -> bool:
+    """Whether an AVX-512 conv's weights outweigh ``CHUNK_WEIGHTS`` of its input and output — the
+    legalization's estimate of ``cpu_schedules_nhwc._weight_chunk``'s test (which also counts a
+    fused bias and shortcut)."""
+    return bool(w.size >= CHUNK_WEIGHTS * _activations(data, w, *_output_map(data, w, geometry)))
 
 
 def _flat_map(data: Any, w: np.ndarray, geometry: dict[str, list[int]], lanes: int) -> tuple[int, int]:
@@ -808,11 +819,10 @@ def _flat_map(data: Any, w: np.ndarray, geometry: dict[str, list[int]], lanes: i
     1.2× (an AVX2 EPYC, 2 threads, per-call minima alternated).
     """
     out_h, out_w = _output_map(data, w, geometry)
-    activations = _activations(data, w, out_h, out_w)
     if lanes >= 16:
-        if w.shape[2:] != (1, 1) or any(geometry["padding"]) or w.size < CHUNK_WEIGHTS * activations:
+        if w.shape[2:] != (1, 1) or any(geometry["padding"]) or not _weights_chunked(data, w, geometry):
             return 1, 0
-    elif w.size <= WEIGHTS_DOMINATE * activations:
+    elif w.size <= WEIGHTS_DOMINATE * _activations(data, w, out_h, out_w):
         return 1, 0
     return out_h, out_w
 
@@ -854,11 +864,9 @@ def _conv_geometry(
     the extra columns read extra zero padding on the right.
     """
     top, left, bottom, right = padding
-    (sh, sw), (dh, dw) = strides, dilation
-    out_h = (height + top + bottom - (kh - 1) * dh - 1) // sh + 1
-    out_w = (width + left + right - (kw - 1) * dw - 1) // sw + 1
+    out_h, out_w = _output_size(height, width, kh, kw, padding, strides, dilation)
     wide = _conv_columns(out_w)
-    right += (wide - out_w) * sw
+    right += (wide - out_w) * strides[1]
     return top, left, bottom, right, out_h, out_w, wide
 
 

@@ -72,7 +72,7 @@ L2_BOUND_TILE_CPUS = frozenset({"sapphirerapids", "emeraldrapids", "graniterapid
 def l2_bound_tiles(mcpu: str | None, mattr: Sequence[str] = ()) -> bool:
     """Whether conv tiles on CPU ``mcpu`` with features ``mattr`` should be chosen for the L2 bytes
     of a weight panel that L1 cannot hold (``L2_BOUND_TILE_CPUS``)."""
-    return (mcpu or "") in L2_BOUND_TILE_CPUS or "+amx-bf16" in [str(f) for f in mattr]
+    return _server_core(mcpu, mattr, L2_BOUND_TILE_CPUS)
 
 
 def bf16_dot_pays(mcpu: str | None, mattr: Sequence[str] = ()) -> bool:
@@ -81,7 +81,13 @@ def bf16_dot_pays(mcpu: str | None, mattr: Sequence[str] = ()) -> bool:
     converted values. AMX-BF16 added to another CPU name marks an Intel server core too: a VM
     whose reported model LLVM takes for a client CPU ('rocketlake', with +amx-bf16 from the host's
     flags — ``_tvm.host_feature_corrections``)."""
-    return (mcpu or "") not in SLOW_BF16_DOT_CPUS and "+amx-bf16" not in [str(f) for f in mattr]
+    return not _server_core(mcpu, mattr, SLOW_BF16_DOT_CPUS)
+
+
+def _server_core(mcpu: str | None, mattr: Sequence[str], names: frozenset[str]) -> bool:
+    """Whether ``mcpu`` is one of the Intel server cores ``names``, or any CPU name with AMX-BF16
+    added (a VM's misreported model, ``_tvm.host_feature_corrections``): AMX is server-core only."""
+    return (mcpu or "") in names or "+amx-bf16" in [str(f) for f in mattr]
 
 
 def low_precision_speed_note(dtype: str, spec: dict[str, Any]) -> str | None:

@@ -12,8 +12,10 @@ import numpy as np
 
 from amptool import _tvm
 from amptool._tvm import static_shape
+from amptool.compiler.legalize_once import tvms_legalization
+from amptool.dtypes import DTYPES
 
-FLOATS = ("float16", "bfloat16", "float32", "float64")
+FLOATS = (*DTYPES, "float64")
 
 
 def legalize_divide(bb: Any, call: Any) -> Any:
@@ -31,16 +33,16 @@ def legalize_divide(bb: Any, call: Any) -> Any:
     x, divisor = call.args
     dtype = str(call.ty.dtype)
     if dtype not in FLOATS or str(x.ty.dtype) != dtype or not _tvm.is_constant(divisor):
-        return _tvms(bb, call)
+        return tvms_legalization(bb, call)
     value = _tvm.constant_view(divisor)
     if value.size != 1 or value.ndim > len(static_shape(x) or ()):
-        return _tvms(bb, call)  # (a divisor of more dims than x broadcasts x: TVM's shape rules)
+        return tvms_legalization(bb, call)  # (a divisor of more dims than x broadcasts x: TVM's shape rules)
     wide = "float64" if dtype == "float64" else "float32"  # the product's precision: float32 at least
     c = np.float64(value.reshape(()).astype(np.float64))
     with np.errstate(divide="ignore", over="ignore"):
         reciprocal = np.dtype(wide).type(1.0 / c)  # 1/±0 = ±inf: x · ±inf is x / ±0 (NaN for 0, ±inf else)
     if np.isnan(c) or (c != 0 and (not np.isfinite(reciprocal) or abs(reciprocal) < np.finfo(wide).tiny)):
-        return _tvms(bb, call)  # (a reciprocal that overflows or is subnormal: TVM's division)
+        return tvms_legalization(bb, call)  # (a reciprocal that overflows or is subnormal: TVM's division)
 
     def compute(data: Any) -> Any:
         scale = tirx.const(float(reciprocal), wide)
@@ -48,9 +50,3 @@ def legalize_divide(bb: Any, call: Any) -> Any:
 
     return bb.call_te(compute, x, primfunc_name_hint="divide")
 
-
-def _tvms(bb: Any, call: Any) -> Any:
-    """TVM's own legalization of ``call``."""
-    import tvm  # noqa: PLC0415
-
-    return tvm.ir.Op.get(str(call.op.name)).get_attr("FLegalize")(bb, call)

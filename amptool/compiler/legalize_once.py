@@ -139,6 +139,11 @@ def _call_tir_parts(result: Any) -> tuple[Any, list[Any], list[Any]] | None:
             list(out.fields) if isinstance(out, relax.TupleType) else list(result.ty_args))
 
 
+def tvms_legalization(bb: Any, call: Any) -> Any:
+    """TVM's own legalization of ``call`` (its op's ``FLegalize``)."""
+    return tvm.ir.Op.get(str(call.op.name)).get_attr("FLegalize")(bb, call)
+
+
 def _legalization(name: str, custom: Mapping[str, Legalization]) -> Legalization | None:
     if name in custom:
         return custom[name]
