@@ -297,6 +297,13 @@ def test_bfloat16_dot_products_round_their_inputs_to_nearest_even(tmp_path, op):
     assert np.mean(got == reference(_truncate_bf16(x))) < 0.6
 
 
+#: A conv reduced over chunks of input channels outside its rows (the chunk count captured), its
+#: chunk loop marked for the next chunk's prefetch over the row and column tiles (``prefetch_chunks``).
+_CHUNKED_ROWS = (r'for rc_0 in T\.serial\(T\.int64\((\d+)\), '
+                 r'annotations=\{"amp_prefetch_next": \[\d+, "y", "x_0"\]\}\):'
+                 r"\s*for y, x_0, ry, rx, rc_1 in T\.grid")
+
+
 def _two_convs() -> onnx.ModelProto:
     """A 1x1 conv on a 40x40 map with 32 → 32 channels (4 KB of weights, 200 KB of activations),
     then a 3x3 conv on a 4x4 map with 256 → 256 channels (2.4 MB of weights, 16 KB around it)."""
@@ -327,7 +334,7 @@ def test_convs_stream_their_larger_side_once(tmp_path):
     loops = sorted(loop for found in orders for loop in found)
     assert any(re.fullmatch(r"n_y_c_0\w*_fused", loop) for loop in loops), loops
     assert any(re.fullmatch(r"n_c_0_y\w*_fused", loop) for loop in loops), loops
-    assert re.search(r"for rc_0, y, x_0, ry, rx, rc_1 in T\.grid\(T\.int64\(32\), T\.int64\(4\)", text), text
+    assert re.findall(_CHUNKED_ROWS, text) == ["32"], text
     x = np.random.default_rng(2).standard_normal((1, 32, 40, 40)).astype(np.float32)
     want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
     amptool.convert(path, dtype="float32", output=tmp_path / "out")
@@ -347,7 +354,7 @@ def test_weight_chunks_follow_the_targets_l1(tmp_path, monkeypatch):
         cpu_kernels.DEFAULT_L1_BYTES, cpu_kernels._host_facts()[1])
     path = tmp_path / "convs.onnx"
     onnx.save(_two_convs(), str(path))
-    pattern = r"for rc_0, y, x_0, ry, rx, rc_1 in T\.grid\(T\.int64\((\d+)\)"
+    pattern = _CHUNKED_ROWS
     monkeypatch.setattr(cpu_kernels, "_host_facts", lambda: ("skylake-avx512", 32 << 10))
     assert re.findall(pattern, "\n".join(scheduled_kernels(str(path), "float32", "znver4"))) == ["32"]
     monkeypatch.setattr(cpu_kernels, "_host_facts", lambda: ("znver4", 48 << 10))
@@ -627,7 +634,9 @@ def test_flat_tiles_match_onnxruntime(tmp_path, channels, size, stride, flat, dt
     onnx.save(model, str(path))
     convs = [k for k in scheduled_kernels(str(path), dtype, "icelake-server") if '"amp_conv2d_nhwc_init"' in k]
     runs = 196 // 4 if size * size // stride ** 2 == 196 else 50 // 5
-    tiled = [k for k in convs if re.search(rf"for rc_0, p_0, rc_1 in T\.grid\(T\.int64\(\d+\), T\.int64\({runs}\)", k)]
+    flat_chunks = (r'for rc_0 in T\.serial\(T\.int64\(\d+\), annotations=\{"amp_prefetch_next": \[\d+, "p_0"\]\}\):'
+                   rf"\s*for p_0, rc_1 in T\.grid\(T\.int64\({runs}\)")
+    tiled = [k for k in convs if re.search(flat_chunks, k)]
     assert len(convs) == 2 and len(tiled) == flat, convs
     x = np.random.default_rng(13).standard_normal((1, channels, size, size)).astype(np.float32)
     want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
@@ -665,8 +674,11 @@ def test_multi_vector_tiles_match_onnxruntime(tmp_path, dtype):
         if width == 13 and dtype == "float32":
             lanes = vector_lanes(_tvm.make_target(TARGET))
             block = lanes * tile_vectors(64 // lanes, lanes, width)  # the first conv's: 16 → 64
-            dims = ", ".join(f"T.int64({d})" for d in (64 // block, 3, 3, 16, block))
-            assert f"(({dims}), \"float32\")" in _lowered_kernels(str(path), dtype)
+            # [OC/B, KH, KW, IC, B], or in chunks of input channels [OC/B, IC/K, KH, KW, K, B]
+            layout = (rf"\(\(T\.int64\({64 // block}\), (?:T\.int64\((\d+)\), )?T\.int64\(3\), T\.int64\(3\), "
+                      rf"T\.int64\((\d+)\), T\.int64\({block}\)\), \"float32\"\)")
+            packed = re.findall(layout, _lowered_kernels(str(path), dtype))
+            assert any(int(chunks or 1) * int(chunk) == 16 for chunks, chunk in packed), packed
         data = np.random.default_rng(width).standard_normal((1, 16, height, width)).astype(np.float32)
         want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": data})[0]
         amptool.convert(path, dtype=dtype, output=tmp_path / f"out{width}")
@@ -720,10 +732,10 @@ def test_unpadded_convs_read_their_input_in_place_and_mid_weight_convs_chunk(tmp
     onnx.save(model, str(path))
     convs = [k for k in scheduled_kernels(str(path), "float32", "icelake-server") if '"amp_conv2d_nhwc_init"' in k]
     pointwise = next(k for k in convs if "T.int64(1), T.int64(1), T.int64(64)" in k)
-    spatial = next(k for k in convs if "T.int64(3), T.int64(3), T.int64(64)" in k)
+    spatial = next(k for k in convs if "T.int64(3), T.int64(3), T.int64(" in k)
     assert '"amp_nhwc_pad"' not in pointwise, pointwise
     assert '"amp_nhwc_pad"' in spatial, spatial
-    assert re.search(r"for rc_0, y, x_0, ry, rx, rc_1 in T\.grid", spatial), spatial
+    assert re.search(_CHUNKED_ROWS, spatial), spatial
     x = rng.standard_normal((1, 64, 14, 14)).astype(np.float32)
     want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
     amptool.convert(path, dtype="float32", output=tmp_path / "out")

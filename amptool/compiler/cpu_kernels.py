@@ -714,16 +714,47 @@ def _legalize_conv2d_nhwc(bb: Any, call: Any, w: np.ndarray, geometry: dict[str,
         flat = flat_tile(w.shape[0] // lanes, lanes, *_flat_map(data, w, geometry, lanes), flat_min_tasks(target))
     if flat is not None:
         vectors, _, positions = flat
-        return _call_packed(bb, cpu_nhwc.flat_nhwc, data, cpu_nhwc.pack_conv_weight(w, lanes * vectors), weight,
-                            vectors, **geometry, positions=positions, out_dtype=out_dtype, out_channels=out_channels,
+        packed = _packed_conv_weight(data, w, geometry, lanes * vectors, lanes)
+        return _call_packed(bb, cpu_nhwc.flat_nhwc, data, packed, weight, vectors, **geometry, positions=positions,
+                            out_dtype=out_dtype, out_channels=out_channels,
                             primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BLOCK)
     vectors = 1
     if block == lanes:
         vectors = tile_vectors(w.shape[0] // lanes, lanes, out_w, **_streamed_panel(data, w, geometry, lanes))
         block, columns = lanes * vectors, nhwc_columns(out_w, lanes, vectors)
-    return _call_packed(bb, cpu_nhwc.conv2d_nhwc, data, cpu_nhwc.pack_conv_weight(w, block), weight, vectors,
-                        **geometry, columns=columns, out_dtype=out_dtype, out_channels=out_channels,
+    return _call_packed(bb, cpu_nhwc.conv2d_nhwc, data, _packed_conv_weight(data, w, geometry, block, lanes), weight,
+                        vectors, **geometry, columns=columns, out_dtype=out_dtype, out_channels=out_channels,
                         primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BLOCK)
+
+
+def _packed_conv_weight(data: Any, w: np.ndarray, geometry: dict[str, list[int]], block: int, lanes: int) -> np.ndarray:
+    """``cpu_nhwc.pack_conv_weight`` of ``w`` in blocks of ``block`` channels, in chunks of input
+    channels where the conv reduces over chunks (AVX-512, ``_weights_chunked``, a ``weight_chunk``)."""
+    import tvm  # noqa: PLC0415
+
+    from amptool.compiler import cpu_nhwc  # noqa: PLC0415
+
+    chunk = None
+    if lanes >= 16 and _weights_chunked(data, w, geometry):  # chunks measured with AVX-512 only
+        target = tvm.target.Target.current(allow_none=True)
+        chunk = weight_chunk(w.shape[1], w.shape[2] * w.shape[3], block, l1_data_bytes(target))
+    return cpu_nhwc.pack_conv_weight(w, block, chunk)
+
+
+def weight_chunk(in_channels: int, taps: int, block: int, l1_bytes: int) -> int | None:
+    """Input channels per chunk of a conv reduced chunk by chunk (``cpu_schedules_nhwc.nhwc_tile``):
+    the largest divisor of ``in_channels`` (at least 8, fewer than all) whose ``taps`` × ``block``
+    float32 weights fit ``WEIGHT_CHUNK_SHARE`` of ``l1_bytes``; None when none fits.
+
+    Why chunks: a conv whose weights outweigh its activations (ResNet-50's 7² stage) has one or two
+    column tiles per row, and each tile streamed its channel block's whole weight panel (590 KB for
+    3×3 × 512) from L2 for 14 FMAs per 64-byte line. Chunked, a chunk stays in L1 while every row
+    of the map passes, the sums accumulating in the block's output. 3×3 512 → 512 at 7², three
+    convs, alternated in one process, two runs: one thread 10.09/9.21 → 9.03/8.16 ms, two
+    5.32/5.06 → 5.26/4.72 ms.
+    """
+    per_channel, budget = taps * block * 4, l1_bytes * WEIGHT_CHUNK_SHARE
+    return next((d for d in range(in_channels - 1, 7, -1) if in_channels % d == 0 and d * per_channel <= budget), None)
 
 
 def _call_packed(bb: Any, compute: Callable[..., Any], data: Any, packed: np.ndarray, weight: Any, vectors: int,
@@ -743,13 +774,18 @@ def _call_packed(bb: Any, compute: Callable[..., Any], data: Any, packed: np.nda
                     primfunc_attrs={"op_pattern": OUT_ELEMWISE_FUSABLE})
 
 
-#: Weight bytes over a conv kernel's other bytes from which its schedule reduces over chunks of
-#: input channels (``cpu_schedules_nhwc._weight_chunk``), and from which a dense 1×1 conv may
-#: take a flat tile with AVX-512 (``_flat_map``), whose epilogue needs that chunked order.
+#: Weight elements over a conv's input and output elements from which it reduces over chunks of
+#: input channels (``_weights_chunked``, ``weight_chunk``), and from which a dense 1×1 conv may
+#: take a flat tile with AVX-512 (``_flat_map``), whose epilogue needs that chunked order. Not
+#: only where weights dominate: ResNet-50's 14² stage (1 MB of weights beside 1–1.8 MB of
+#: activations) ran its 1×1 convs 6–17% faster chunked on an Ice Lake core (per-kernel minima,
+#: alternated; whole runs 2 threads −2%), where the 56² stage (weights a tenth of the rest) ran
+#: 10–30% slower. A flat tile unchunked, its epilogue after the channel block's map, ran a 256 →
+#: 256 1×1 conv with a residual at 14² 7–13% slower than rows; chunked, level.
 CHUNK_WEIGHTS = 0.5
 
 
-#: The share of the L1 data cache a chunk's weights may take (``cpu_schedules_nhwc._weight_chunk``;
+#: The share of the L1 data cache a chunk's weights may take (``weight_chunk``;
 #: also what a row tile's weight panel may fill, ``_streamed_panel``). Half of Ice Lake's 48 KB at
 #: first; 5/6 (40 KB) ran ResNet-50's 14² and 7² 3×3 convs 5–11% faster (32 input channels a chunk,
 #: not 16) and its 1×1 convs at 14² 2–3% (128 channels of 4-vector tiles, not 64): kernel sums −2%
@@ -766,7 +802,7 @@ def _streamed_panel(data: Any, w: np.ndarray, geometry: dict[str, list[int]], la
     """``tile_vectors``' panel arguments for a row-tiled conv on a CPU whose tiles are bound by the
     weights they stream from L2 (``cpu_speed.l2_bound_tiles``): the bytes of one vector's weight
     panel and the L1 share a chunk may take; none where the conv runs chunked (its weights then
-    come from L1: ``cpu_schedules_nhwc._weight_chunk``) or the CPU is another."""
+    come from L1: ``weight_chunk``) or the CPU is another."""
     import tvm  # noqa: PLC0415
 
     target = tvm.target.Target.current(allow_none=True)
@@ -798,9 +834,8 @@ def _activations(data: Any, w: np.ndarray, out_h: int, out_w: int) -> int:
 
 
 def _weights_chunked(data: Any, w: np.ndarray, geometry: dict[str, list[int]]) -> bool:
-    """Whether an AVX-512 conv's weights outweigh ``CHUNK_WEIGHTS`` of its input and output — the
-    legalization's estimate of ``cpu_schedules_nhwc._weight_chunk``'s test (which also counts a
-    fused bias and shortcut)."""
+    """Whether an AVX-512 conv's weights outweigh ``CHUNK_WEIGHTS`` of its input and output: it is
+    then reduced over chunks of input channels (``weight_chunk``), its weights packed so."""
     return bool(w.size >= CHUNK_WEIGHTS * _activations(data, w, *_output_map(data, w, geometry)))
 
 
@@ -841,9 +876,10 @@ def _grouped_conv2d_nhwc(bb: Any, call: Any, w: np.ndarray, geometry: dict[str, 
     lanes = _current_lanes()
     per_group = w.shape[0] // int(call.attrs.groups)
     vectors = tile_vectors(per_group // lanes, lanes, out_w)
-    return _call_packed(bb, cpu_nhwc.conv2d_nhwc, call.args[0], cpu_nhwc.pack_conv_weight(w, lanes * vectors),
-                        call.args[1], vectors, **geometry, columns=nhwc_columns(out_w, lanes, vectors),
-                        out_dtype=str(call.ty.dtype), groups=int(call.attrs.groups),
+    packed = _packed_conv_weight(call.args[0], w, geometry, lanes * vectors, lanes)
+    return _call_packed(bb, cpu_nhwc.conv2d_nhwc, call.args[0], packed, call.args[1], vectors, **geometry,
+                        columns=nhwc_columns(out_w, lanes, vectors), out_dtype=str(call.ty.dtype),
+                        groups=int(call.attrs.groups),
                         primfunc_name_hint=cpu_nhwc.CONV2D_NHWC_BLOCK)
 
 

@@ -53,10 +53,27 @@ ACCUMULATE = "float32"
 # --------------------------------------------------------------------------- weights (numpy)
 
 
-def pack_conv_weight(weight: np.ndarray, block: int) -> np.ndarray:
-    """OIHW → ``[OC/B, KH, KW, IC, B]``."""
+def pack_conv_weight(weight: np.ndarray, block: int, chunk: int | None = None) -> np.ndarray:
+    """OIHW → ``[OC/B, KH, KW, IC, B]``; with a ``chunk`` of ``K`` input channels (a conv reduced
+    chunk by chunk, ``cpu_kernels.weight_chunk``) ``[OC/B, IC/K, KH, KW, K, B]``: each chunk's
+    weights one run, in the order its tiles read them, each block's chunks one after the other —
+    the stream ``prefetch_chunks`` reads ahead."""
     oc, ic, kh, kw = weight.shape
-    return np.ascontiguousarray(weight.reshape(oc // block, block, ic, kh, kw).transpose(0, 3, 4, 2, 1))
+    blocked = weight.reshape(oc // block, block, ic, kh, kw)
+    if chunk is None:
+        return np.ascontiguousarray(blocked.transpose(0, 3, 4, 2, 1))
+    chunked = blocked.reshape(oc // block, block, ic // chunk, chunk, kh, kw)
+    return np.ascontiguousarray(chunked.transpose(0, 2, 4, 5, 3, 1))
+
+
+def weight_geometry(packed: Any) -> tuple[int, int, int, int, int | None]:
+    """(blocks, KH, KW, input channels, chunk) of a ``pack_conv_weight`` buffer (chunk None: unchunked)."""
+    shape = [int(d) for d in packed.shape]
+    if len(shape) == 6:
+        blocks, chunks, kh, kw, chunk, _ = shape
+        return blocks, kh, kw, chunks * chunk, chunk
+    blocks, kh, kw, in_channels, _ = shape
+    return blocks, kh, kw, in_channels, None
 
 
 def pack_depthwise_weight(weight: np.ndarray) -> np.ndarray:
@@ -166,14 +183,17 @@ def _conv_source(data: Any, kernel: tuple[int, int], padding: list[int], strides
 
 
 def _weight(packed: Any, c: Any, taps: tuple[Any, Any, Any], pair_lanes: int | None, dtype: str) -> Any:
-    """Output channel ``c``'s weight at ``taps`` (kernel row, column, input channel) of a packed
-    ``[OC/B, KH, KW, IC, B]`` buffer in ``dtype``, or of ``bf16_pairs``' words (``pair_lanes``)."""
+    """Output channel ``c``'s weight at ``taps`` (kernel row, column, input channel) of a
+    ``pack_conv_weight`` buffer in ``dtype``, or of ``bf16_pairs``' words (``pair_lanes``)."""
     from amptool.compiler import bf16_pairs  # noqa: PLC0415
 
     block = bf16_pairs.block_of(packed)
+    chunk = weight_geometry(packed)[4]
+    ry, rx, rc = taps
+    lead = (c // block, ry, rx, rc) if chunk is None else (c // block, rc // chunk, ry, rx, rc % chunk)
     if pair_lanes:  # bf16_pairs: two channel vectors per word
-        return bf16_pairs.read(packed, (c // block, *taps), c % block, pair_lanes)
-    return packed[(c // block, *taps, c % block)].astype(dtype)
+        return bf16_pairs.read(packed, lead, c % block, pair_lanes)
+    return packed[(*lead, c % block)].astype(dtype)
 
 
 def conv2d_nhwc(data: Any, packed: Any, *, strides: list[int], padding: list[int], dilation: list[int],
@@ -189,7 +209,7 @@ def conv2d_nhwc(data: Any, packed: Any, *, strides: list[int], padding: list[int
     from amptool.compiler import bf16_pairs  # noqa: PLC0415
 
     batch, height, width, _ = (int(d) for d in data.shape)
-    blocks, kh, kw, in_channels, _ = (int(d) for d in packed.shape)
+    blocks, kh, kw, in_channels, _ = weight_geometry(packed)
     block = bf16_pairs.block_of(packed)
     blocks_per_group = blocks // groups
     out_h, out_w, wide, _ = _geometry(height, width, kh, kw, padding, strides, dilation, columns, ragged=True)
@@ -226,7 +246,7 @@ def flat_nhwc(data: Any, packed: Any, *, strides: list[int], padding: list[int],
     from amptool.compiler import bf16_pairs  # noqa: PLC0415
 
     batch, height, width, _ = (int(d) for d in data.shape)
-    blocks, kh, kw, in_channels, _ = (int(d) for d in packed.shape)
+    blocks, kh, kw, in_channels, _ = weight_geometry(packed)
     block = bf16_pairs.block_of(packed)
     out_h, out_w, _, _ = _geometry(height, width, kh, kw, padding, strides, dilation, 1)
     src, (sh, sw) = _conv_source(data, (kh, kw), padding, strides, out_h, out_w, out_w, out_dtype)

@@ -20,8 +20,14 @@ from typing import Any
 
 from amptool.compiler.bf16_pairs import block_of
 from amptool.compiler.cpu_depthwise import INTERIOR_ATTR
-from amptool.compiler.cpu_kernels import CHUNK_WEIGHTS, WEIGHT_CHUNK_SHARE, WEIGHTS_DOMINATE, flat_tile, nhwc_columns
-from amptool.compiler.cpu_nhwc import CONV2D_NHWC_BLOCK, DEPTHWISE_NHWC_BLOCK, NHWC_PAD_BLOCK, ragged_row
+from amptool.compiler.cpu_kernels import WEIGHTS_DOMINATE, flat_tile, nhwc_columns
+from amptool.compiler.cpu_nhwc import (
+    CONV2D_NHWC_BLOCK,
+    DEPTHWISE_NHWC_BLOCK,
+    NHWC_PAD_BLOCK,
+    ragged_row,
+    weight_geometry,
+)
 from amptool.compiler.cpu_schedules import (
     Tiling,
     _epilogue_at,
@@ -35,6 +41,7 @@ from amptool.compiler.cpu_schedules import (
     try_inline,
     vector_steps,
 )
+from amptool.compiler.prefetch_chunks import NEXT_CHUNK
 from amptool.compiler.stack_tiles import buffer_bytes
 
 log = logging.getLogger(__name__)
@@ -60,12 +67,12 @@ def nhwc_tile(sch: Any, conv: Any, block: int, tiling: Tiling,
         # The last tile's columns past the row are a bound on its block, a constant in each
         # unrolled copy of the tile loop: the unrolled code has no test left (cpu_nhwc.ragged_row).
         sch.unroll(xo)
-    chunk = (_weight_chunk(sch, conv, block, tiling)
-             if chunk_weights and len(reductions) == 3 and tiling.lanes >= 16 else None)  # measured with AVX-512 only
+    chunk = _weight_chunk(sch, conv) if chunk_weights and len(reductions) == 3 else None
     if chunk is not None:
         ry, rx, rc = reductions
         rco, rci = sch.split(rc, [None, chunk])
         sch.reorder(n, co, rco, y, xo, ry, rx, rci, xi, ci)
+        _prefetch_next_chunk(sch, conv, rco, [y, xo])
         # Accumulated over the chunks in the block's output, a channel block's whole map at a time.
         return [n, co], [rco, ry, rx, rci], xi, ci, _epilogue_at(sch, conv, co)
     if _weights_dominate(sch, conv):
@@ -106,14 +113,14 @@ def flat_tile_loops(sch: Any, conv: Any, block: int,
         return None
     co, ci = sch.split(c, [None, block])
     po, pi = sch.split(p, [None, flat[1]])
-    # Chunks measured with AVX-512 only (on AVX2 they slowed every chunked conv: benchmarks/README).
-    chunk = _weight_chunk(sch, conv, block, tiling, planned=True) if tiling.lanes >= 16 else None
+    chunk = _weight_chunk(sch, conv)
     if chunk is None:
         sch.reorder(n, co, po, *taps, rc, pi, ci)
         reductions = [*taps, rc]
     else:
         rco, rci = sch.split(rc, [None, chunk])
         sch.reorder(n, co, rco, po, *taps, rci, pi, ci)
+        _prefetch_next_chunk(sch, conv, rco, [po])
         reductions = [rco, *taps, rci]
     # The steps writing the map (an injective step of another shape, if fusion ever brought one,
     # stays at the root for the leftover rule).
@@ -217,30 +224,17 @@ def _copy_rows_at(sch: Any, conv: Any, y: Any, tiling: Tiling) -> bool:
     return True
 
 
-def _weight_chunk(sch: Any, conv: Any, block: int, tiling: Tiling, planned: bool = False) -> int | None:
-    """Input channels per chunk of a conv whose weights dominate (``_weights_dominate``), or whose
-    chunks were ``planned`` (a flat tile's): the largest divisor of the channel count (at least 8,
-    fewer than all) whose taps × ``block`` weights fit ``WEIGHT_CHUNK_SHARE`` of L1; None when the
-    conv is not such or no divisor fits. (A flat tile unchunked, its epilogue after the channel
-    block's map, ran a 256 → 256 1×1 conv with a residual at 14² 7–13% slower than rows; chunked, level.)
+def _weight_chunk(sch: Any, conv: Any) -> int | None:
+    """Input channels per chunk of a conv whose weights the legalization packed in chunks
+    (``cpu_kernels.weight_chunk``, ``cpu_nhwc.pack_conv_weight``); None for unchunked weights."""
+    return weight_geometry(sch.get(conv).reads[1].source)[4]
 
-    Why: such a conv (ResNet-50's 7×7 stage) has one or two column tiles per row, and each tile
-    streamed its channel block's whole weight panel (590 KB for 3×3 × 512) from L2 for 14 FMAs per
-    64-byte line. Chunked, a chunk stays in L1 while every row of the map passes, the sums
-    accumulating in the block's output. 3×3 512 → 512 at 7², three convs, alternated in one
-    process, two runs: one thread 10.09/9.21 → 9.03/8.16 ms, two 5.32/5.06 → 5.26/4.72 ms; whole
-    ResNet-50 runs stayed inside this VM's noise.
 
-    Chunked from weights of half the other bytes on (``CHUNK_WEIGHTS``), not only where they
-    dominate: ResNet-50's 14² stage (1 MB of weights beside 1–1.8 MB of activations) ran its 1×1
-    convs 6–17% faster chunked on an Ice Lake core (per-kernel minima, alternated; whole runs
-    2 threads −2%), where the 56² stage (weights a tenth of the rest) ran 10–30% slower.
-    """
-    if not planned and not _weights_dominate(sch, conv, CHUNK_WEIGHTS):
-        return None
-    _, kh, kw, channels, _ = (int(d) for d in sch.get(conv).reads[1].source.shape)
-    per_channel, budget = kh * kw * block * 4, tiling.l1_bytes * WEIGHT_CHUNK_SHARE
-    return next((d for d in range(channels - 1, 7, -1) if channels % d == 0 and d * per_channel <= budget), None)
+def _prefetch_next_chunk(sch: Any, conv: Any, chunks: Any, tiles: list[Any]) -> None:
+    """Mark the loop over ``chunks`` for ``prefetch_chunks``: the next chunk's weights prefetched
+    a share at a time over the loops of ``tiles`` inside it (the tiles of the map)."""
+    chunk_axes = [int(d) for d in sch.get(conv).reads[1].source.shape[2:]]
+    sch.annotate(chunks, NEXT_CHUNK, [math.prod(chunk_axes), *(str(sch.get(t).loop_var.name) for t in tiles)])
 
 
 def _weights_dominate(sch: Any, conv: Any, ratio: float = WEIGHTS_DOMINATE) -> bool:

@@ -1,6 +1,7 @@
 """Register tiles on the stack: a CPU kernel's small scratch buffers kept out of TVM's workspace pool.
 
-What: ``CPU_TIR_PIPELINE``, TVM's own TIR pipeline with two passes before ``LowerTVMBuiltin``:
+What: ``CPU_TIR_PIPELINE``, TVM's own TIR pipeline with three passes before ``LowerTVMBuiltin``:
+``prefetch_chunks.PrefetchChunks`` (a chunked conv's next weights read ahead),
 ``dynamic_shares.DynamicShares`` (parallel loops claimed on demand), then this module's: each
 ``global`` buffer of a constant size from 1024 bytes up to ``STACK_TILE_BYTES`` is annotated to stay a stack
 allocation (TVM's ``disable_lower_builtin``). ``split_codegen`` compiles LLVM targets with it.
@@ -29,6 +30,7 @@ import tvm_ffi
 from tvm import tirx
 
 from amptool.compiler.dynamic_shares import DynamicShares
+from amptool.compiler.prefetch_chunks import PrefetchChunks
 
 #: The largest buffer kept on the stack: a register tile is at most 32 × 64 bytes with AVX-512.
 STACK_TILE_BYTES = 4096
@@ -74,11 +76,12 @@ KeepTilesOnStack = tirx.transform.prim_func_pass(_keep_tiles_on_stack, opt_level
 
 
 def _cpu_pipeline() -> tuple[Any, Any, Any]:
-    """TVM's default pipeline, ``DynamicShares`` and ``KeepTilesOnStack`` first among the host's finalizing
-    passes (in that order: a loop's segment counters are a buffer ``KeepTilesOnStack`` may keep on the stack)."""
+    """TVM's default pipeline, ``PrefetchChunks``, ``DynamicShares`` and ``KeepTilesOnStack`` first
+    among the host's finalizing passes (``PrefetchChunks`` before the parallel loops are cut; a
+    loop's segment counters are a buffer ``KeepTilesOnStack`` may keep on the stack)."""
     pipeline, finalize_host, finalize_device = tirx.get_tir_pipeline("default")
-    return (pipeline, lambda: tvm.ir.transform.Sequential([DynamicShares, KeepTilesOnStack, finalize_host()]),
-            finalize_device)
+    passes = [PrefetchChunks, DynamicShares, KeepTilesOnStack]
+    return pipeline, lambda: tvm.ir.transform.Sequential([*passes, finalize_host()]), finalize_device
 
 
 tirx.register_tir_pipeline(CPU_TIR_PIPELINE, _cpu_pipeline)

@@ -1,0 +1,210 @@
+"""Prefetch of a chunked conv's next weight chunk, spread over the work of the current one.
+
+What: ``PrefetchChunks``, a host TIR pass for LLVM targets. A conv reduced chunk by chunk
+(``cpu_schedules_nhwc``) marks its loop over chunks ``NEXT_CHUNK``: the next chunk's size in
+weight elements and the names of its tile loops. Inside the tile loops, at the first loop level
+whose iterations each take at most ``BURST_LINES`` of the next chunk's cache lines — or, where no
+level does, in groups of iterations of the innermost loop, split for it — a prefetch into L2
+of that iteration's share. The next chunk starts where the current one ends
+(``cpu_nhwc.pack_conv_weight`` lays a block's chunks out one after another), and the current
+one's first element is the weight load every tile reads, each loop inside at its start.
+
+Why: a chunk's weights come from memory during its first tile only (the rest of the map reuses
+them from L1), so memory idled while the later tiles computed and the first tile waited on it.
+ResNet-50's 7² and 14² convs stream 1–9 MB of weights a call, from L3 or DRAM in a whole-model
+run. Spread, not in one burst a tile: a burst of more lines than a core has fill buffers (~16)
+stalls it (a 3×3 512 → 512 at 7² with 83 lines a row: 5% slower than none; 9 lines per tap:
+30% faster). The prefetch is a linked LLVM function whose call touches only inaccessible memory
+(``PREFETCH_IR``): TVM's ``llvm.prefetch`` call counts as a read of any buffer, and LLVM then
+stored the tile's accumulators to memory around it at every step.
+
+When not: loops without the annotation; a chunk loop whose tile loops lowering removed (one tile).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import tvm
+import tvm_ffi
+from tvm import ir, tirx
+
+#: The chunk loop's annotation: ``[elements from one chunk's first weight to the next one's,
+#: *names of the tile loops inside it]``.
+NEXT_CHUNK = "amp_prefetch_next"
+
+#: Bytes a prefetch brings (a cache line).
+LINE_BYTES = 64
+
+#: The most lines prefetched at one point: about the L1 fill buffers of a core (Golden Cove 16,
+#: Zen 4 22), beyond which a prefetch waits for a free one.
+BURST_LINES = 16
+
+#: ``amptool_prefetch_l2(ptr)``: ``prefetcht1`` of the line at ``ptr``. Linked into the kernel's
+#: LLVM module and inlined (TVM's ``pragma_import_llvm``); the intrinsic call's memory effects
+#: narrowed to inaccessible memory, so LLVM keeps values of other buffers in registers across it.
+PREFETCH_IR = """
+define void @amptool_prefetch_l2(ptr %line) alwaysinline {
+entry:
+  call void @llvm.prefetch.p0(ptr %line, i32 0, i32 2, i32 1) #0
+  ret void
+}
+declare void @llvm.prefetch.p0(ptr, i32, i32, i32)
+attributes #0 = { nounwind willreturn memory(inaccessiblemem: readwrite) }
+"""
+
+
+def _vars_in(expr: Any) -> list[Any]:
+    found: list[Any] = []
+    tvm_ffi.structural_walk(expr, (tirx.Var, found.append))
+    return found
+
+
+def _uses(expr: Any, var: Any) -> bool:
+    return any(v.same_as(var) for v in _vars_in(expr))
+
+
+def _substituted(node: Any, values: dict[Any, Any]) -> Any:
+    return tvm_ffi.structural_map(node, (tirx.Var, lambda var: values.get(var, var)))
+
+
+def _resolved(expr: Any, binds: dict[Any, Any]) -> Any:
+    """``expr`` with the body's let-bound variables replaced by their values, recursively."""
+    while any(v in binds for v in _vars_in(expr)):
+        expr = _substituted(expr, binds)
+    return expr
+
+
+def _chunk_start(body: Any, tiles: list[Any]) -> tuple[Any, Any] | None:
+    """(buffer, index) of the current chunk's first weight: the first vector load in ``body``
+    whose index moves with none of the ``tiles`` loops but with a loop inside (a weight every
+    tile reads), each loop inside at its start; None when there is none."""
+    binds: dict[Any, Any] = {}
+    inner: dict[Any, Any] = {}
+    loads: list[Any] = []
+
+    def load(node: Any) -> None:
+        if len(node.indices) == 1 and isinstance(node.indices[0], tirx.Ramp):
+            loads.append(node)
+
+    tvm_ffi.structural_walk(body, (tirx.Bind, lambda node: binds.__setitem__(node.var, node.value)))
+    tvm_ffi.structural_walk(body, (tirx.For, lambda node: inner.__setitem__(node.loop_var, node.min)))
+    tvm_ffi.structural_walk(body, (ir.expr.TensorLoad, load))
+    for candidate in loads:
+        base = _resolved(candidate.indices[0].base, binds)
+        if any(_uses(base, loop.loop_var) for loop in tiles) or not any(_uses(base, v) for v in inner):
+            continue
+        return candidate.source, _substituted(base, inner)
+    return None
+
+
+def _nest(loop: Any) -> list[Any]:
+    """The loops nested directly inside ``loop``, each the whole body of the one before, of constant extents."""
+    nest: list[Any] = []
+    body = loop.body
+    while isinstance(body, tirx.For) and isinstance(body.extent, tirx.IntImm):
+        nest.append(body)
+        body = body.body
+    return nest
+
+
+def _rebuilt(loop: Any, body: Any) -> Any:
+    return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body, annotations=loop.annotations)
+
+
+def _groups(extent: int, lines: float) -> int:
+    """Groups to split an innermost loop of ``extent`` iterations into for ``lines`` lines an
+    iteration of the loop around it: the fewest that ``extent`` divides into and that take at most
+    one line each (all the iterations when fewer than the lines)."""
+    return next((g for g in range(1, extent + 1) if extent % g == 0 and g >= lines), extent)
+
+
+def _prefetch_at(levels: list[Any], lines: int) -> tuple[int, int]:
+    """(level, groups): the loop of ``levels`` (outermost first) whose body takes the prefetches —
+    the first whose iterations each take at most ``BURST_LINES`` — and the groups its body is split
+    into (1: none; the innermost loop's, where no level takes few enough)."""
+    count = 1
+    for depth, loop in enumerate(levels[:-1]):
+        count *= int(loop.extent.value)
+        if lines / count <= BURST_LINES:
+            return depth, 1
+    innermost = levels[-1]
+    return len(levels) - 1, _groups(int(innermost.extent.value), lines / count)
+
+
+def _split(loop: Any, groups: int, head: Any) -> Any:
+    """``loop`` as ``groups`` runs of its iterations, ``head`` (a function of the group variable)
+    before each run."""
+    extent = int(loop.extent.value)
+    if groups == extent:
+        return _rebuilt(loop, tirx.SeqStmt([head(loop.loop_var - loop.min), loop.body]))
+    dtype = loop.loop_var.ty.dtype
+    group, step = tirx.Var(f"{loop.loop_var.name}_group", dtype), tirx.Var(f"{loop.loop_var.name}_step", dtype)
+    size = extent // groups
+    body = _substituted(loop.body, {loop.loop_var: loop.min + group * size + step})
+    run = tirx.For(step, 0, size, loop.kind, body)
+    return tirx.For(group, 0, groups, tirx.ForKind.SERIAL, tirx.SeqStmt([head(group), run]))
+
+
+def _prefetch(buffer: Any, index: Any) -> Any:
+    """A prefetch of ``buffer[index]``, the index kept inside the buffer: the last chunk's next
+    one lies past its end (a prefetch does not fault, but an address outside is not defined in LLVM)."""
+    last = tirx.IntImm(index.ty.dtype, math.prod(int(d) for d in buffer.shape) - 1)
+    inside = tirx.BufferLoad(buffer, [tirx.min(index, last)])
+    return tirx.Evaluate(tirx.call_extern("void", "amptool_prefetch_l2", tirx.address_of(inside)))
+
+
+def _prefetched(loop: Any) -> Any:
+    """A chunk loop annotated ``NEXT_CHUNK`` with its tiles prefetching the next chunk."""
+    plan = loop.annotations.get(NEXT_CHUNK) if loop.annotations else None
+    if plan is None:
+        return loop
+    elements, names = int(plan[0]), {str(name) for name in plan[1:]}
+    loop = tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, loop.body,
+                    annotations={key: value for key, value in loop.annotations.items() if key != NEXT_CHUNK})
+    levels = _nest(loop)
+    tiles = []
+    for inner in levels:
+        if str(inner.loop_var.name) not in names:
+            break
+        tiles.append(inner)
+    found = _chunk_start(tiles[-1].body, tiles) if tiles and len(levels) > len(tiles) else None
+    if found is None:
+        return loop
+    buffer, first = found
+    dtype = first.ty.dtype
+    per_line = LINE_BYTES * 8 // (buffer.dtype.bits * buffer.dtype.lanes)
+    lines = -(-elements // per_line)
+    depth, groups = _prefetch_at(levels, lines)
+    split = depth == len(levels) - 1  # the innermost loop, in groups
+    point, points = tirx.IntImm(dtype, 0), 1  # which iteration of the loops down to the prefetch, row-major
+    for inner in levels[:depth] if split else levels[:depth + 1]:
+        point = point * int(inner.extent.value) + tirx.Cast(dtype, inner.loop_var - inner.min)
+        points *= int(inner.extent.value)
+    points *= groups if split else 1
+    next_chunk = first + tirx.IntImm(dtype, elements)
+
+    def head(group: Any) -> Any:
+        """The prefetches of one point: its share of the lines (at most one line: the line its share starts in)."""
+        at = point * groups + tirx.Cast(dtype, group) if split else point
+        if points >= lines:
+            return _prefetch(buffer, next_chunk + at * lines // points * per_line)
+        share = -(-lines // points)
+        line = tirx.Var("line", dtype)
+        return tirx.For(line, 0, share, tirx.ForKind.SERIAL,
+                        _prefetch(buffer, next_chunk + (at * share + line) * per_line))
+
+    target = levels[depth]
+    placed = _split(target, groups, head) if split else _rebuilt(target, tirx.SeqStmt([head(None), target.body]))
+    for outer in reversed(levels[:depth]):
+        placed = _rebuilt(outer, placed)
+    linked = tirx.AttrStmt(tirx.IntImm("int32", 0), "pragma_import_llvm", tvm.ir.StringImm(PREFETCH_IR), placed)
+    return _rebuilt(loop, linked)
+
+
+def _prefetch_chunks(func: Any, _mod: Any, _ctx: Any) -> Any:
+    return tvm_ffi.structural_map(func, (tirx.For, _prefetched))
+
+
+PrefetchChunks = tirx.transform.prim_func_pass(_prefetch_chunks, opt_level=0, name="PrefetchChunks")
