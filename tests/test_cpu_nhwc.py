@@ -300,7 +300,7 @@ def test_bfloat16_dot_products_round_their_inputs_to_nearest_even(tmp_path, op):
 #: A conv reduced over chunks of input channels outside its rows (the chunk count captured), its
 #: chunk loop marked for the next chunk's prefetch over the row and column tiles (``prefetch_chunks``).
 _CHUNKED_ROWS = (r'for rc_0 in T\.serial\(T\.int64\((\d+)\), '
-                 r'annotations=\{"amp_prefetch_next": \[\d+, "y", "x_0"\]\}\):'
+                 r'annotations=\{"amp_prefetch_next": \{[^}]*\}\}\):'
                  r"\s*for y, x_0, ry, rx, rc_1 in T\.grid")
 
 
@@ -634,7 +634,7 @@ def test_flat_tiles_match_onnxruntime(tmp_path, channels, size, stride, flat, dt
     onnx.save(model, str(path))
     convs = [k for k in scheduled_kernels(str(path), dtype, "icelake-server") if '"amp_conv2d_nhwc_init"' in k]
     runs = 196 // 4 if size * size // stride ** 2 == 196 else 50 // 5
-    flat_chunks = (r'for rc_0 in T\.serial\(T\.int64\(\d+\), annotations=\{"amp_prefetch_next": \[\d+, "p_0"\]\}\):'
+    flat_chunks = (r'for rc_0 in T\.serial\(T\.int64\(\d+\), annotations=\{"amp_prefetch_next": \{[^}]*\}\}\):'
                    rf"\s*for p_0, rc_1 in T\.grid\(T\.int64\({runs}\)")
     tiled = [k for k in convs if re.search(flat_chunks, k)]
     assert len(convs) == 2 and len(tiled) == flat, convs

@@ -10,13 +10,15 @@ import numpy as np
 import onnx
 import pytest
 import tvm
+from onnx import helper, numpy_helper
 from tvm.script import tirx as T
 
 from amptool import _tvm
 from amptool.compiler import stack_tiles
 from amptool.compiler.cpu_nhwc import pack_conv_weight, weight_geometry
-from amptool.compiler.prefetch_chunks import BURST_LINES, NEXT_CHUNK
+from amptool.compiler.prefetch_chunks import BURST_LINES, NEXT_CHUNK, chunk_plan
 from amptool.compiler.targets import host_llvm_spec
+from tests.onnx_checks import onnxruntime_and_amptool, x_to_y_model
 from tests.test_cpu_nhwc import _two_convs
 
 LANES = 16
@@ -38,7 +40,7 @@ def _chunked_kernel(blocks: int, rows: int, chunks: int, chunk: int) -> Any:
                 with T.sblock("init"):
                     vc, vy, vl = T.axis.remap("SSS", [c, y, lane])
                     out[vc, vy, vl] = T.float32(0)
-            for rco in T.serial(chunks, annotations={NEXT_CHUNK: [chunk * LANES, "y"]}):
+            for rco in T.serial(chunks, annotations={NEXT_CHUNK: chunk_plan(chunk * LANES, "w")}):
                 for y, k in T.grid(rows, chunk):
                     for lane in T.vectorized(LANES):
                         with T.sblock("sum"):
@@ -122,3 +124,34 @@ def test_only_chunked_convs_are_marked(tmp_path, mcpu):
     onnx.save(_two_convs(), str(path))
     text = "\n".join(scheduled_kernels(str(path), "float32", mcpu))
     assert text.count(f'"{NEXT_CHUNK}"') == (1 if mcpu == "znver4" else 0)
+
+
+def _feed_forward(rows: int) -> onnx.ModelProto:
+    """``x [1, rows, 256] → MatMul 256 × 1024 → Relu → MatMul 1024 × 256 → y``: a transformer's
+    feed-forward block (1 MB of weights each)."""
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array((rng.standard_normal(s) / np.sqrt(s[0])).astype(np.float32), n)
+             for n, s in (("w1", (256, 1024)), ("w2", (1024, 256)))]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "w2"], ["y"])]
+    return x_to_y_model(nodes, "feed_forward", [1, rows, 256], inits)
+
+
+@pytest.mark.parametrize(("rows", "marked"), [(64, 2), (1, 0)])
+def test_matmuls_prefetch_the_next_panel_over_their_row_tiles(tmp_path, rows, marked):
+    """Each matmul of 64 rows marks its loop over column blocks × row tiles (more than one tile a
+    panel); a one-row matmul (a GEMV: each panel read once) marks nothing. Values are onnxruntime's."""
+    from tests.conftest import scheduled_kernels
+
+    path = tmp_path / "ffn.onnx"
+    onnx.save(_feed_forward(rows), str(path))
+    kernels = scheduled_kernels(str(path), "float32", "znver4")
+    plans = [re.search(r'"amp_prefetch_next": \{"elements": (\d+), "tiles": (\d+), "weight": "(\w+)"\}', k)
+             for k in kernels]
+    plans = [p for p in plans if p]
+    assert len(plans) == marked, kernels
+    for plan in plans:  # a whole panel (K × a block of columns), several row tiles
+        assert int(plan[1]) % 256 == 0 and int(plan[2]) > 1
+    x = np.random.default_rng(4).standard_normal((1, rows, 256)).astype(np.float32)
+    want, got = onnxruntime_and_amptool(str(path), {"x": x})
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))

@@ -68,6 +68,7 @@ from amptool.compiler.cpu_kernels import (
     matmul_row_cap,
     vector_lanes,
 )
+from amptool.compiler.prefetch_chunks import NEXT_CHUNK, chunk_plan
 
 log = logging.getLogger(__name__)
 
@@ -686,8 +687,25 @@ def packed_matmul(sch: Any, tiling: Tiling) -> Any | None:
         epilogue = _epilogue_at(sch, mm, ro, chain)
         vector_steps(sch, sch.get_loops(epilogue)[-1], tiling)
     ni = vector_steps(sch, ni, tiling)
+    row_tiles, weight = _extent(sch, ro) or 1, sch.get(mm).reads[1].source
     _finish(sch, mm, epilogue, [no, ro], k, ri, ni, "done", tiling)
+    _prefetch_next_panel(sch, mm, weight, row_tiles, group)
     return sch
+
+
+def _prefetch_next_panel(sch: Any, mm: Any, weight: Any, row_tiles: int, group: int) -> None:
+    """Mark a matmul's loop over column blocks × row tiles for ``prefetch_chunks``: the next
+    block's weight panel prefetched over the row tiles of the current one. Not for one row tile (a
+    GEMV streams its panels once, which the hardware prefetcher follows) or per-item weights.
+
+    Why: a panel came from memory during its first row tile only; the other tiles read it from L2.
+    BERT-base's 3072 → 768 matmul (9.4 MB of weights) took 2.36 ms in the model, 1.79 alone
+    (onnxruntime 2.05 and 1.72).
+    """
+    if row_tiles < 2 or len(weight.shape) != 3:
+        return
+    panel = group * math.prod(int(d) for d in weight.shape[1:])
+    sch.annotate(sch.get_loops(mm)[0], NEXT_CHUNK, chunk_plan(panel, str(weight.name), row_tiles))
 
 
 def _box_items(extents: list[int], cap: int) -> int:

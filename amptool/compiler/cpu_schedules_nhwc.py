@@ -41,7 +41,7 @@ from amptool.compiler.cpu_schedules import (
     try_inline,
     vector_steps,
 )
-from amptool.compiler.prefetch_chunks import NEXT_CHUNK
+from amptool.compiler.prefetch_chunks import NEXT_CHUNK, chunk_plan
 from amptool.compiler.stack_tiles import buffer_bytes
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ def nhwc_tile(sch: Any, conv: Any, block: int, tiling: Tiling,
         ry, rx, rc = reductions
         rco, rci = sch.split(rc, [None, chunk])
         sch.reorder(n, co, rco, y, xo, ry, rx, rci, xi, ci)
-        _prefetch_next_chunk(sch, conv, rco, [y, xo])
+        _prefetch_next_chunk(sch, conv, rco)
         # Accumulated over the chunks in the block's output, a channel block's whole map at a time.
         return [n, co], [rco, ry, rx, rci], xi, ci, _epilogue_at(sch, conv, co)
     if _weights_dominate(sch, conv):
@@ -120,7 +120,7 @@ def flat_tile_loops(sch: Any, conv: Any, block: int,
     else:
         rco, rci = sch.split(rc, [None, chunk])
         sch.reorder(n, co, rco, po, *taps, rci, pi, ci)
-        _prefetch_next_chunk(sch, conv, rco, [po])
+        _prefetch_next_chunk(sch, conv, rco)
         reductions = [rco, *taps, rci]
     # The steps writing the map (an injective step of another shape, if fusion ever brought one,
     # stays at the root for the leftover rule).
@@ -230,11 +230,11 @@ def _weight_chunk(sch: Any, conv: Any) -> int | None:
     return weight_geometry(sch.get(conv).reads[1].source)[4]
 
 
-def _prefetch_next_chunk(sch: Any, conv: Any, chunks: Any, tiles: list[Any]) -> None:
+def _prefetch_next_chunk(sch: Any, conv: Any, chunks: Any) -> None:
     """Mark the loop over ``chunks`` for ``prefetch_chunks``: the next chunk's weights prefetched
-    a share at a time over the loops of ``tiles`` inside it (the tiles of the map)."""
-    chunk_axes = [int(d) for d in sch.get(conv).reads[1].source.shape[2:]]
-    sch.annotate(chunks, NEXT_CHUNK, [math.prod(chunk_axes), *(str(sch.get(t).loop_var.name) for t in tiles)])
+    a share at a time over the tiles of the map."""
+    weight = sch.get(conv).reads[1].source
+    sch.annotate(chunks, NEXT_CHUNK, chunk_plan(math.prod(int(d) for d in weight.shape[2:]), str(weight.name)))
 
 
 def _weights_dominate(sch: Any, conv: Any, ratio: float = WEIGHTS_DOMINATE) -> bool:
