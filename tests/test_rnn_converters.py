@@ -522,3 +522,44 @@ def test_tf2onnx_style_bidirectional_rnn_float16_diff_passes(run_cli: Any, tmp_p
     assert result.output.strip().splitlines()[-1].startswith("PASSED |")
     for output in read_json(tmp_path / "diff.json")["outputs"]:
         assert output["cosine"] >= 0.999 and output["nan"] == 0 and output["inf"] == 0, output
+
+
+BIDIRECTIONAL_CASES = {f"{c.op.lower()}-{k}": c for cases in (LSTM_CASES, GRU_CASES, RNN_CASES)
+                       for k, c in cases.items() if c.direction == "bidirectional"}
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=k) for k, c in BIDIRECTIONAL_CASES.items()])
+def test_directions_apart_match_onnxruntime(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bidirectional node whose recurrent weights pass ``APART_BYTES`` (here every one) runs as
+    two single-direction recurrences joined along the directions axis: the same outputs in either
+    layout, with initial states, peepholes, sequence lengths, per-direction activations and weights
+    fed at run time."""
+    from amptool.frontend import rnn_directions
+
+    monkeypatch.setattr(rnn_directions, "APART_BYTES", 0)
+    model, feeds = rnn_model(case)
+    expected = reference(case)
+    got = amptool_fp32(model, feeds)
+    assert list(got) == [n for n in case.outputs if not (n == "Y" and case.omit_y)]
+    for name, value in got.items():
+        assert value.shape == expected[name].shape, name
+        np.testing.assert_allclose(value, expected[name], atol=ATOL, rtol=RTOL, err_msg=name)
+
+
+@pytest.mark.parametrize(("hidden", "apart"), [(16, False), (512, True)])
+def test_large_recurrent_weights_run_the_directions_one_after_the_other(hidden: int, apart: bool) -> None:
+    """A 512-unit bidirectional LSTM (8 MB of recurrent weights: more than two cores' L2) steps
+    each direction on its own weight — ``[1, H]·[H, 4H]`` matmuls, twice as many — where a small
+    one steps both directions in one batched matmul (``[2, 1, H]·[2, H, 4H]``)."""
+    case = Case("LSTM", direction="bidirectional", seq=3, batch=1, input_size=4, hidden=hidden)
+    model, _ = rnn_model(case)
+    shapes = [
+        [int(d) for d in b.value.args[1].ty.shape]
+        for _gv, func in _tvm.relax_functions(import_model(model, graph_inputs(model)).mod)
+        for block in func.body.blocks
+        for b in block.bindings
+        if _tvm.op_name(b.value) == "relax.matmul"
+    ]
+    recurrent = [s for s in shapes if s[-2:] == [hidden, 4 * hidden]]
+    assert len(recurrent) == (2 * (case.seq - 1) if apart else case.seq - 1), shapes
+    assert all(len(s) == (2 if apart else 3) for s in recurrent), shapes

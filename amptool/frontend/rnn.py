@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from amptool.frontend.rnn_directions import apart
 from amptool.frontend.rnn_unroll import (
     Expr,
     Unroller,
@@ -78,6 +79,9 @@ def _lstm_step(u: Unroller, w: _LstmWeights, x_t: Expr, state: tuple[Expr, ...])
 def convert_lstm(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     """ONNX LSTM (gate order i, o, f, c; peepholes i, o, f) → Relax tuple (Y, Y_h, Y_c)."""
     cell = parse_cell("LSTM", inputs, attrs, ("sigmoid", "tanh", "tanh"))
+    by_direction = apart(convert_lstm, bb, inputs, attrs, activations_per_direction=3, outputs=3)
+    if by_direction is not None:
+        return by_direction
     u = Unroller(bb, cell, inputs[0], optional_input(inputs, 4))
     init_h, init_c, peep = optional_input(inputs, 5), optional_input(inputs, 6), optional_input(inputs, 7)
     per_dir = [direction_weights(u, inputs, d, 4) for d in range(len(cell.directions))]
@@ -135,6 +139,9 @@ def _gru_step(u: Unroller, w: _GruWeights, x_t: Expr, state: tuple[Expr, ...]) -
 def convert_gru(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     """ONNX GRU (gate order z, r, h) → Relax tuple (Y, Y_h)."""
     cell = parse_cell("GRU", inputs, attrs, ("sigmoid", "tanh"))
+    by_direction = apart(convert_gru, bb, inputs, attrs, activations_per_direction=2, outputs=2)
+    if by_direction is not None:
+        return by_direction
     u = Unroller(bb, cell, inputs[0], optional_input(inputs, 4))
     hidden = cell.hidden
     linear_before_reset = bool(int(attrs.get("linear_before_reset", 0)))
@@ -173,6 +180,9 @@ def _rnn_step(u: Unroller, r_t: Expr, acts: tuple[str, ...], x_t: Expr, state: t
 def convert_rnn(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     """ONNX RNN, ``Ht = f(Xt·Wᵀ + Ht₋₁·Rᵀ + Wb + Rb)`` → Relax tuple (Y, Y_h)."""
     cell = parse_cell("RNN", inputs, attrs, ("tanh",))
+    by_direction = apart(convert_rnn, bb, inputs, attrs, activations_per_direction=1, outputs=2)
+    if by_direction is not None:
+        return by_direction
     u = Unroller(bb, cell, inputs[0], optional_input(inputs, 4))
     per_dir = [direction_weights(u, inputs, d, 1) for d in range(len(cell.directions))]
     steps = u.projections([w for w, _, _, _ in per_dir],
