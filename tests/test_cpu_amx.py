@@ -92,12 +92,14 @@ def test_an_exported_amx_build_runs_in_a_fresh_process(tmp_path: Path) -> None:
 
 
 def _conv_model(path: Path, shape: tuple[int, ...], out_channels: int, kernel: tuple[int, int], pads: list[int],
-                strides: tuple[int, int] = (1, 1), dilations: tuple[int, int] = (1, 1)) -> Path:
+                strides: tuple[int, int] = (1, 1), dilations: tuple[int, int] = (1, 1), group: int = 1) -> Path:
     rng = np.random.default_rng(2)
-    w = _bf16_exact(rng.standard_normal((out_channels, shape[1], *kernel)) / np.sqrt(shape[1] * kernel[0] * kernel[1]))
+    per_group = shape[1] // group
+    fan_in = per_group * kernel[0] * kernel[1]
+    w = _bf16_exact(rng.standard_normal((out_channels, per_group, *kernel)) / np.sqrt(fan_in))
     b = _bf16_exact(rng.standard_normal(out_channels))
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=pads, strides=list(strides),
-                              dilations=list(dilations)), helper.make_node("Relu", ["c"], ["y"])]
+                              dilations=list(dilations), group=group), helper.make_node("Relu", ["c"], ["y"])]
     graph = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
                               [numpy_helper.from_array(w.astype(np.float32), "w"),
@@ -142,6 +144,41 @@ def test_amx_convs_are_onnxruntimes(tmp_path: Path, shape: tuple[int, ...], out_
 
     path = str(_conv_model(tmp_path / "conv.onnx", shape, out_channels, kernel, pads, strides, dilations))
     x = _bf16_exact(np.random.default_rng(3).standard_normal(shape).astype(np.float32))
+    want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(["y"], {"x": x})[0]
+    got = np.asarray(build_model(ConvertConfig(model=path, dtype="bfloat16")).compiled().run({"x": x})["y"], np.float32)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=2 ** -7, atol=1e-6 * float(np.abs(want).max()))
+
+
+_GROUPED = [
+    ((1, 128, 14, 14), 128, 2, (1, 1), True),     # RegNet's 64-channel groups
+    ((1, 192, 14, 14), 192, 3, (2, 2), True),     # three groups, stride 2
+    ((1, 64, 14, 14), 64, 4, (1, 1), False),      # 16-channel groups: under one tile step
+    ((1, 64, 14, 14), 64, 64, (1, 1), False),     # depthwise: its own kernels
+]
+
+
+@pytest.mark.parametrize(("shape", "out_channels", "group", "strides", "split"), _GROUPED)
+def test_grouped_convs_split_by_group_onto_amx_tiles(tmp_path: Path, shape: tuple[int, ...], out_channels: int,
+                                                     group: int, strides: tuple[int, int], split: bool) -> None:
+    """A grouped bfloat16 conv whose groups take a tile step (32 channels or more) runs as one AMX
+    conv per group (``amx_groups``); narrower groups and depthwise convs keep their vector kernels."""
+    path = _conv_model(tmp_path / "conv.onnx", shape, out_channels, (3, 3), [1, 1, 1, 1], strides, group=group)
+    text = "\n".join(scheduled_kernels(str(path), "bfloat16", "sapphirerapids"))
+    assert ("amptool_amx_bf16_32x32" in text) == split
+    assert "amptool_amx_bf16_32x32" not in "\n".join(scheduled_kernels(str(path), "bfloat16", "znver4"))
+
+
+@needs_amx
+@pytest.mark.parametrize(("shape", "out_channels", "group", "strides", "split"), [c for c in _GROUPED if c[-1]])
+def test_grouped_amx_convs_are_onnxruntimes(tmp_path: Path, shape: tuple[int, ...], out_channels: int, group: int,
+                                           strides: tuple[int, int], split: bool) -> None:
+    import onnxruntime as ort
+
+    from amptool.app.convert import ConvertConfig, build_model
+
+    path = str(_conv_model(tmp_path / "conv.onnx", shape, out_channels, (3, 3), [1, 1, 1, 1], strides, group=group))
+    x = _bf16_exact(np.random.default_rng(4).standard_normal(shape).astype(np.float32))
     want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(["y"], {"x": x})[0]
     got = np.asarray(build_model(ConvertConfig(model=path, dtype="bfloat16")).compiled().run({"x": x})["y"], np.float32)
     assert got.shape == want.shape

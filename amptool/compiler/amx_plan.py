@@ -46,7 +46,8 @@ class Plan:
 _HAS_AMX: dict[str, bool] = {}
 
 
-def _target_has_amx() -> bool:
+def target_has_amx() -> bool:
+    """Whether the current target has AMX-BF16 (cached by the target's string)."""
     import tvm  # noqa: PLC0415
 
     target = tvm.target.Target.current(allow_none=True)
@@ -72,7 +73,7 @@ def plan(call: Any) -> Plan | None:
             or _tvm.tensor_dtype(call) != "float32" or not isinstance(weight, tvm.ir.GenericConst)):
         return None
     shape = _tvm.static_shape(data)
-    if shape is None or _tvm.is_constant(data) or not _target_has_amx():
+    if shape is None or _tvm.is_constant(data) or not target_has_amx():
         # (A constant's product is folded at build time, on the build machine, which may have no
         # AMX: a cross-compile for another CPU.)
         return None
@@ -86,11 +87,24 @@ def plan(call: Any) -> Plan | None:
     if layouts != ("NHWC", "OIHW", "NHWC") or int(attrs.groups) != 1 or len(shape) != 4:
         return None
     strides, padding, dilation = ([int(v) for v in values] for values in (attrs.strides, attrs.padding, attrs.dilation))
-    if bits.shape[2:] == (1, 1) and set(strides) == {1} and not any(padding) and fits(math.prod(shape[:-1]), shape[-1]):
+    kind = conv_kind(tuple(shape), tuple(bits.shape), strides, padding, dilation)
+    if kind == "matmul":
         return Plan("matmul", data, tuple(shape[:-1]), np.ascontiguousarray(bits[:, :, 0, 0].T))  # pixels × [IC, OC]
-    if not conv_fits(tuple(shape), bits.shape[0], bits.shape[2:], strides, padding, dilation):
+    if kind is None:
         return None
     return Plan("conv", data, tuple(shape), bits, (tuple(strides), tuple(padding), tuple(dilation)))
+
+
+def conv_kind(data_shape: tuple[int, ...], weight_shape: tuple[int, ...], strides: list[int], padding: list[int],
+              dilation: list[int]) -> str | None:
+    """Which AMX kernel a dense NHWC conv of ``data_shape`` by an OIHW ``weight_shape`` takes:
+    "matmul" (a 1×1 stride-1 unpadded conv: the matmul of its pixels), "conv", or None."""
+    if (tuple(weight_shape[2:]) == (1, 1) and set(strides) == {1} and not any(padding)
+            and fits(math.prod(data_shape[:-1]), data_shape[-1])):
+        return "matmul"
+    if conv_fits(tuple(data_shape), weight_shape[0], tuple(weight_shape[2:]), strides, padding, dilation):
+        return "conv"
+    return None
 
 
 def plan_batched(bb: Any, call: Any) -> Any | None:
@@ -109,7 +123,7 @@ def plan_batched(bb: Any, call: Any) -> Any | None:
     *batch, m, k = a_shape
     if tuple(b_shape[:-2]) != tuple(batch) or b_shape[-2] != k or not batched_fits(m, k):
         return None
-    if _tvm.is_constant(a) or _tvm.is_constant(b) or not _target_has_amx():
+    if _tvm.is_constant(a) or _tvm.is_constant(b) or not target_has_amx():
         return None  # (a constant's product is folded on the build machine: see ``plan``)
     return emit_batched(bb, a, b, tuple(batch), m, k, b_shape[-1])
 
@@ -126,4 +140,4 @@ def takes_attention(q_shape: list[int], keys: int, dtype: str) -> bool:
     products, not fused into ``cpu_attention``'s float32 kernel (ViT bf16 kernel sum 0.92×, Whisper
     0.73× on a Sapphire Rapids VM)."""
     rows, head = q_shape[-2], q_shape[-1]
-    return dtype == "bfloat16" and batched_fits(rows, head) and batched_fits(rows, keys) and _target_has_amx()
+    return dtype == "bfloat16" and batched_fits(rows, head) and batched_fits(rows, keys) and target_has_amx()

@@ -2,7 +2,8 @@
 
     layout               transposed convs as phase convs (cpu_conv_transpose), 1-D convs as 2-D
                          (cpu_conv1d), softmax over a middle axis moved last (cpu_softmax_axis);
-                         convolutions and the layers between them to NHWC (cpu_layout)
+                         convolutions and the layers between them to NHWC (cpu_layout); grouped
+                         bfloat16 convs one conv a group where AMX tiles take them (amx_groups)
     epilogues            low-precision elementwise chains after a cast computed in float32 (widen_epilogues)
     library dispatch     sampling/sort ops → TVM's CPU implementations
     legalize             Relax ops → TIR; conv2d/matmul/erf/tanh via amptool.compiler.cpu_kernels
@@ -36,6 +37,7 @@ from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 
 from amptool.compiler import stages
 from amptool.compiler.amx_epilogues import fuse_amx_epilogues
+from amptool.compiler.amx_groups import split_amx_groups
 from amptool.compiler.cpu_attention import SCORES_BLOCK, attention, fuse_attention
 from amptool.compiler.cpu_conv1d import conv1d_as_conv2d
 from amptool.compiler.cpu_conv_transpose import split_conv_transpose
@@ -111,7 +113,7 @@ def stage_passes(target: Any) -> stages.Stages:
     shared = stages.relax_stages(target, cpu_generic, legalize_map(), default_rules())
     schedule, schedule_passes = shared[_SCHEDULED - 1]
     return [("layout", [_FUSE_ATTENTION, _SPLIT_CONV_TRANSPOSE, _CONV1D_AS_CONV2D, _ROW_SCANS, _SOFTMAX_LAST_AXIS,
-                        *layout_passes()]),
+                        *layout_passes(), _SPLIT_AMX_GROUPS]),
             ("epilogues", [_WIDEN_EPILOGUES, _AMX_EPILOGUES]),
             *shared[:_SCHEDULED - 1], (schedule, [*schedule_passes, UniformSelects]), ("in place", [_IN_PLACE]),
             *shared[_SCHEDULED:]]
@@ -129,6 +131,7 @@ _ROW_SCANS = _module_pass(rewrite_scans, "RowScans")
 _SOFTMAX_LAST_AXIS = _module_pass(softmax_to_last_axis, "SoftmaxLastAxis")
 _WIDEN_EPILOGUES = _module_pass(widen_epilogues, "WidenEpilogues")
 _AMX_EPILOGUES = _module_pass(fuse_amx_epilogues, "AmxEpilogues")
+_SPLIT_AMX_GROUPS = _module_pass(split_amx_groups, "SplitAmxGroups")
 _IN_PLACE = _module_pass(write_in_place, "WriteInPlace")
 
 

@@ -12,6 +12,7 @@ micro-kernel's (``cpu_amx``).
 # mypy: disable-error-code="valid-type"
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from amptool.compiler.cpu_amx import (
@@ -209,6 +210,15 @@ def conv_primfunc(data_shape: tuple[int, ...], out_channels: int, kernel: tuple[
     return amx_conv
 
 
+@functools.lru_cache(maxsize=512)
+def _conv_primfunc(data_shape: tuple[int, ...], out_channels: int, kernel: tuple[int, int], strides: tuple[int, ...],
+                   padding: tuple[int, ...], dilation: tuple[int, ...], epilogue: Epilogue) -> Any:
+    """:func:`conv_primfunc`, built once per shape and epilogue: a grouped conv split by group
+    (``amx_groups``) asks for the same kernel once a group, and TVMScript takes ~0.1 s to build one
+    (RegNet bfloat16's legalization 6.2 s)."""
+    return conv_primfunc(data_shape, out_channels, kernel, list(strides), list(padding), list(dilation), epilogue)
+
+
 def emit_conv(bb: Any, x: Any, data_shape: tuple[int, ...], weight_bits: Any, strides: list[int],
               padding: list[int], dilation: list[int], epilogue: Epilogue = PLAIN, residual: Any = None) -> Any:
     """The call of :func:`conv_primfunc` on NHWC ``x`` and an OIHW weight's bfloat16 bit patterns."""
@@ -219,8 +229,8 @@ def emit_conv(bb: Any, x: Any, data_shape: tuple[int, ...], weight_bits: Any, st
     out_channels, _, kh, kw = weight_bits.shape
     g = _ConvGeometry(tuple(data_shape), (kh, kw), strides, padding, dilation)
     taps = g.taps()
-    gvar = bb.add_func(conv_primfunc(data_shape, out_channels, (kh, kw), strides, padding, dilation, epilogue),
-                       "amx_conv")
+    gvar = bb.add_func(_conv_primfunc(tuple(data_shape), out_channels, (kh, kw), tuple(strides), tuple(padding),
+                                      tuple(dilation), epilogue), "amx_conv")
     packed = relax.const(tvm.runtime.tensor(pack_conv_weight(weight_bits, taps)))
     offsets = relax.const(tvm.runtime.tensor(np.array([2 * offset for offset, _ in taps], dtype=np.int64)))
     return relax.call_tir(gvar, [x, packed, offsets, *epilogue.arguments(residual)],

@@ -1,0 +1,90 @@
+"""Grouped bfloat16 convs as one conv per group, so each runs on AMX tiles.
+
+What: on a target with AMX-BF16, an NHWC ``relax.nn.conv2d`` with ``groups`` > 1 of bfloat16 data
+and constant weight, float32 sums, becomes per group ``conv2d(data[..., group's channels],
+weight[group's filters])`` and a concat of the results along channels — each a dense conv that
+``amx_plan.plan`` takes (checked per group before rewriting: every group must fit the AMX kernels,
+and have at least ``MIN_GROUP_CHANNELS`` input channels).
+
+Why: the AMX kernels take dense convs only; a grouped one ran on float32 FMAs over converted
+weights (``cpu_kernels._grouped_conv2d_nhwc``). RegNet bfloat16 (64-channel groups) ran 2.08×
+OpenVINO's bfloat16 latency, its other convs on tiles.
+
+When not: depthwise convs and groups under ``MIN_GROUP_CHANNELS`` (a tile step is 32 channels
+deep: narrower groups would be mostly zeros), other dtypes, targets without AMX, shapes the AMX
+kernels do not take. Preserves: each group's products and sums (the same taps, one group's
+channels each).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from amptool import _tvm
+
+#: Input channels a group needs to go to AMX tiles: one 32-deep tile step.
+MIN_GROUP_CHANNELS = 32
+
+
+def split_amx_groups(mod: Any) -> Any:
+    """``mod`` with every grouped conv that AMX tiles take split by group (module docstring)."""
+    import tvm  # noqa: PLC0415
+    from tvm import relax  # noqa: PLC0415
+    from tvm.relax.expr_functor import PyExprMutator, mutator  # noqa: PLC0415
+
+    from amptool.compiler import amx_plan  # noqa: PLC0415
+
+    conv2d = tvm.ir.Op.get("relax.nn.conv2d")
+    if not _tvm.any_call(mod, lambda call: _tvm.calls_op(call, conv2d) and int(call.attrs.groups) > 1):
+        return mod
+
+    @mutator
+    class _Split(PyExprMutator):
+        def visit_call_(self, call: Any) -> Any:
+            call = super().visit_call_(call)
+            if not _tvm.calls_op(call, conv2d) or not _candidate(call):
+                return call
+            data, weight = call.args
+            attrs = call.attrs
+            groups = int(attrs.groups)
+            kernel = _tvm.constant_numpy(weight)
+            per_in, per_out = int(kernel.shape[1]), kernel.shape[0] // groups
+            batch, height, width, _ = _tvm.static_shape(data)
+            geometry = [[int(v) for v in values] for values in (attrs.strides, attrs.padding, attrs.dilation)]
+            group_shape = (per_out, per_in, *(int(d) for d in kernel.shape[2:]))
+            if amx_plan.conv_kind((batch, height, width, per_in), group_shape, *geometry) is None:
+                return call  # the AMX kernels do not take a group: the conv stays grouped
+            # Each group's channels by an index tensor, not a slice's constant begin: one kernel for
+            # every group (as the kernel's argument), not one kernel each to compile (RegNet: 13 s).
+            split = self.builder_.emit(relax.op.reshape(data, [batch, height, width, groups, per_in]))
+            convs = []
+            for group in range(groups):
+                index = relax.const(np.array([group], "int64"))
+                part = self.builder_.emit(relax.op.reshape(self.builder_.emit(relax.op.take(split, index, axis=3)),
+                                                           [batch, height, width, per_in]))
+                filters = relax.const(kernel[group * per_out:(group + 1) * per_out].copy(), str(weight.ty.dtype))
+                convs.append(self.builder_.emit(relax.op.nn.conv2d(
+                    part, filters, strides=attrs.strides, padding=attrs.padding, dilation=attrs.dilation, groups=1,
+                    data_layout="NHWC", kernel_layout="OIHW", out_layout="NHWC", out_dtype=str(call.ty.dtype))))
+            return relax.op.concat(convs, axis=3)
+
+    return _tvm.rewrite_functions(mod, _Split(mod))
+
+
+def _candidate(call: Any) -> bool:
+    """A grouped (not depthwise) NHWC bfloat16 conv of a constant weight, groups of at least
+    ``MIN_GROUP_CHANNELS`` input channels, on a target with AMX-BF16."""
+    import tvm  # noqa: PLC0415
+
+    from amptool.compiler.amx_plan import target_has_amx  # noqa: PLC0415
+
+    attrs = call.attrs
+    data, weight = call.args
+    layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout))
+    shape = _tvm.static_shape(weight) if isinstance(weight, tvm.ir.GenericConst) else None
+    return (layouts == ("NHWC", "OIHW", "NHWC") and shape is not None and int(attrs.groups) > 1
+            and shape[1] >= MIN_GROUP_CHANNELS and _tvm.tensor_dtype(data) == "bfloat16"
+            and _tvm.tensor_dtype(weight) == "bfloat16" and _tvm.static_shape(data) is not None
+            and target_has_amx())
