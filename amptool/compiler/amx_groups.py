@@ -51,7 +51,10 @@ def split_amx_groups(mod: Any) -> Any:
             groups = int(attrs.groups)
             kernel = _tvm.constant_numpy(weight)
             per_in, per_out = int(kernel.shape[1]), kernel.shape[0] // groups
-            batch, height, width, _ = _tvm.static_shape(data)
+            data_shape = _tvm.static_shape(data)
+            if data_shape is None:
+                return call
+            batch, height, width, _ = data_shape
             geometry = [[int(v) for v in values] for values in (attrs.strides, attrs.padding, attrs.dilation)]
             group_shape = (per_out, per_in, *(int(d) for d in kernel.shape[2:]))
             if amx_plan.conv_kind((batch, height, width, per_in), group_shape, *geometry) is None:

@@ -102,7 +102,7 @@ def conv_kind(data_shape: tuple[int, ...], weight_shape: tuple[int, ...], stride
     if (tuple(weight_shape[2:]) == (1, 1) and set(strides) == {1} and not any(padding)
             and fits(math.prod(data_shape[:-1]), data_shape[-1])):
         return "matmul"
-    if conv_fits(tuple(data_shape), weight_shape[0], tuple(weight_shape[2:]), strides, padding, dilation):
+    if conv_fits(tuple(data_shape), weight_shape[0], (weight_shape[2], weight_shape[3]), strides, padding, dilation):
         return "conv"
     return None
 
