@@ -258,3 +258,19 @@ def test_paired_ratio_is_the_median_of_per_round_ratios():
     assert report.ratio("amptool-float32", ONNXRUNTIME) == 3.0
     assert report.paired_ratio("amptool-float32", ONNXRUNTIME) == 2.0
     assert report.ratios(paired=True) == {"amptool-float32/onnxruntime-float32": 2.0}
+
+
+def test_openvino_refusals_name_what_failed_not_where():
+    """OpenVINO's messages open with source locations; the one line amptool shows is the
+    conversion summary, or the first line that says something."""
+    from amptool.app.bench_worker import openvino_error_summary
+
+    conversion = RuntimeError(
+        "Exception from src/inference/src/cpp/core.cpp:84:\n"
+        "Check 'false' failed at src/frontends/common_translators/src/unconverted_ops_report.cpp:151:\n"
+        "FrontEnd API failed with OpConversionFailure:\nModel wasn't fully converted.\n\n"
+        "Summary:\n-- Conversion is failed for: AveragePool-18\n\n")
+    assert openvino_error_summary(conversion) == "Conversion is failed for: AveragePool-18"
+    other = RuntimeError("Exception from src/inference/src/cpp/core.cpp:84:\nUnsupported input element type u1\n")
+    assert openvino_error_summary(other) == "Unsupported input element type u1"
+    assert openvino_error_summary(RuntimeError("")) == "RuntimeError"

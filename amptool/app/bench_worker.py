@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import re
 import signal
 import time
 import traceback
@@ -238,6 +239,20 @@ def _tvm_call(spec: WorkerSpec) -> tuple[Callable[[], Any], dict[str, Any]]:
     return _tvm.prepared_call(compiled.vm, arrays, compiled.device), {"tvm_threads": threads, "device": compiled.device}
 
 
+#: A line of an OpenVINO error that only names a place in its sources.
+_OPENVINO_SOURCE_LINE = re.compile(r"^(Exception from|Check '.*' failed at) src/")
+
+
+def openvino_error_summary(err: BaseException) -> str:
+    """One line of an OpenVINO exception: its conversion summary ("Conversion is failed for:
+    AveragePool-18") when it has one, else its first line that is not a source location — its
+    first line is one ("Exception from src/inference/src/cpp/core.cpp:84:")."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    failed = [line.lstrip("- ") for line in lines if line.lstrip("- ").startswith("Conversion is failed for")]
+    told = failed or [line for line in lines if not _OPENVINO_SOURCE_LINE.match(line)]
+    return told[0][:300] if told else error_summary(err)
+
+
 def _openvino_call(spec: WorkerSpec) -> tuple[Callable[[], Any], dict[str, Any]]:
     """OpenVINO's CPU plugin as its docs tune it for one request at a time: the LATENCY hint, one
     stream, ``threads`` inference threads, the requested precision; the model reshaped to the
@@ -254,7 +269,7 @@ def _openvino_call(spec: WorkerSpec) -> tuple[Callable[[], Any], dict[str, Any]]
             "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": "1", "INFERENCE_NUM_THREADS": str(spec.threads),
             "INFERENCE_PRECISION_HINT": OPENVINO_PRECISION[spec.precision]})
     except Exception as err:
-        raise UserError(f"OpenVINO cannot run the model: {error_summary(err)}") from err
+        raise UserError(f"OpenVINO cannot run the model: {openvino_error_summary(err)}") from err
     request = compiled.create_infer_request()
     inputs = {name: np.ascontiguousarray(spec.feeds[name]) for name in names}
     hint = compiled.get_property("INFERENCE_PRECISION_HINT")
