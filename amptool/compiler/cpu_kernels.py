@@ -735,7 +735,8 @@ def _packed_conv_weight(data: Any, w: np.ndarray, geometry: dict[str, list[int]]
     from amptool.compiler import cpu_nhwc  # noqa: PLC0415
 
     chunk = None
-    if lanes >= 16 and _weights_chunked(data, w, geometry):  # chunks measured with AVX-512 only
+    # Chunks measured with AVX-512 only (on AVX2 they slowed every chunked conv: benchmarks/README).
+    if lanes >= 16 and _weights_chunked(data, w, geometry):
         target = tvm.target.Target.current(allow_none=True)
         chunk = weight_chunk(w.shape[1], w.shape[2] * w.shape[3], block, l1_data_bytes(target))
     return cpu_nhwc.pack_conv_weight(w, block, chunk)
