@@ -99,7 +99,9 @@ def test_a_tile_of_many_lines_spreads_them_over_groups_of_the_innermost_loop():
     tir, _, _ = _built(blocks=2, rows=2, chunks=2, chunk=128)
     assert re.search(r"for y, k_group in T\.grid\(2, 64\):\s*" + _PREFETCH, tir), tir
     assert re.search(r"for k_step in range\(2\):", tir), tir
-    assert "(T.Cast(\"int32\", y) * 64 + T.Cast(\"int32\", k_group)) * 128 // 128 * 16" in tir, tir
+    # Group g of row y: line (64·y + g) · 128 lines // 128 points, the product in 64 bits.
+    assert ('T.Cast("int64", T.Cast("int32", y) * 64 + T.Cast("int32", k_group)) * T.int64(128) // T.int64(128)) * 16'
+            in tir), tir
 
 
 def test_chunked_weights_are_one_run_a_chunk():

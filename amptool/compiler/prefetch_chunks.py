@@ -211,8 +211,9 @@ def _prefetched(loop: Any) -> Any:
         """A point's prefetches: its share of the lines (or, with more points than lines, the
         line its share starts in)."""
         at = point * groups + tirx.Cast(dtype, group) if split else point
-        if points >= lines:
-            return _prefetch(buffer, next_chunk + at * lines // points * per_line)
+        if points >= lines:  # at · lines in 64 bits: an LLM's panel (33K lines) over 700K points overflows 32
+            start = tirx.Cast(dtype, tirx.floordiv(tirx.Cast("int64", at) * lines, points))
+            return _prefetch(buffer, next_chunk + start * per_line)
         share = -(-lines // points)
         line = tirx.Var("line", dtype)
         return tirx.For(line, 0, share, tirx.ForKind.SERIAL,
