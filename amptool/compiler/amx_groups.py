@@ -3,8 +3,8 @@
 What: on a target with AMX-BF16, an NHWC ``relax.nn.conv2d`` with ``groups`` > 1 of bfloat16 data
 and constant weight, float32 sums, becomes per group ``conv2d(data[..., group's channels],
 weight[group's filters])`` and a concat of the results along channels — each a dense conv that
-``amx_plan.plan`` takes (checked per group before rewriting: every group must fit the AMX kernels,
-and have at least ``MIN_GROUP_CHANNELS`` input channels).
+``amx_plan.plan`` takes (checked before rewriting, once: the groups share a shape, which must fit
+the AMX kernels, with at least ``MIN_GROUP_CHANNELS`` input channels).
 
 Why: the AMX kernels take dense convs only; a grouped one ran on float32 FMAs over converted
 weights (``cpu_kernels._grouped_conv2d_nhwc``). RegNet bfloat16 (64-channel groups) ran 2.08×
@@ -44,17 +44,15 @@ def split_amx_groups(mod: Any) -> Any:
     class _Split(PyExprMutator):
         def visit_call_(self, call: Any) -> Any:
             call = super().visit_call_(call)
-            if not _tvm.calls_op(call, conv2d) or not _candidate(call):
+            shape = _grouped_shape(call) if _tvm.calls_op(call, conv2d) else None
+            if shape is None:
                 return call
             data, weight = call.args
             attrs = call.attrs
             groups = int(attrs.groups)
             kernel = _tvm.constant_numpy(weight)
             per_in, per_out = int(kernel.shape[1]), kernel.shape[0] // groups
-            data_shape = _tvm.static_shape(data)
-            if data_shape is None:
-                return call
-            batch, height, width, _ = data_shape
+            batch, height, width, _ = shape
             geometry = [[int(v) for v in values] for values in (attrs.strides, attrs.padding, attrs.dilation)]
             group_shape = (per_out, per_in, *(int(d) for d in kernel.shape[2:]))
             if amx_plan.conv_kind((batch, height, width, per_in), group_shape, *geometry) is None:
@@ -76,18 +74,17 @@ def split_amx_groups(mod: Any) -> Any:
     return _tvm.rewrite_functions(mod, _Split(mod))
 
 
-def _candidate(call: Any) -> bool:
-    """A grouped (not depthwise) NHWC bfloat16 conv of a constant weight, groups of at least
-    ``MIN_GROUP_CHANNELS`` input channels, on a target with AMX-BF16."""
-    import tvm  # noqa: PLC0415
-
-    from amptool.compiler.amx_plan import target_has_amx  # noqa: PLC0415
+def _grouped_shape(call: Any) -> list[int] | None:
+    """The data's shape of a grouped NHWC conv whose operands the AMX kernels take
+    (``amx_plan.operand_shape``), of groups of at least ``MIN_GROUP_CHANNELS`` input channels (so
+    not depthwise); None for any other conv."""
+    from amptool.compiler.amx_plan import operand_shape  # noqa: PLC0415
 
     attrs = call.attrs
-    data, weight = call.args
     layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout))
-    shape = _tvm.static_shape(weight) if isinstance(weight, tvm.ir.GenericConst) else None
-    return (layouts == ("NHWC", "OIHW", "NHWC") and shape is not None and int(attrs.groups) > 1
-            and shape[1] >= MIN_GROUP_CHANNELS and _tvm.tensor_dtype(data) == "bfloat16"
-            and _tvm.tensor_dtype(weight) == "bfloat16" and _tvm.static_shape(data) is not None
-            and target_has_amx())
+    if layouts != ("NHWC", "OIHW", "NHWC") or int(attrs.groups) < 2:
+        return None
+    shape = operand_shape(call)  # the weight a constant: its shape static
+    if shape is None or len(shape) != 4 or int(call.args[1].ty.shape[1]) < MIN_GROUP_CHANNELS:
+        return None
+    return shape

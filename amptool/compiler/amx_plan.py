@@ -63,20 +63,11 @@ def plan(call: Any) -> Plan | None:
     """The AMX kernel for a ``relax.matmul`` or NHWC ``relax.nn.conv2d`` call, or None: bfloat16
     data and constant weight accumulated in float32, a shape the kernels take, a target with
     AMX-BF16 (the current one)."""
-    import tvm  # noqa: PLC0415
-
     name = _tvm.op_name(call)
-    if name not in ("relax.matmul", "relax.nn.conv2d") or len(call.args) != 2:
+    shape = operand_shape(call) if name in ("relax.matmul", "relax.nn.conv2d") and len(call.args) == 2 else None
+    if shape is None:
         return None
     data, weight = call.args
-    if (_tvm.tensor_dtype(data) != "bfloat16" or _tvm.tensor_dtype(weight) != "bfloat16"
-            or _tvm.tensor_dtype(call) != "float32" or not isinstance(weight, tvm.ir.GenericConst)):
-        return None
-    shape = _tvm.static_shape(data)
-    if shape is None or _tvm.is_constant(data) or not target_has_amx():
-        # (A constant's product is folded at build time, on the build machine, which may have no
-        # AMX: a cross-compile for another CPU.)
-        return None
     bits = np.ascontiguousarray(_tvm.constant_view(weight)).view(np.uint16)
     if name == "relax.matmul":
         if bits.ndim != 2 or len(shape) < 2 or not fits(math.prod(shape[:-1]), shape[-1]):
@@ -93,6 +84,21 @@ def plan(call: Any) -> Plan | None:
     if kind is None:
         return None
     return Plan("conv", data, tuple(shape), bits, (tuple(strides), tuple(padding), tuple(dilation)))
+
+
+def operand_shape(call: Any) -> list[int] | None:
+    """The data's static shape when a two-operand call's operands suit the AMX kernels — computed
+    bfloat16 data, a constant bfloat16 weight, float32 sums, a target with AMX-BF16 — else None.
+    (A constant's product is folded at build time, on the build machine, which may have no AMX: a
+    cross-compile for another CPU.)"""
+    import tvm  # noqa: PLC0415
+
+    data, weight = call.args
+    if (_tvm.tensor_dtype(data) != "bfloat16" or _tvm.tensor_dtype(weight) != "bfloat16"
+            or _tvm.tensor_dtype(call) != "float32" or not isinstance(weight, tvm.ir.GenericConst)
+            or _tvm.is_constant(data) or not target_has_amx()):
+        return None
+    return _tvm.static_shape(data)
 
 
 def conv_kind(data_shape: tuple[int, ...], weight_shape: tuple[int, ...], strides: list[int], padding: list[int],

@@ -551,18 +551,21 @@ def _crop(wide: Any, out_w: int) -> Any:
     return te.compute((*wide.shape[:-1], out_w), lambda *i: wide(*i), name=CROP_BLOCK)
 
 
-def _current_lanes() -> int:
+def _current_target() -> Any:
+    """The target the legalization builds for (None outside a build)."""
     import tvm  # noqa: PLC0415
 
-    return vector_lanes(tvm.target.Target.current(allow_none=True))
+    return tvm.target.Target.current(allow_none=True)
+
+
+def _current_lanes() -> int:
+    return vector_lanes(_current_target())
 
 
 def _bf16_dot_available() -> bool:
-    import tvm  # noqa: PLC0415
-
     from amptool.compiler.cpu_speed import bf16_dot_pays  # noqa: PLC0415
 
-    target = tvm.target.Target.current(allow_none=True)
+    target = _current_target()
     if target is None or not bf16_dot_pays(target.attrs.get("mcpu"), target.attrs.get("mattr") or ()):
         return False
     from amptool.compiler.cpu_intrinsics import has_bf16_dot  # noqa: PLC0415 - registers the intrinsic (0.3–0.6 s)
@@ -667,8 +670,6 @@ def _paired_bf16(weight: np.ndarray) -> np.ndarray:
 
 def _legalize_conv2d_nhwc(bb: Any, call: Any, w: np.ndarray, geometry: dict[str, list[int]]) -> Any:
     """An NHWC conv (``cpu_layout`` made it so) → :mod:`amptool.compiler.cpu_nhwc`'s kernels."""
-    import tvm  # noqa: PLC0415
-
     from amptool.compiler import cpu_nhwc  # noqa: PLC0415
 
     data, weight = call.args
@@ -710,7 +711,7 @@ def _legalize_conv2d_nhwc(bb: Any, call: Any, w: np.ndarray, geometry: dict[str,
         w = _zero_filters(w, 2 * lanes)
     flat = None
     if block == lanes:
-        target = tvm.target.Target.current(allow_none=True)
+        target = _current_target()
         flat = flat_tile(w.shape[0] // lanes, lanes, *_flat_map(data, w, geometry, lanes), flat_min_tasks(target))
     if flat is not None:
         vectors, _, positions = flat
@@ -730,14 +731,12 @@ def _legalize_conv2d_nhwc(bb: Any, call: Any, w: np.ndarray, geometry: dict[str,
 def _packed_conv_weight(data: Any, w: np.ndarray, geometry: dict[str, list[int]], block: int, lanes: int) -> np.ndarray:
     """``cpu_nhwc.pack_conv_weight`` of ``w`` in blocks of ``block`` channels, in chunks of input
     channels where the conv reduces over chunks (AVX-512, ``_weights_chunked``, a ``weight_chunk``)."""
-    import tvm  # noqa: PLC0415
-
     from amptool.compiler import cpu_nhwc  # noqa: PLC0415
 
     chunk = None
     # Chunks measured with AVX-512 only (on AVX2 they slowed every chunked conv: benchmarks/README).
     if lanes >= 16 and _weights_chunked(data, w, geometry):
-        target = tvm.target.Target.current(allow_none=True)
+        target = _current_target()
         chunk = weight_chunk(w.shape[1], w.shape[2] * w.shape[3], block, l1_data_bytes(target))
     return cpu_nhwc.pack_conv_weight(w, block, chunk)
 
@@ -804,9 +803,7 @@ def _streamed_panel(data: Any, w: np.ndarray, geometry: dict[str, list[int]], la
     weights they stream from L2 (``cpu_speed.l2_bound_tiles``): the bytes of one vector's weight
     panel and the L1 share a chunk may take; none where the conv runs chunked (its weights then
     come from L1: ``weight_chunk``) or the CPU is another."""
-    import tvm  # noqa: PLC0415
-
-    target = tvm.target.Target.current(allow_none=True)
+    target = _current_target()
     if lanes < 16 or not _l2_bound(target):
         return {}
     if _weights_chunked(data, w, geometry):

@@ -50,9 +50,10 @@ log = logging.getLogger(__name__)
 def nhwc_tile(sch: Any, conv: Any, block: int, tiling: Tiling,
               chunk_weights: bool = False) -> tuple[list[Any], list[Any], Any, Any, Any] | None:
     """Split ``n, y, x, c | reductions`` into ``n, y, c/B, x/T | reductions | T, B`` — or ``n, c/B,
-    y, x/T | …`` when the weights outweigh the input (``_weights_dominate``), then with
-    ``chunk_weights`` ``n, c/B, rc/K, y, x/T | ry, rx, K | T, B`` (``_weight_chunk``); returns
-    (outer loops, reduction loops, column loop, channel loop, epilogue block)."""
+    y, x/T | …`` when the weights outweigh the input (``_weights_dominate``), or, where the weight
+    is packed in chunks (``_weight_chunk``), ``n, c/B, rc/K, y, x/T | ry, rx, K | T, B``; returns
+    (outer loops, reduction loops, column loop, channel loop, epilogue block). ``chunk_weights``:
+    the weight is ``cpu_nhwc.pack_conv_weight``'s (the bf16 dot kernel's is 6-D too, not chunks)."""
     n, y, x, c, *reductions = sch.get_loops(conv)
     width = _extent(sch, x)
     if width is None or _extent(sch, c) is None:
@@ -237,9 +238,9 @@ def _prefetch_next_chunk(sch: Any, conv: Any, chunks: Any) -> None:
     sch.annotate(chunks, NEXT_CHUNK, chunk_plan(math.prod(int(d) for d in weight.shape[2:]), str(weight.name)))
 
 
-def _weights_dominate(sch: Any, conv: Any, ratio: float = WEIGHTS_DOMINATE) -> bool:
+def _weights_dominate(sch: Any, conv: Any) -> bool:
     """Whether the conv's loop over channel blocks should go outside its loop over rows (weights
-    over ``ratio`` times the other bytes).
+    over ``WEIGHTS_DOMINATE`` times the other bytes).
 
     Rows outermost, every row reads all the weights while the row's input, output and residual
     stay in cache; channel blocks outermost, every block passes over all of those while its
@@ -252,7 +253,7 @@ def _weights_dominate(sch: Any, conv: Any, ratio: float = WEIGHTS_DOMINATE) -> b
     weight = sch.get(conv).reads[1].source
     try:
         rest = sum(buffer_bytes(b) for b in sch.mod["main"].params if not b.same_as(weight))  # params are buffers
-        return buffer_bytes(weight) > ratio * rest
+        return buffer_bytes(weight) > WEIGHTS_DOMINATE * rest
     except TypeError:  # a symbolic shape: keep rows outermost
         return False
 

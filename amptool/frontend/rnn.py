@@ -79,7 +79,7 @@ def _lstm_step(u: Unroller, w: _LstmWeights, x_t: Expr, state: tuple[Expr, ...])
 def convert_lstm(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     """ONNX LSTM (gate order i, o, f, c; peepholes i, o, f) → Relax tuple (Y, Y_h, Y_c)."""
     cell = parse_cell("LSTM", inputs, attrs, ("sigmoid", "tanh", "tanh"))
-    by_direction = apart(convert_lstm, bb, inputs, attrs, activations_per_direction=3, outputs=3)
+    by_direction = apart(convert_lstm, bb, inputs, attrs, cell, outputs=3)
     if by_direction is not None:
         return by_direction
     u = Unroller(bb, cell, inputs[0], optional_input(inputs, 4))
@@ -139,7 +139,7 @@ def _gru_step(u: Unroller, w: _GruWeights, x_t: Expr, state: tuple[Expr, ...]) -
 def convert_gru(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     """ONNX GRU (gate order z, r, h) → Relax tuple (Y, Y_h)."""
     cell = parse_cell("GRU", inputs, attrs, ("sigmoid", "tanh"))
-    by_direction = apart(convert_gru, bb, inputs, attrs, activations_per_direction=2, outputs=2)
+    by_direction = apart(convert_gru, bb, inputs, attrs, cell, outputs=2)
     if by_direction is not None:
         return by_direction
     u = Unroller(bb, cell, inputs[0], optional_input(inputs, 4))
@@ -180,7 +180,7 @@ def _rnn_step(u: Unroller, r_t: Expr, acts: tuple[str, ...], x_t: Expr, state: t
 def convert_rnn(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     """ONNX RNN, ``Ht = f(Xt·Wᵀ + Ht₋₁·Rᵀ + Wb + Rb)`` → Relax tuple (Y, Y_h)."""
     cell = parse_cell("RNN", inputs, attrs, ("tanh",))
-    by_direction = apart(convert_rnn, bb, inputs, attrs, activations_per_direction=1, outputs=2)
+    by_direction = apart(convert_rnn, bb, inputs, attrs, cell, outputs=2)
     if by_direction is not None:
         return by_direction
     u = Unroller(bb, cell, inputs[0], optional_input(inputs, 4))

@@ -52,34 +52,28 @@ def _weight_bytes(r: Any) -> int | None:
 
 
 def apart(convert: Callable[[Any, list[Any], dict[str, Any]], Any], bb: Any, inputs: list[Any],
-          attrs: dict[str, Any], activations_per_direction: int, outputs: int) -> Any | None:
+          attrs: dict[str, Any], cell: Any, outputs: int) -> Any | None:
     """``convert`` run once per direction of a bidirectional node with large recurrent weights,
     the results (a tuple of ``outputs``: Y, Y_h[, Y_c]) joined (see the module docstring); None for
-    any other node. Called after the node's checks (``rnn_unroll.parse_cell``), so its inputs have
-    the shapes ONNX requires."""
+    any other node. ``cell``: the node as ``rnn_unroll.parse_cell`` checked it (its inputs then have
+    the shapes ONNX requires)."""
     from tvm import relax  # noqa: PLC0415
 
-    direction = attrs.get("direction", "forward")
-    direction = direction.decode() if isinstance(direction, bytes) else str(direction)
     size = _weight_bytes(inputs[2])
-    if direction != "bidirectional" or size is None or size <= APART_BYTES:
+    if len(cell.directions) != 2 or size is None or size <= APART_BYTES:
         return None
-    layout = int(attrs.get("layout", 0))
-    given = tuple(attrs.get("activations", ()))
     results = []
-    for d, name in enumerate(("forward", "reverse")):
+    for d, name in enumerate(cell.directions):
         sliced = list(inputs)
         for index in _PER_DIRECTION:
             part = optional_input(inputs, index)
             if part is not None:
-                sliced[index] = _slice(bb, part, d, 1 if layout and index in (5, 6) else 0)
-        one = {**attrs, "direction": name}
-        if given:
-            one["activations"] = given[d * activations_per_direction:(d + 1) * activations_per_direction]
-        results.append(convert(bb, sliced, one))
+                sliced[index] = _slice(bb, part, d, 1 if cell.layout and index in (5, 6) else 0)
+        results.append(convert(bb, sliced, {**attrs, "direction": name, "activations": list(cell.activations[d])}))
     joined = []
     for i in range(outputs):
-        axis = (2 if layout else 1) if i == 0 else (1 if layout else 0)  # Y: [seq, dirs, …] / [batch, seq, dirs, …]
+        # Y: [seq, dirs, batch, H] / [batch, seq, dirs, H]; Y_h, Y_c: [dirs, batch, H] / [batch, dirs, H]
+        axis = (2 if cell.layout else 1) if i == 0 else (1 if cell.layout else 0)
         parts = [bb.emit(relax.TupleGetItem(result, i)) for result in results]
         joined.append(bb.emit(relax.op.concat(parts, axis=axis)))
     return bb.emit(relax.Tuple(joined))
