@@ -128,7 +128,8 @@ def main() -> None:
     minima = [_minima(r) for r in runs]
     names = [Path(d).name for d, _, _ in loaded]
     if len({len(m) for m in minima}) == 1:
-        rows = [[(f"{i} {m[i][0][:56]}", m[i][1]) for i in range(len(m))] for m in minima]
+        # Labelled with the first build's names: a float16 build's kernels carry other cast tokens.
+        rows = [[(f"{i} {minima[0][i][0][:56]}", m[i][1]) for i in range(len(m))] for m in minima]
         matched = "by call position"
     else:  # the builds fused differently (a bfloat16 build's casts): calls aligned by their first op
         rows = [[(f"{i} {m[i][0][:56]}", m[i][1]) for i in range(len(m))] for m in minima[:1]]
