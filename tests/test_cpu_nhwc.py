@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from typing import Any
 
 import numpy as np
 import onnx
@@ -650,8 +651,10 @@ def test_flat_tiles_match_onnxruntime(tmp_path, channels, size, stride, flat, dt
     onnx.save(model, str(path))
     convs = [k for k in scheduled_kernels(str(path), dtype, "icelake-server") if '"amp_conv2d_nhwc_init"' in k]
     runs = 196 // 4 if size * size // stride ** 2 == 196 else 50 // 5
+    # A float16 build first widens the chunk's weights to float32 (cpu_schedules_nhwc._widen_panels).
+    widening = r'[\s\S]*?T\.sblock\("amp_nhwc_widen"\)[\s\S]*?' if dtype == "float16" else r"\s*"
     flat_chunks = (r'for rc_0 in T\.serial\(T\.int64\(\d+\), annotations=\{"amp_prefetch_next": \{[^}]*\}\}\):'
-                   rf"\s*for p_0, rc_1 in T\.grid\(T\.int64\({runs}\)")
+                   + widening + rf"for p_0, rc_1 in T\.grid\(T\.int64\({runs}\)")
     tiled = [k for k in convs if re.search(flat_chunks, k)]
     assert len(convs) == 2 and len(tiled) == flat, convs
     x = np.random.default_rng(13).standard_normal((1, channels, size, size)).astype(np.float32)
@@ -660,6 +663,76 @@ def test_flat_tiles_match_onnxruntime(tmp_path, channels, size, stride, flat, dt
     got = np.asarray(amptool.load(tmp_path / "out").run({"x": x})["y"], dtype=np.float32)
     tolerance = 1e-5 if dtype == "float32" else 2e-2
     np.testing.assert_allclose(got, want, rtol=0, atol=tolerance * float(np.abs(want).max()))
+
+
+def _pointwise_conv(channels: int, out: int, size: int) -> onnx.ModelProto:
+    rng = np.random.default_rng(21)
+    inits = [numpy_helper.from_array((rng.standard_normal((out, channels, 1, 1)) * 0.1).astype(np.float32), "w")]
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"])], "pointwise",
+                              [info("x", [1, channels, size, size])], [info("y", [1, out, size, size])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("mcpu", ["icelake-server", "znver4", "haswell"])
+def test_float16_weights_are_widened_a_panel_at_a_time(tmp_path, mcpu):
+    """A float16 1×1 conv at 56² converts each channel block's weight panel to float32 once, inside
+    its parallel loop, for the row's tiles that read it (``amp_nhwc_widen``, a panel of the 16,384
+    weights); at 2² (one tile a panel) each tile converts what it reads. Values are onnxruntime's
+    within float16 rounding."""
+    from tests.conftest import kernel_after_pass
+
+    for size, widened in ((56, True), (2, False)):
+        path = tmp_path / f"pointwise{size}.onnx"
+        onnx.save(_pointwise_conv(64, 256, size), str(path))
+        conv = next(k for k in scheduled_kernels(str(path), "float16", mcpu) if '"amp_conv2d_nhwc_init"' in k)
+        assert ('T.sblock("amp_nhwc_widen")' in conv) == widened, conv
+    flat = kernel_after_pass(str(tmp_path / "pointwise56.onnx"), "conv2d_nhwc", "FlattenBuffer", "float16")
+    panel = re.search(r"amp_nhwc_widen = T\.alloc_buffer\(\(T\.int64\((\d+)\),\)", flat)
+    assert panel is not None and int(panel.group(1)) < 64 * 256, flat
+    model = _pointwise_conv(64, 256, 56)
+    x = np.random.default_rng(22).standard_normal((1, 64, 56, 56)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    amptool.convert(tmp_path / "pointwise56.onnx", dtype="float16", output=tmp_path / "out")
+    got = np.asarray(amptool.load(tmp_path / "out").run({"x": x})["y"], dtype=np.float32)
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-2 * float(np.abs(want).max()))
+
+
+def test_a_chunked_float16_conv_prefetches_its_next_chunk_over_the_widened_reads(tmp_path):
+    """The 3×3 × 256 conv reduced chunk by chunk widens each chunk once, and its next chunk's
+    float16 weights are prefetched over the tiles that read the widened one (``over``), as a
+    float32 conv's are over the tiles that read them."""
+    path = tmp_path / "convs.onnx"
+    onnx.save(_two_convs(), str(path))
+    marked = [k for k in scheduled_kernels(str(path), "float16", "znver4") if '"amp_prefetch_next"' in k]
+    assert len(marked) == 1 and 'T.sblock("amp_nhwc_widen")' in marked[0], marked
+    assert '"over": "amp_nhwc_widen"' in marked[0], marked[0]
+    import tvm
+
+    from amptool.compiler import stack_tiles
+    from tests.conftest import staged_module
+
+    seen: list[str] = []
+
+    @tvm.instrument.pass_instrument
+    class AfterPrefetch:
+        def run_after_pass(self, module: Any, info: Any) -> None:
+            if info.name == "PrefetchChunks":
+                seen.append(module.script())
+
+    mod = staged_module(str(path), "float16", "schedule", "znver4")
+    name, func = next((gv.name_hint, f) for gv, f in mod.functions_items()
+                      if isinstance(f, tvm.tirx.PrimFunc) and '"amp_prefetch_next"' in f.script())
+    with tvm.transform.PassContext(instruments=[AfterPrefetch()]):
+        tvm.compile(tvm.IRModule({name: func.with_attr("global_symbol", name)}),
+                    target=_tvm.make_target({"kind": "llvm", "mcpu": "znver4"}),
+                    tir_pipeline=stack_tiles.CPU_TIR_PIPELINE)
+    # 4,608 float16 weights a chunk (144 lines) over its 4 rows × 3 kernel rows, 12 lines at each,
+    # from the float16 weight (param_0) — not in the widening loop, where no tile computes.
+    spread = (r'for y, ry in T\.grid\(4, 3\):\s*for line in range\(12\):\s*'
+              r'T\.call_extern\("void", "amptool_prefetch_l2", T\.address_of\(param_0')
+    assert re.search(spread, seen[-1]), seen[-1]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])

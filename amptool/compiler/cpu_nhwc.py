@@ -45,6 +45,7 @@ NHWC_PAD_BLOCK = "amp_nhwc_pad"
 NHWC_PAIRS_BLOCK = "amp_nhwc_pairs"
 NHWC_CROP_BLOCK = "amp_nhwc_crop"
 NHWC_CHANNEL_CROP_BLOCK = "amp_nhwc_channel_crop"
+NHWC_WIDEN_BLOCK = "amp_nhwc_widen"
 
 #: Depthwise accumulation dtype (and its packed weight's).
 ACCUMULATE = "float32"
@@ -196,6 +197,18 @@ def _weight(packed: Any, c: Any, taps: tuple[Any, Any, Any], pair_lanes: int | N
     return packed[(*lead, c % block)].astype(dtype)
 
 
+def _widened(packed: Any, dtype: str, pair_lanes: int | None) -> Any:
+    """``packed`` read through a stage that converts it to ``dtype`` (``NHWC_WIDEN_BLOCK``), for the
+    schedule to convert each weight panel once for all the tiles that read it, or to inline
+    (``cpu_schedules_nhwc._widen_panels``); ``packed`` itself when it is in ``dtype`` already or
+    is ``bf16_pairs``' words."""
+    from tvm import te  # noqa: PLC0415
+
+    if pair_lanes or str(packed.dtype) == dtype:
+        return packed
+    return te.compute(packed.shape, lambda *i: packed(*i).astype(dtype), name=NHWC_WIDEN_BLOCK)
+
+
 def conv2d_nhwc(data: Any, packed: Any, *, strides: list[int], padding: list[int], dilation: list[int],
                 columns: int, out_dtype: str, out_channels: int | None = None, groups: int = 1,
                 pair_lanes: int | None = None) -> Any:
@@ -214,6 +227,7 @@ def conv2d_nhwc(data: Any, packed: Any, *, strides: list[int], padding: list[int
     blocks_per_group = blocks // groups
     out_h, out_w, wide, _ = _geometry(height, width, kh, kw, padding, strides, dilation, columns, ragged=True)
     src, (sh, sw) = _conv_source(data, (kh, kw), padding, strides, out_h, out_w, wide, out_dtype)
+    packed = _widened(packed, out_dtype, pair_lanes)
     dh, dw = dilation
     ry = te.reduce_axis((0, kh), "ry")
     rx = te.reduce_axis((0, kw), "rx")
@@ -250,6 +264,7 @@ def flat_nhwc(data: Any, packed: Any, *, strides: list[int], padding: list[int],
     block = bf16_pairs.block_of(packed)
     out_h, out_w, _, _ = _geometry(height, width, kh, kw, padding, strides, dilation, 1)
     src, (sh, sw) = _conv_source(data, (kh, kw), padding, strides, out_h, out_w, out_w, out_dtype)
+    packed = _widened(packed, out_dtype, pair_lanes)
     dh, dw = dilation
     last = out_h * out_w - 1
     taps = [] if (kh, kw) == (1, 1) else [te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx")]

@@ -25,6 +25,7 @@ from amptool.compiler.cpu_nhwc import (
     CONV2D_NHWC_BLOCK,
     DEPTHWISE_NHWC_BLOCK,
     NHWC_PAD_BLOCK,
+    NHWC_WIDEN_BLOCK,
     ragged_row,
     weight_geometry,
 )
@@ -69,18 +70,22 @@ def nhwc_tile(sch: Any, conv: Any, block: int, tiling: Tiling,
         # unrolled copy of the tile loop: the unrolled code has no test left (cpu_nhwc.ragged_row).
         sch.unroll(xo)
     chunk = _weight_chunk(sch, conv) if chunk_weights and len(reductions) == 3 else None
+    row_tiles, rows = (_extent(sch, loop) or 1 for loop in (xo, y))
     if chunk is not None:
         ry, rx, rc = reductions
         rco, rci = sch.split(rc, [None, chunk])
         sch.reorder(n, co, rco, y, xo, ry, rx, rci, xi, ci)
-        _prefetch_next_chunk(sch, conv, rco)
+        widened = _widen_panels(sch, conv, rco, rows * row_tiles, tiling)
+        _prefetch_next_chunk(sch, conv, rco, widened)
         # Accumulated over the chunks in the block's output, a channel block's whole map at a time.
         return [n, co], [rco, ry, rx, rci], xi, ci, _epilogue_at(sch, conv, co)
     if _weights_dominate(sch, conv):
         sch.reorder(n, co, y, xo, *reductions, xi, ci)
+        _widen_panels(sch, conv, co, rows * row_tiles, tiling)
         outer = [n, co, y]
     else:
         sch.reorder(n, y, co, xo, *reductions, xi, ci)
+        _widen_panels(sch, conv, co, row_tiles, tiling)
         outer = [n, y] if _copy_rows_at(sch, conv, y, tiling) else [n, y, co]
     if _fewer_steps(sch, outer) and not ragged:
         # A conv1d is a one-row map: a 64-channel one has a single block of AVX-512 channel tiles,
@@ -115,13 +120,15 @@ def flat_tile_loops(sch: Any, conv: Any, block: int,
     co, ci = sch.split(c, [None, block])
     po, pi = sch.split(p, [None, flat[1]])
     chunk = _weight_chunk(sch, conv)
+    tiles = _extent(sch, po) or 1
     if chunk is None:
         sch.reorder(n, co, po, *taps, rc, pi, ci)
+        _widen_panels(sch, conv, co, tiles, tiling)
         reductions = [*taps, rc]
     else:
         rco, rci = sch.split(rc, [None, chunk])
         sch.reorder(n, co, rco, po, *taps, rci, pi, ci)
-        _prefetch_next_chunk(sch, conv, rco)
+        _prefetch_next_chunk(sch, conv, rco, _widen_panels(sch, conv, rco, tiles, tiling))
         reductions = [rco, *taps, rci]
     # The steps writing the map (an injective step of another shape, if fusion ever brought one,
     # stays at the root for the leftover rule).
@@ -231,11 +238,65 @@ def _weight_chunk(sch: Any, conv: Any) -> int | None:
     return weight_geometry(sch.get(conv).reads[1].source)[4]
 
 
-def _prefetch_next_chunk(sch: Any, conv: Any, chunks: Any) -> None:
+def _prefetch_next_chunk(sch: Any, conv: Any, chunks: Any, widened: str | None = None) -> None:
     """Mark the loop over ``chunks`` for ``prefetch_chunks``: the next chunk's weights prefetched
-    a share at a time over the tiles of the map."""
-    weight = sch.get(conv).reads[1].source
-    sch.annotate(chunks, NEXT_CHUNK, chunk_plan(math.prod(int(d) for d in weight.shape[2:]), str(weight.name)))
+    a share at a time over the tiles of the map (``widened``: the chunk's float32 copy the tiles
+    read, ``_widen_panels``)."""
+    weight = _weight_param(sch, conv)
+    elements = math.prod(int(d) for d in weight.shape[2:])
+    sch.annotate(chunks, NEXT_CHUNK, chunk_plan(elements, str(weight.name), over=widened))
+
+
+#: The most bytes a widened weight panel may take (``_widen_panels``): it stays in L2 beside the
+#: tiles' inputs while they read it.
+WIDEN_PANEL_BYTES = 256 << 10
+
+#: The fewest register tiles that read a panel for ``_widen_panels`` to convert it once for them.
+WIDEN_REUSE = 4
+
+
+def _weight_param(sch: Any, conv: Any) -> Any:
+    """The conv's packed weight buffer, read through its widening stage where it has one."""
+    widen = _producer(sch, conv, NHWC_WIDEN_BLOCK)
+    return sch.get(widen).reads[0].source if widen is not None else sch.get(conv).reads[1].source
+
+
+def _producer(sch: Any, block: Any, name: str) -> Any | None:
+    return next((p for p in sch.get_producers(block) if sch.get(p).name_hint == name), None)
+
+
+def _widen_panels(sch: Any, conv: Any, loop: Any, tiles: int, tiling: Tiling) -> str | None:
+    """Convert a float16 conv's weight panel (what one iteration of ``loop`` reads: a channel
+    block's, or a chunk's) to float32 once, under ``loop``, for the ``tiles`` register tiles that
+    read it — where at least ``WIDEN_REUSE`` do and it takes at most ``WIDEN_PANEL_BYTES``; else
+    each tile converts the weight vectors it reads. Returns the panel buffer's name when widened.
+
+    Why: a tile converts each weight vector for a few positions' FMAs (a quarter more work on the
+    FMA ports under a 4-position tile): ResNet-50's float16 1×1 convs at 56² and 28² ran 1.3–1.6×
+    their float32 ones. Whole float16 runs, paired (benchmarks/README.md, twenty-eighth session):
+    ResNet-50 0.93×, U-Net 0.92×, CRNN 0.88×, RegNet and YOLO 0.95×; SegFormer 1.05× and ConvNeXt
+    1.04× slower, every kernel after the first widened one ~7% slower though unchanged (not
+    explained; not the allocation, the vector width or the code layout). Why not the whole weight
+    once a call: its float32 copy, written to memory each call and read back, slowed EfficientNet-B0
+    and MobileNetV2 1.05× and 1.03×.
+    """
+    widen = _producer(sch, conv, NHWC_WIDEN_BLOCK)
+    if widen is None:
+        return None
+    weight = sch.get(widen).reads[0].source
+    _, kh, kw, in_channels, chunk = weight_geometry(weight)
+    per_panel = kh * kw * (chunk or in_channels) * int(weight.shape[-1])
+    if tiles < WIDEN_REUSE or per_panel * 4 > WIDEN_PANEL_BYTES:
+        sch.compute_inline(widen)
+        return None
+    sch.compute_at(widen, loop, preserve_unit_loops=True)
+    shared = [sch.get(lp) for lp in sch.get_loops(conv)]
+    inner = [lp for lp in sch.get_loops(widen) if not any(sch.get(lp).same_as(other) for other in shared)]
+    run = sch.fuse(*inner) if len(inner) > 1 else inner[0]
+    if per_panel % tiling.lanes == 0:
+        run = sch.split(run, [None, tiling.lanes])[1]
+    sch.vectorize(run)
+    return str(sch.get(widen).writes[0].source.name)
 
 
 def _weights_dominate(sch: Any, conv: Any) -> bool:
@@ -250,7 +311,7 @@ def _weights_dominate(sch: Any, conv: Any) -> bool:
     the 7x7 stage's convs (2–9 MB of weights) 7–19% faster channels-first (3×3 × 512: 3.23 →
     2.62 ms); the whole run's difference is within this machine's noise.
     """
-    weight = sch.get(conv).reads[1].source
+    weight = _weight_param(sch, conv)
     try:
         rest = sum(buffer_bytes(b) for b in sch.mod["main"].params if not b.same_as(weight))  # params are buffers
         return buffer_bytes(weight) > WEIGHTS_DOMINATE * rest

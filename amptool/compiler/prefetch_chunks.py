@@ -4,7 +4,8 @@ What: ``PrefetchChunks``, a host TIR pass for LLVM targets. A kernel that reads 
 chunk at a time and reuses each chunk over several tiles — a conv reduced over chunks of input
 channels (``cpu_schedules_nhwc``), a matmul's column-block panel reused by every row tile
 (``cpu_schedules.packed_matmul``) — marks its loop over chunks ``NEXT_CHUNK``. Along the loops
-from there down to the innermost one that reads the weight, at the first level whose iterations
+from there down to the innermost one that reads the weight (or the float32 copy of each chunk a
+float16 conv's tiles read, which the plan names), at the first level whose iterations
 each take at most ``BURST_LINES`` of the next chunk's cache lines — or, where no level does, in
 groups of iterations of the innermost loop, split for it — a prefetch into L2 of that point's
 share. The next chunk starts where the current one ends (the packed weights lay a block's chunks
@@ -59,10 +60,13 @@ attributes #0 = { nounwind willreturn memory(inaccessiblemem: readwrite) }
 """
 
 
-def chunk_plan(elements: int, weight: str, tiles: int = 1) -> dict[str, Any]:
+def chunk_plan(elements: int, weight: str, tiles: int = 1, over: str | None = None) -> dict[str, Any]:
     """The ``NEXT_CHUNK`` annotation of a loop over chunks of ``elements`` of the buffer named
-    ``weight``, ``tiles`` iterations of the loop itself a chunk."""
-    return {"elements": elements, "weight": weight, "tiles": tiles}
+    ``weight``, ``tiles`` iterations of the loop itself a chunk. ``over``: the buffer whose reads the
+    prefetches are spread over, when not ``weight`` itself (a float16 conv's tiles read each chunk
+    widened to float32 into a buffer of its own, ``cpu_schedules_nhwc._widen_panels``)."""
+    plan = {"elements": elements, "weight": weight, "tiles": tiles}
+    return {**plan, "over": over} if over else plan
 
 
 def _vars_in(expr: Any) -> list[Any]:
@@ -185,7 +189,7 @@ def _prefetched(loop: Any) -> Any:
     elements, weight, tiles = int(plan["elements"]), str(plan["weight"]), int(plan["tiles"])
     loop = tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, loop.body,
                     annotations={key: value for key, value in loop.annotations.items() if key != NEXT_CHUNK})
-    levels = _path(loop, weight)
+    levels = _path(loop, str(plan.get("over", weight)))
     found = _chunk_start(loop, weight) if levels else None
     if found is None:
         return loop
