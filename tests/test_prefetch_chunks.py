@@ -157,3 +157,25 @@ def test_matmuls_prefetch_the_next_panel_over_their_row_tiles(tmp_path, rows, ma
     x = np.random.default_rng(4).standard_normal((1, rows, 256)).astype(np.float32)
     want, got = onnxruntime_and_amptool(str(path), {"x": x})
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize(("rows", "widened"), [(64, True), (8, False)])
+def test_float16_matmuls_widen_each_panel_once_for_its_row_tiles(tmp_path, rows, widened):
+    """A float16 matmul of 64 rows converts each column block's weight panel to float32 once
+    (``amp_widen``, under its loop over blocks) for its row tiles, the next panel prefetched over the
+    tiles' reads of the widened one; with two row tiles a panel (8 rows) each tile converts what it
+    reads and the loop over blocks × row tiles is marked as a float32 one. Values are onnxruntime's
+    within float16 rounding."""
+    from tests.conftest import scheduled_kernels
+
+    path = tmp_path / "ffn.onnx"
+    onnx.save(_feed_forward(rows), str(path))
+    matmuls = [k for k in scheduled_kernels(str(path), "float16", "znver4") if '"amp_matmul_init"' in k]
+    assert len(matmuls) == 2
+    for kernel in matmuls:
+        assert ('T.sblock("amp_widen")' in kernel) == widened, kernel
+        plan = re.search(r'"amp_prefetch_next": \{[^}]*\}', kernel)
+        assert plan is not None and ('"over": "amp_widen"' in plan[0]) == widened, kernel
+    x = np.random.default_rng(4).standard_normal((1, rows, 256)).astype(np.float32)
+    want, got = onnxruntime_and_amptool(str(path), {"x": x}, dtype="float16")
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-2 * float(np.abs(want).max()))

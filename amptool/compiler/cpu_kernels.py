@@ -65,6 +65,7 @@ CROP_BLOCK = "amp_crop"
 CAST_BLOCK = "amp_cast"
 PAD_BLOCK = "amp_pad"
 PACK_BLOCK = "amp_pack"
+WIDEN_BLOCK = "amp_widen"
 
 _FLOATS = DTYPES
 
@@ -1049,8 +1050,14 @@ def _matmul_packed(a: Any, packed: Any, *, n: int, out_dtype: str, rows: int, pa
     """``a @ w`` over a ``[N/B, K, B]`` weight (``pair_lanes``: ``bf16_pairs``' ``[N/B, K, B/2]``
     words; ``[D, N/B, K, B]``: one per item of ``a``'s only batch dim), whose zero columns past
     ``n`` are computed and cropped; leading dims of ``a`` are batch dims."""
+    from tvm import te  # noqa: PLC0415
+
     block = bf16_pairs.block_of(packed)
     per_item = len(packed.shape) == 4
+    if not pair_lanes and not per_item and str(packed.dtype) != out_dtype:
+        # A stage of its own, so the schedule may widen a column block's panel once for all its row
+        # tiles (cpu_schedules.packed_matmul) instead of each weight vector at each use; else inlined.
+        packed = te.compute(packed.shape, lambda *i: packed(*i).astype(out_dtype), name=WIDEN_BLOCK)
 
     def weight(lead: list[Any], k: Any, j: Any) -> Any:
         if pair_lanes:

@@ -30,6 +30,8 @@ from amptool.compiler.cpu_nhwc import (
     weight_geometry,
 )
 from amptool.compiler.cpu_schedules import (
+    WIDEN_PANEL_BYTES,
+    WIDEN_REUSE,
     Tiling,
     _epilogue_at,
     _epilogue_chain,
@@ -245,14 +247,6 @@ def _prefetch_next_chunk(sch: Any, conv: Any, chunks: Any, widened: str | None =
     weight = _weight_param(sch, conv)
     elements = math.prod(int(d) for d in weight.shape[2:])
     sch.annotate(chunks, NEXT_CHUNK, chunk_plan(elements, str(weight.name), over=widened))
-
-
-#: The most bytes a widened weight panel may take (``_widen_panels``): it stays in L2 beside the
-#: tiles' inputs while they read it.
-WIDEN_PANEL_BYTES = 256 << 10
-
-#: The fewest register tiles that read a panel for ``_widen_panels`` to convert it once for them.
-WIDEN_REUSE = 4
 
 
 def _weight_param(sch: Any, conv: Any) -> Any:
