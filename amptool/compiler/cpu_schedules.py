@@ -643,7 +643,7 @@ def packed_matmul(sch: Any, tiling: Tiling) -> Any | None:
     mm = _find_block(sch, MATMUL_BLOCK)
     if mm is None:
         return None
-    widen = next((p for p in sch.get_producers(mm) if sch.get(p).name_hint == WIDEN_BLOCK), None)
+    widen = producer_named(sch, mm, WIDEN_BLOCK)
     weight = sch.get(widen).reads[0].source if widen is not None else sch.get(mm).reads[1].source
     *batch, m, n, k = sch.get_loops(mm)
     block = block_of(weight)
@@ -696,7 +696,7 @@ def packed_matmul(sch: Any, tiling: Tiling) -> Any | None:
         vector_steps(sch, sch.get_loops(epilogue)[-1], tiling)
     ni = vector_steps(sch, ni, tiling)
     if panel:
-        _widen_panel(sch, widen, no, tiling)
+        _widen_panel(sch, mm, widen, no, tiling)
         _finish(sch, mm, epilogue, [no], k, ri, ni, "done", tiling)
     else:
         _finish(sch, mm, epilogue, [no, ro], k, ri, ni, "done", tiling)
@@ -716,7 +716,7 @@ WIDEN_REUSE = 4
 PANEL_MIN_BLOCKS = 8
 
 
-def _widen_panel(sch: Any, widen: Any, blocks: Any, tiling: Tiling) -> None:
+def _widen_panel(sch: Any, mm: Any, widen: Any, blocks: Any, tiling: Tiling) -> None:
     """A float16 weight's column-block panel converted to float32 once per block, into a buffer its
     row tiles read, the next block's panel prefetched over those reads; the loop over blocks is then
     the parallel one (its row tiles inside).
@@ -726,14 +726,29 @@ def _widen_panel(sch: Any, widen: Any, blocks: Any, tiling: Tiling) -> None:
     GPT-2 0.96×, ViT 0.92×, ConvNeXt 0.97×, T5 0.98×; Whisper, wav2vec2, Llama, GRU level; the LSTM
     1.02× (its widened matmuls 0.85×, its step kernels slower: the effect ``cpu_schedules_nhwc.
     _widen_panels`` describes)."""
-    weight, widened = sch.get(widen).reads[0].source, sch.get(widen).writes[0].source
-    sch.compute_at(widen, blocks, preserve_unit_loops=True)
+    weight = sch.get(widen).reads[0].source
     panel = math.prod(int(d) for d in weight.shape[1:])
-    run = sch.fuse(*sch.get_loops(widen)[1:])
-    if panel % tiling.lanes == 0:  # one vector a step: LLVM shuffled a 48-lane one through the stack
+    widened = widen_under(sch, widen, mm, blocks, panel, tiling)
+    sch.annotate(blocks, NEXT_CHUNK, chunk_plan(panel, str(weight.name), over=widened))
+
+
+def widen_under(sch: Any, widen: Any, consumer: Any, loop: Any, elements: int, tiling: Tiling) -> str:
+    """The widening stage ``widen`` computed under ``loop`` of its ``consumer`` — the ``elements`` of
+    one panel, one vector a step (LLVM shuffled a 48-lane vector through the stack); returns the
+    widened buffer's name."""
+    sch.compute_at(widen, loop, preserve_unit_loops=True)
+    shared = [sch.get(lp) for lp in sch.get_loops(consumer)]
+    inner = [lp for lp in sch.get_loops(widen) if not any(sch.get(lp).same_as(other) for other in shared)]
+    run = sch.fuse(*inner) if len(inner) > 1 else inner[0]
+    if elements % tiling.lanes == 0:
         run = sch.split(run, [None, tiling.lanes])[1]
     sch.vectorize(run)
-    sch.annotate(blocks, NEXT_CHUNK, chunk_plan(panel, str(weight.name), over=str(widened.name)))
+    return str(sch.get(widen).writes[0].source.name)
+
+
+def producer_named(sch: Any, block: Any, name: str) -> Any | None:
+    """The producer of ``block`` whose block is called ``name``, or None."""
+    return next((p for p in sch.get_producers(block) if sch.get(p).name_hint == name), None)
 
 
 def _prefetch_next_panel(sch: Any, mm: Any, weight: Any, row_tiles: int, group: int) -> None:

@@ -41,8 +41,10 @@ from amptool.compiler.cpu_schedules import (
     _leaf_block,
     _parallel,
     _partition,
+    producer_named,
     try_inline,
     vector_steps,
+    widen_under,
 )
 from amptool.compiler.prefetch_chunks import NEXT_CHUNK, chunk_plan
 from amptool.compiler.stack_tiles import buffer_bytes
@@ -170,7 +172,7 @@ def _copy_narrow_rows(sch: Any, conv: Any, tiling: Tiling) -> None:
     Why: scheduled like any copy, its 3 channels were a 3-lane vector with the bounds test per
     column — ResNet-50's stem copy took 0.17–0.19 ms of the stem's 1.7 at one thread.
     """
-    pad = next((p for p in sch.get_producers(conv) if sch.get(p).name_hint == NHWC_PAD_BLOCK), None)
+    pad = producer_named(sch, conv, NHWC_PAD_BLOCK)
     if pad is None or INTERIOR_ATTR not in sch.get(pad).annotations:
         return
     loops = sch.get_loops(pad)
@@ -217,7 +219,7 @@ def _copy_rows_at(sch: Any, conv: Any, y: Any, tiling: Tiling) -> bool:
     one thread and at two, 7.1 ms copied whole (onnxruntime's two stem convs 11.8 ms; an AVX2
     EPYC, 2 threads).
     """
-    pad = next((p for p in sch.get_producers(conv) if sch.get(p).name_hint == NHWC_PAD_BLOCK), None)
+    pad = producer_named(sch, conv, NHWC_PAD_BLOCK)
     if pad is None or _fewer_steps(sch, sch.get_loops(conv)[:2]):
         return False
     copy = sch.get(pad).writes[0].source
@@ -251,12 +253,8 @@ def _prefetch_next_chunk(sch: Any, conv: Any, chunks: Any, widened: str | None =
 
 def _weight_param(sch: Any, conv: Any) -> Any:
     """The conv's packed weight buffer, read through its widening stage where it has one."""
-    widen = _producer(sch, conv, NHWC_WIDEN_BLOCK)
+    widen = producer_named(sch, conv, NHWC_WIDEN_BLOCK)
     return sch.get(widen).reads[0].source if widen is not None else sch.get(conv).reads[1].source
-
-
-def _producer(sch: Any, block: Any, name: str) -> Any | None:
-    return next((p for p in sch.get_producers(block) if sch.get(p).name_hint == name), None)
 
 
 def _widen_panels(sch: Any, conv: Any, loop: Any, tiles: int, tiling: Tiling) -> str | None:
@@ -268,13 +266,13 @@ def _widen_panels(sch: Any, conv: Any, loop: Any, tiles: int, tiling: Tiling) ->
     Why: a tile converts each weight vector for a few positions' FMAs (a quarter more work on the
     FMA ports under a 4-position tile): ResNet-50's float16 1×1 convs at 56² and 28² ran 1.3–1.6×
     their float32 ones. Whole float16 runs, paired (benchmarks/README.md, twenty-eighth session):
-    ResNet-50 0.93×, U-Net 0.92×, CRNN 0.88×, RegNet and YOLO 0.95×; SegFormer 1.05× and ConvNeXt
-    1.04× slower, every kernel after the first widened one ~7% slower though unchanged (not
-    explained; not the allocation, the vector width or the code layout). Why not the whole weight
-    once a call: its float32 copy, written to memory each call and read back, slowed EfficientNet-B0
-    and MobileNetV2 1.05× and 1.03×.
+    ResNet-50 0.94×, U-Net 0.93×, CRNN 0.88×, RegNet 0.95×, YOLO 0.96×; SegFormer and RAFT 1.03×
+    slower, every kernel after the first widened one ~7% slower though unchanged (not explained;
+    not the allocation, the vector width or the code layout). Why not the whole weight once a
+    call: its float32 copy, written to memory each call and read back, slowed EfficientNet-B0 and
+    MobileNetV2 1.05× and 1.03×.
     """
-    widen = _producer(sch, conv, NHWC_WIDEN_BLOCK)
+    widen = producer_named(sch, conv, NHWC_WIDEN_BLOCK)
     if widen is None:
         return None
     weight = sch.get(widen).reads[0].source
@@ -283,14 +281,7 @@ def _widen_panels(sch: Any, conv: Any, loop: Any, tiles: int, tiling: Tiling) ->
     if tiles < WIDEN_REUSE or per_panel * 4 > WIDEN_PANEL_BYTES:
         sch.compute_inline(widen)
         return None
-    sch.compute_at(widen, loop, preserve_unit_loops=True)
-    shared = [sch.get(lp) for lp in sch.get_loops(conv)]
-    inner = [lp for lp in sch.get_loops(widen) if not any(sch.get(lp).same_as(other) for other in shared)]
-    run = sch.fuse(*inner) if len(inner) > 1 else inner[0]
-    if per_panel % tiling.lanes == 0:
-        run = sch.split(run, [None, tiling.lanes])[1]
-    sch.vectorize(run)
-    return str(sch.get(widen).writes[0].source.name)
+    return widen_under(sch, widen, conv, loop, per_panel, tiling)
 
 
 def _weights_dominate(sch: Any, conv: Any) -> bool:
