@@ -608,12 +608,14 @@ def _constant(array: np.ndarray) -> Any:
     return relax.const(tvm.runtime.tensor(np.ascontiguousarray(array)))
 
 
-def _cast_input(x: Any, dtype: str) -> Any:
+def _cast_input(x: Any, dtype: str, name: str = CAST_BLOCK) -> Any:
+    """``x`` in ``dtype``: itself, or a stage of its own called ``name`` that converts it (a
+    schedule finds it by that name: ``CAST_BLOCK`` for an input, ``WIDEN_BLOCK`` for a weight)."""
     from tvm import te  # noqa: PLC0415
 
     if x.dtype == dtype:
         return x
-    return te.compute(x.shape, lambda *i: x(*i).astype(dtype), name=CAST_BLOCK)
+    return te.compute(x.shape, lambda *i: x(*i).astype(dtype), name=name)
 
 
 # --------------------------------------------------------------------------- conv2d
@@ -1050,14 +1052,12 @@ def _matmul_packed(a: Any, packed: Any, *, n: int, out_dtype: str, rows: int, pa
     """``a @ w`` over a ``[N/B, K, B]`` weight (``pair_lanes``: ``bf16_pairs``' ``[N/B, K, B/2]``
     words; ``[D, N/B, K, B]``: one per item of ``a``'s only batch dim), whose zero columns past
     ``n`` are computed and cropped; leading dims of ``a`` are batch dims."""
-    from tvm import te  # noqa: PLC0415
-
     block = bf16_pairs.block_of(packed)
     per_item = len(packed.shape) == 4
-    if not pair_lanes and not per_item and str(packed.dtype) != out_dtype:
+    if not pair_lanes and not per_item:
         # A stage of its own, so the schedule may widen a column block's panel once for all its row
         # tiles (cpu_schedules.packed_matmul) instead of each weight vector at each use; else inlined.
-        packed = te.compute(packed.shape, lambda *i: packed(*i).astype(out_dtype), name=WIDEN_BLOCK)
+        packed = _cast_input(packed, out_dtype, WIDEN_BLOCK)
 
     def weight(lead: list[Any], k: Any, j: Any) -> Any:
         if pair_lanes:

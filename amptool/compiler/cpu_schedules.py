@@ -643,8 +643,7 @@ def packed_matmul(sch: Any, tiling: Tiling) -> Any | None:
     mm = _find_block(sch, MATMUL_BLOCK)
     if mm is None:
         return None
-    widen = producer_named(sch, mm, WIDEN_BLOCK)
-    weight = sch.get(widen).reads[0].source if widen is not None else sch.get(mm).reads[1].source
+    widen, weight = weight_through(sch, mm, WIDEN_BLOCK)
     *batch, m, n, k = sch.get_loops(mm)
     block = block_of(weight)
     m_rows = _extent(sch, m)
@@ -749,6 +748,13 @@ def widen_under(sch: Any, widen: Any, consumer: Any, loop: Any, elements: int, t
 def producer_named(sch: Any, block: Any, name: str) -> Any | None:
     """The producer of ``block`` whose block is called ``name``, or None."""
     return next((p for p in sch.get_producers(block) if sch.get(p).name_hint == name), None)
+
+
+def weight_through(sch: Any, block: Any, widen_name: str) -> tuple[Any | None, Any]:
+    """(the widening stage called ``widen_name`` that ``block`` reads its weight, its second operand,
+    through, or None; the weight buffer itself)."""
+    widen = producer_named(sch, block, widen_name)
+    return widen, sch.get(widen).reads[0].source if widen is not None else sch.get(block).reads[1].source
 
 
 def _prefetch_next_panel(sch: Any, mm: Any, weight: Any, row_tiles: int, group: int) -> None:

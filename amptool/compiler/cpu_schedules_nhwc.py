@@ -44,6 +44,7 @@ from amptool.compiler.cpu_schedules import (
     producer_named,
     try_inline,
     vector_steps,
+    weight_through,
     widen_under,
 )
 from amptool.compiler.prefetch_chunks import NEXT_CHUNK, chunk_plan
@@ -253,8 +254,7 @@ def _prefetch_next_chunk(sch: Any, conv: Any, chunks: Any, widened: str | None =
 
 def _weight_param(sch: Any, conv: Any) -> Any:
     """The conv's packed weight buffer, read through its widening stage where it has one."""
-    widen = producer_named(sch, conv, NHWC_WIDEN_BLOCK)
-    return sch.get(widen).reads[0].source if widen is not None else sch.get(conv).reads[1].source
+    return weight_through(sch, conv, NHWC_WIDEN_BLOCK)[1]
 
 
 def _widen_panels(sch: Any, conv: Any, loop: Any, tiles: int, tiling: Tiling) -> str | None:
@@ -272,10 +272,9 @@ def _widen_panels(sch: Any, conv: Any, loop: Any, tiles: int, tiling: Tiling) ->
     call: its float32 copy, written to memory each call and read back, slowed EfficientNet-B0 and
     MobileNetV2 1.05× and 1.03×.
     """
-    widen = producer_named(sch, conv, NHWC_WIDEN_BLOCK)
+    widen, weight = weight_through(sch, conv, NHWC_WIDEN_BLOCK)
     if widen is None:
         return None
-    weight = sch.get(widen).reads[0].source
     _, kh, kw, in_channels, chunk = weight_geometry(weight)
     per_panel = kh * kw * (chunk or in_channels) * int(weight.shape[-1])
     if tiles < WIDEN_REUSE or per_panel * 4 > WIDEN_PANEL_BYTES:
