@@ -610,7 +610,8 @@ def _constant(array: np.ndarray) -> Any:
 
 def _cast_input(x: Any, dtype: str, name: str = CAST_BLOCK) -> Any:
     """``x`` in ``dtype``: itself, or a stage of its own called ``name`` that converts it (a
-    schedule finds it by that name: ``CAST_BLOCK`` for an input, ``WIDEN_BLOCK`` for a weight)."""
+    schedule finds it by that name: ``CAST_BLOCK`` for an input, ``WIDEN_BLOCK`` for a matmul's
+    weight; ``cpu_nhwc._widened`` makes a conv's, as this module imports that one)."""
     from tvm import te  # noqa: PLC0415
 
     if x.dtype == dtype:

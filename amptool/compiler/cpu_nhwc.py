@@ -202,9 +202,11 @@ def _widened(packed: Any, dtype: str, pair_lanes: int | None) -> Any:
     schedule to convert each weight panel once for all the tiles that read it, or to inline
     (``cpu_schedules_nhwc._widen_panels``); ``packed`` itself when it is in ``dtype`` already or
     is ``bf16_pairs``' words."""
-    from amptool.compiler.cpu_kernels import _cast_input  # noqa: PLC0415 - cpu_kernels imports this module
+    from tvm import te  # noqa: PLC0415
 
-    return packed if pair_lanes else _cast_input(packed, dtype, NHWC_WIDEN_BLOCK)
+    if pair_lanes or str(packed.dtype) == dtype:
+        return packed
+    return te.compute(packed.shape, lambda *i: packed(*i).astype(dtype), name=NHWC_WIDEN_BLOCK)
 
 
 def conv2d_nhwc(data: Any, packed: Any, *, strides: list[int], padding: list[int], dilation: list[int],
