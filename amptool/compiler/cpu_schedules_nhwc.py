@@ -76,34 +76,50 @@ def nhwc_tile(sch: Any, conv: Any, block: int, tiling: Tiling,
         sch.unroll(xo)
     chunk = _weight_chunk(sch, conv) if chunk_weights and len(reductions) == 3 else None
     row_tiles, rows = (_extent(sch, loop) or 1 for loop in (xo, y))
+    if chunk is not None and _fewer_steps(sch, [n, co], CHUNKED_BLOCKS):
+        # Too few channel blocks to share among the threads (the chunk loop, a reduction, cannot be
+        # parallel): each tile reduces over every chunk, the rows parallel as for unchunked weights.
+        ry, rx, rc = reductions
+        rco, rci = sch.split(rc, [None, chunk])
+        reductions, chunk = [rco, ry, rx, rci], None
     if chunk is not None:
         ry, rx, rc = reductions
         rco, rci = sch.split(rc, [None, chunk])
         sch.reorder(n, co, rco, y, xo, ry, rx, rci, xi, ci)
-        widened = _widen_panels(sch, conv, rco, rows * row_tiles, tiling)
+        widened = _widen_panels(sch, conv, rco, rows * row_tiles, tiling, per_chunk=True)
         _prefetch_next_chunk(sch, conv, rco, widened)
         # Accumulated over the chunks in the block's output, a channel block's whole map at a time.
         return [n, co], [rco, ry, rx, rci], xi, ci, _epilogue_at(sch, conv, co)
     if _weights_dominate(sch, conv):
         sch.reorder(n, co, y, xo, *reductions, xi, ci)
-        _widen_panels(sch, conv, co, rows * row_tiles, tiling)
         outer = [n, co, y]
     else:
         sch.reorder(n, y, co, xo, *reductions, xi, ci)
-        _widen_panels(sch, conv, co, row_tiles, tiling)
         outer = [n, y] if _copy_rows_at(sch, conv, y, tiling) else [n, y, co]
     if _fewer_steps(sch, outer) and not ragged:
         # A conv1d is a one-row map: a 64-channel one has a single block of AVX-512 channel tiles,
         # and left all threads but one idle.
         outer.append(xo)
+    # A widening stage sits under the innermost parallel loop or deeper (none between fused loops);
+    # one channel block's panel is the whole weight, widened once before the tiles, in parallel.
+    if _extent(sch, co) == 1:
+        _widen_panels(sch, conv, None, rows * row_tiles, tiling)
+    elif outer[-1] is xo:
+        _widen_panels(sch, conv, xo, 1, tiling)
+    elif outer[1] is y:
+        _widen_panels(sch, conv, co, row_tiles, tiling)
+    elif not _fewer_steps(sch, outer[:2]) and _widen_panels(sch, conv, co, rows * row_tiles, tiling):
+        outer.pop()  # a block's panel for its whole map, the rows in turn
+    else:
+        _widen_panels(sch, conv, y, row_tiles, tiling)
     epilogue = _epilogue_at(sch, conv, xo)
     return outer, reductions, xi, ci, epilogue
 
 
-def _fewer_steps(sch: Any, loops: list[Any]) -> bool:
-    """Whether ``loops`` together iterate fewer than ``PARALLEL_STEPS`` times (False when symbolic)."""
+def _fewer_steps(sch: Any, loops: list[Any], steps: int | None = None) -> bool:
+    """Whether ``loops`` together iterate fewer than ``steps`` (``PARALLEL_STEPS``) times (False when symbolic)."""
     extents = [_extent(sch, loop) for loop in loops]
-    return None not in extents and math.prod(extents) < PARALLEL_STEPS  # type: ignore[arg-type]
+    return None not in extents and math.prod(extents) < (steps or PARALLEL_STEPS)  # type: ignore[arg-type]
 
 
 def flat_tile_loops(sch: Any, conv: Any, block: int,
@@ -133,7 +149,7 @@ def flat_tile_loops(sch: Any, conv: Any, block: int,
     else:
         rco, rci = sch.split(rc, [None, chunk])
         sch.reorder(n, co, rco, po, *taps, rci, pi, ci)
-        _prefetch_next_chunk(sch, conv, rco, _widen_panels(sch, conv, rco, tiles, tiling))
+        _prefetch_next_chunk(sch, conv, rco, _widen_panels(sch, conv, rco, tiles, tiling, per_chunk=True))
         reductions = [rco, *taps, rci]
     # The steps writing the map (an injective step of another shape, if fusion ever brought one,
     # stays at the root for the leftover rule).
@@ -203,6 +219,15 @@ ROW_COPY_BYTES = 512 << 10
 PARALLEL_STEPS = 8
 
 
+#: Channel blocks (× batch) from which a conv whose weights are packed in chunks reduces chunk by
+#: chunk, its blocks alone parallel; with fewer (one), its rows are parallel and each tile reduces
+#: over every chunk. A CRNN's 32 → 64 conv at 8 × 32 (one block) ran on one of two threads: 0.060 →
+#: 0.034 ms (onnxruntime 0.032), the model 0.89×. Not more: ResNet-50's 128 → 128 convs at 28² (two
+#: blocks) ran 1.09× slower with their rows parallel (float16 1.38×), a U-Net's 256 → 256 at 32²
+#: (four) made the model 1.055× slower (2 threads, alternated).
+CHUNKED_BLOCKS = 2
+
+
 def _copy_rows_at(sch: Any, conv: Any, y: Any, tiling: Tiling) -> bool:
     """Move the conv's padded input copy under its row loop ``y`` (the rows of that output row's
     taps, all channel blocks after it reading them); whether it did. Then only the row loop is
@@ -257,11 +282,14 @@ def _weight_param(sch: Any, conv: Any) -> Any:
     return weight_through(sch, conv, NHWC_WIDEN_BLOCK)[1]
 
 
-def _widen_panels(sch: Any, conv: Any, loop: Any, tiles: int, tiling: Tiling) -> str | None:
+def _widen_panels(sch: Any, conv: Any, loop: Any | None, tiles: int, tiling: Tiling,
+                  per_chunk: bool = False) -> str | None:
     """Convert a float16 conv's weight panel (what one iteration of ``loop`` reads: a channel
-    block's, or a chunk's) to float32 once, under ``loop``, for the ``tiles`` register tiles that
-    read it — where at least ``WIDEN_REUSE`` do and it takes at most ``WIDEN_PANEL_BYTES``; else
-    each tile converts the weight vectors it reads. Returns the panel buffer's name when widened.
+    block's, or with ``per_chunk`` a chunk's) to float32 once, under ``loop``, for the ``tiles``
+    register tiles that read it — where at least ``WIDEN_REUSE`` do and it takes at most
+    ``WIDEN_PANEL_BYTES``; else each tile converts the weight vectors it reads. Without ``loop``
+    (one channel block: its panel is the whole weight) the stage stays at the root, a parallel
+    pass before the tiles. Returns the panel buffer's name when widened.
 
     Why: a tile converts each weight vector for a few positions' FMAs (a quarter more work on the
     FMA ports under a 4-position tile): ResNet-50's float16 1×1 convs at 56² and 28² ran 1.3–1.6×
@@ -276,10 +304,12 @@ def _widen_panels(sch: Any, conv: Any, loop: Any, tiles: int, tiling: Tiling) ->
     if widen is None:
         return None
     _, kh, kw, in_channels, chunk = weight_geometry(weight)
-    per_panel = kh * kw * (chunk or in_channels) * int(weight.shape[-1])
+    per_panel = kh * kw * (chunk if per_chunk and chunk else in_channels) * int(weight.shape[-1])
     if tiles < WIDEN_REUSE or per_panel * 4 > WIDEN_PANEL_BYTES:
         sch.compute_inline(widen)
         return None
+    if loop is None:
+        return str(sch.get(widen).writes[0].source.name)  # at the root: the leftover rule's parallel loop
     return widen_under(sch, widen, conv, loop, per_panel, tiling)
 
 
