@@ -15,8 +15,9 @@ where a value of the chain is used by anything else.
    and multiply — which is how the CPU computed each float16 op anyway (convert, float32 op,
    round) — so the result is bit for bit the same, overflows to inf included; what goes is
    the conversion of every operand in and every result out, and a clip's compare-and-blend of
-   float16 lanes. ``relu``/``maximum``/``minimum`` need no rounding: their float32 result
-   from float16 values is a float16 value.
+   float16 lanes. A rounding is emitted where an add, subtract or multiply reads the value, not
+   before a ``relu``/``maximum``/``minimum``, which commute with it: a conv's bias + ReLU rounds
+   its sum once, at the final cast (``_Widener.settled``).
 
 Why: CPUs without native low-precision arithmetic compute every bfloat16/float16 op as convert →
 float32 op → round, so a conv's epilogue paid conversions per op: on MobileNetV2's bfloat16
@@ -54,10 +55,13 @@ _UNARY = frozenset({"relax.nn.relu"})
 
 
 class _Wide(NamedTuple):
-    """A low-dtype variable not yet bound: its float32 value and its dtype."""
+    """A low-dtype variable not yet bound: its float32 value and its dtype. ``exact``: the value is
+    one the low dtype holds; False (a float16 sum or product not yet rounded) until an op that
+    needs its rounded value rounds it — ``relu``/``maximum``/``minimum`` take it as it is."""
 
     value: Any
     dtype: str
+    exact: bool = True
 
 
 def widen_epilogues(mod: Any) -> Any:
@@ -115,30 +119,40 @@ def _widener_class() -> Any:
                 source = args[0]
                 if _tvm.tensor_dtype(source) != "float32" or not isinstance(source, relax.Var):
                     return None
-                return _Wide(self.rounded(self.visit_expr(source), dtype), dtype)
+                return _Wide(self.visit_expr(source), dtype, exact=dtype not in ROUNDED)
             waiting = [self.pending.get(a.__chandle__()) if isinstance(a, relax.DataflowVar) else None for a in args]
             if name in _UNARY and waiting[0] is not None:
-                return _Wide(self.builder_.emit(_tvm.call_with_args(call, [waiting[0].value])), dtype)
+                return _Wide(self.builder_.emit(_tvm.call_with_args(call, [waiting[0].value])), dtype, waiting[0].exact)
             if name not in _BINARY or len(args) != 2 or not any(waiting):
                 return None
             kinds = [_operand_kind(name, arg, wide, dtype) for arg, wide in zip(args, waiting, strict=True)]
             if None in kinds:
                 return None
-            operands = []
+            operands, exact = [], True
             for arg, wide, kind in zip(args, waiting, kinds, strict=True):
-                if wide is not None:
+                if wide is not None and name in _EXACT:
                     operands.append(wide.value)
+                    exact = exact and wide.exact
+                elif wide is not None:
+                    operands.append(self.settled(arg).value)
                 elif kind == "constant":
                     operands.append(relax.const(_tvm.constant_numpy(arg).astype(np.float32)))
                 else:
                     operands.append(self.builder_.emit(_tvm.astype(self.visit_expr(arg), "float32")))
             result = self.builder_.emit(_tvm.call_with_args(call, operands))
-            return _Wide(result if name in _EXACT else self.rounded(result, dtype), dtype)
+            return _Wide(result, dtype, exact if name in _EXACT else dtype not in ROUNDED)
 
-        def rounded(self, value: Any, dtype: str) -> Any:
-            """``value`` (float32) as the low dtype would hold it, where that dtype keeps its roundings."""
-            if dtype not in ROUNDED:
-                return value
-            return self.builder_.emit(_tvm.astype(self.builder_.emit(_tvm.astype(value, dtype)), "float32"))
+        def settled(self, var: Any) -> _Wide:
+            """The waiting value of ``var`` rounded as the low dtype holds it (once: kept for later uses).
+
+            Why late: ``relu``/``maximum``/``minimum`` with low-dtype constants commute with rounding
+            (monotonic; the constants are fixed points), so a float16 ``add → relu → cast`` rounds
+            once at the cast where it rounded after the add too — two conversions a vector fewer."""
+            wide = self.pending[var.__chandle__()]
+            if not wide.exact:
+                low = self.builder_.emit(_tvm.astype(wide.value, wide.dtype))
+                value = self.builder_.emit(_tvm.astype(low, "float32"))
+                wide = self.pending[var.__chandle__()] = _Wide(value, wide.dtype)
+            return wide
 
     return _Widener
