@@ -1,18 +1,18 @@
-"""Grouped bfloat16 convs as one conv per group, so each runs on AMX tiles.
+"""Grouped bfloat16 1×1 convs as one matmul per group, so each runs on AMX tiles.
 
 What: on a target with AMX-BF16, an NHWC ``relax.nn.conv2d`` with ``groups`` > 1 of bfloat16 data
-and constant weight, float32 sums, becomes per group ``conv2d(data[..., group's channels],
-weight[group's filters])`` and a concat of the results along channels — each a dense conv that
-``amx_plan.plan`` takes (checked before rewriting, once: the groups share a shape, which must fit
-the AMX kernels, with at least ``MIN_GROUP_CHANNELS`` input channels).
+and constant weight, float32 sums, whose groups are 1×1 stride-1 unpadded convs (the matmul of
+their pixels), becomes per group ``conv2d(data[..., group's channels], weight[group's filters])``
+and a concat of the results along channels — each a dense conv that ``amx_plan.plan`` takes as a
+matmul. Grouped convs with taps (RegNet's 3×3, 64-channel groups) stay one conv: the AMX conv
+kernel runs every group in one call (``cpu_amx_conv``, ``amx_plan.grouped_kind``).
 
-Why: the AMX kernels take dense convs only; a grouped one ran on float32 FMAs over converted
-weights (``cpu_kernels._grouped_conv2d_nhwc``). RegNet bfloat16 (64-channel groups) ran 2.08×
-OpenVINO's bfloat16 latency, its other convs on tiles.
+Why: the AMX kernels take dense products only; a grouped one ran on float32 FMAs over converted
+weights (``cpu_kernels._grouped_conv2d_nhwc``).
 
-When not: depthwise convs and groups under ``MIN_GROUP_CHANNELS`` (a tile step is 32 channels
-deep: narrower groups would be mostly zeros), other dtypes, targets without AMX, shapes the AMX
-kernels do not take. Preserves: each group's products and sums (the same taps, one group's
+When not: depthwise convs and groups under ``amx_plan.MIN_GROUP_CHANNELS`` (a tile step is 32
+channels deep: narrower groups would be mostly zeros), other dtypes, targets without AMX, shapes
+the AMX kernels do not take. Preserves: each group's products and sums (the same taps, one group's
 channels each).
 """
 
@@ -24,12 +24,9 @@ import numpy as np
 
 from amptool import _tvm
 
-#: Input channels a group needs to go to AMX tiles: one 32-deep tile step.
-MIN_GROUP_CHANNELS = 32
-
 
 def split_amx_groups(mod: Any) -> Any:
-    """``mod`` with every grouped conv that AMX tiles take split by group (module docstring)."""
+    """``mod`` with every grouped 1×1 conv whose groups AMX tiles take split by group (module docstring)."""
     import tvm  # noqa: PLC0415
     from tvm import relax  # noqa: PLC0415
     from tvm.relax.expr_functor import PyExprMutator, mutator  # noqa: PLC0415
@@ -54,9 +51,8 @@ def split_amx_groups(mod: Any) -> Any:
             per_in, per_out = int(kernel.shape[1]), kernel.shape[0] // groups
             batch, height, width, _ = shape
             geometry = [[int(v) for v in values] for values in (attrs.strides, attrs.padding, attrs.dilation)]
-            group_shape = (per_out, per_in, *(int(d) for d in kernel.shape[2:]))
-            if amx_plan.conv_kind((batch, height, width, per_in), group_shape, *geometry) is None:
-                return call  # the AMX kernels do not take a group: the conv stays grouped
+            if amx_plan.grouped_kind(tuple(shape), kernel.shape, groups, *geometry) != "matmul":
+                return call  # one grouped AMX conv (``amx_plan.plan``), or not on tiles: the conv stays grouped
             # Each group's channels by an index tensor, not a slice's constant begin: one kernel for
             # every group (as the kernel's argument), not one kernel each to compile (RegNet: 13 s).
             split = self.builder_.emit(relax.op.reshape(data, [batch, height, width, groups, per_in]))
@@ -76,8 +72,7 @@ def split_amx_groups(mod: Any) -> Any:
 
 def _grouped_shape(call: Any) -> list[int] | None:
     """The data's shape of a grouped NHWC conv whose operands the AMX kernels take
-    (``amx_plan.operand_shape``), of groups of at least ``MIN_GROUP_CHANNELS`` input channels (so
-    not depthwise); None for any other conv."""
+    (``amx_plan.operand_shape``); None for any other conv."""
     from amptool.compiler.amx_plan import operand_shape  # noqa: PLC0415
 
     attrs = call.attrs
@@ -85,6 +80,4 @@ def _grouped_shape(call: Any) -> list[int] | None:
     if layouts != ("NHWC", "OIHW", "NHWC") or int(attrs.groups) < 2:
         return None
     shape = operand_shape(call)  # the weight a constant: its shape static
-    if shape is None or len(shape) != 4 or int(call.args[1].ty.shape[1]) < MIN_GROUP_CHANNELS:
-        return None
-    return shape
+    return shape if shape is not None and len(shape) == 4 else None

@@ -33,13 +33,15 @@ class Plan:
     shape: tuple[int, ...]
     weight_bits: Any
     geometry: tuple[tuple[int, ...], ...] = ()  # a conv's (strides, padding, dilation)
+    groups: int = 1
 
     def emit(self, bb: Any, epilogue: Epilogue = PLAIN, residual: Any = None) -> Any:
         """The kernel's call (its PrimFunc added to ``bb``), each output through ``epilogue``."""
         if self.kind == "matmul":
             return emit_matmul(bb, self.data, self.shape, self.weight_bits, epilogue, residual)
         strides, padding, dilation = (list(values) for values in self.geometry)
-        return emit_conv(bb, self.data, self.shape, self.weight_bits, strides, padding, dilation, epilogue, residual)
+        return emit_conv(bb, self.data, self.shape, self.weight_bits, strides, padding, dilation, epilogue, residual,
+                         self.groups)
 
 
 #: Whether a target (by its string) has AMX-BF16: asked per conv and matmul.
@@ -75,9 +77,15 @@ def plan(call: Any) -> Plan | None:
         return Plan("matmul", data, tuple(shape[:-1]), bits)
     attrs = call.attrs
     layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout))
-    if layouts != ("NHWC", "OIHW", "NHWC") or int(attrs.groups) != 1 or len(shape) != 4:
+    if layouts != ("NHWC", "OIHW", "NHWC") or len(shape) != 4:
         return None
     strides, padding, dilation = ([int(v) for v in values] for values in (attrs.strides, attrs.padding, attrs.dilation))
+    groups = int(attrs.groups)
+    if groups > 1:
+        kind = grouped_kind(tuple(shape), tuple(bits.shape), groups, strides, padding, dilation)
+        if kind != "conv":
+            return None  # a 1×1 group's matmul: split by group first (``amx_groups``), else not on tiles
+        return Plan("conv", data, tuple(shape), bits, (tuple(strides), tuple(padding), tuple(dilation)), groups)
     kind = conv_kind(tuple(shape), tuple(bits.shape), strides, padding, dilation)
     if kind == "matmul":
         return Plan("matmul", data, tuple(shape[:-1]), np.ascontiguousarray(bits[:, :, 0, 0].T))  # pixels × [IC, OC]
@@ -99,6 +107,23 @@ def operand_shape(call: Any) -> list[int] | None:
             or _tvm.is_constant(data) or not target_has_amx()):
         return None
     return _tvm.static_shape(data)
+
+
+#: Input channels a group needs to go to AMX tiles: one 32-deep tile step (a narrower group's would
+#: be mostly zeros; depthwise convs have their own kernel).
+MIN_GROUP_CHANNELS = 32
+
+
+def grouped_kind(data_shape: tuple[int, ...], weight_shape: tuple[int, ...], groups: int, strides: list[int],
+                 padding: list[int], dilation: list[int]) -> str | None:
+    """``conv_kind`` of one group of a grouped NHWC conv (an OIHW ``weight_shape`` of ``[groups · out,
+    in / groups, KH, KW]``), None for groups under ``MIN_GROUP_CHANNELS`` input channels. A "conv" runs
+    every group in one call (``cpu_amx_conv``); a "matmul" (1×1 groups) one call a group (``amx_groups``)."""
+    per_in = int(weight_shape[1])
+    if per_in < MIN_GROUP_CHANNELS or int(weight_shape[0]) % groups or data_shape[-1] != per_in * groups:
+        return None
+    group_shape = (int(weight_shape[0]) // groups, per_in, *(int(d) for d in weight_shape[2:]))
+    return conv_kind((*data_shape[:-1], per_in), group_shape, strides, padding, dilation)
 
 
 def conv_kind(data_shape: tuple[int, ...], weight_shape: tuple[int, ...], strides: list[int], padding: list[int],
