@@ -153,7 +153,7 @@ def test_amx_convs_are_onnxruntimes(tmp_path: Path, shape: tuple[int, ...], out_
 
 _GROUPED = [
     ((1, 128, 14, 14), 128, 2, (3, 3), (1, 1), "conv"),     # RegNet's 64-channel groups
-    ((1, 192, 14, 14), 192, 3, (3, 3), (2, 2), "conv"),     # three groups, stride 2
+    ((2, 192, 14, 14), 192, 3, (3, 3), (2, 2), "conv"),     # three groups, stride 2, two images
     ((1, 96, 12, 12), 96, 2, (3, 3), (1, 1), "conv"),       # 48 channels a group: padded taps, a column tail
     ((1, 128, 14, 14), 256, 2, (1, 1), (1, 1), "matmul"),   # 1×1 groups: one matmul a group
     ((1, 64, 14, 14), 64, 4, (3, 3), (1, 1), None),         # 16-channel groups: under one tile step
