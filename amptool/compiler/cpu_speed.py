@@ -109,7 +109,7 @@ def low_precision_speed_note(dtype: str, spec: dict[str, Any]) -> str | None:
         # amptool has no native float16 kernels: float32 accumulation over thousands of terms is what
         # diff's verdicts assume, and AVX512-FP16's FMAs would accumulate in float16.
         return (f"CPU {cpu} has AVX512-FP16, but amptool's CPU kernels compute float16 in float32 after conversion, "
-                "measured 1.08x float32 latency (ResNet-50, 2 threads; weights take half the memory; no speed-up)")
+                "measured 1.06x float32 latency (ResNet-50, 2 threads; weights take half the memory; no speed-up)")
     if has["amx-bf16"] and has["amx-tile"]:
         return None  # matmuls and convs on AMX tiles (cpu_amx): measured 0.20-0.53x float32
     if not has["avx512bf16"]:
