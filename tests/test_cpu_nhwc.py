@@ -968,11 +968,11 @@ def _conv3x3(inputs: int, outputs: int, height: int, width: int) -> onnx.ModelPr
 @pytest.mark.parametrize("mcpu", ["icelake-server", "haswell"])
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_convs_of_one_channel_block_run_their_rows_in_parallel(tmp_path, caplog, dtype, mcpu):
-    """A conv whose output channels make one or two register-tile blocks (a CRNN's 32 → 64 at 8 × 32,
+    """A conv whose output channels make a single register-tile block (a CRNN's 32 → 64 at 8 × 32,
     256 → 32 at 8²) has its rows in the parallel loop: reduced chunk by chunk, its only parallel
     loop had been the blocks' (one thread of two busy: 0.060 ms at one thread and at two, 0.034 now;
     onnxruntime 0.032), and a float16 conv whose weights dominate widened its panel between two
-    loops fused for the threads, which TVM refused (the rule skipped, a generic schedule 1.9× slower
+    loops fused for the threads, which TVM refused (the rule skipped, a generic schedule 64× slower
     on AVX2). The conv rule applies; values are onnxruntime's."""
     import logging
 
