@@ -994,6 +994,40 @@ def test_convs_of_one_channel_block_run_their_rows_in_parallel(tmp_path, caplog,
     np.testing.assert_allclose(got, want, rtol=0, atol=tolerance * float(np.abs(want).max()))
 
 
+#: (input channels, output channels, height, width, kernel, stride): one channel block or many, weights
+#: or activations dominating, a conv1d-like map, a pointwise conv, a strided one.
+_SCHEDULED_CONVS = [(32, 64, 8, 32, 3, 1), (256, 32, 8, 8, 3, 1), (64, 48, 4, 64, 3, 1), (512, 512, 7, 7, 3, 1),
+                    (64, 64, 1, 600, 3, 1), (1024, 256, 14, 14, 1, 1), (24, 144, 56, 56, 1, 1), (64, 128, 28, 28, 3, 2)]
+
+
+@pytest.mark.parametrize("mcpu", ["icelake-server", "znver4", "haswell"])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_no_schedule_rule_gives_up_on_a_conv(tmp_path, caplog, dtype, mcpu):
+    """The schedule rules' errors are swallowed (the next rule, or a generic schedule, takes the
+    kernel), so a rule that raises on a shape is silent: a float16 conv whose weights dominate had its
+    rule skipped on AVX2, its generic schedule 64× slower. Across convs of the shapes networks have, no
+    rule gives up."""
+    import logging
+
+    caplog.set_level(logging.DEBUG, logger="amptool.compiler.cpu_schedules")
+    rng = np.random.default_rng(18)
+    for inputs, outputs, height, width, kernel, stride in _SCHEDULED_CONVS:
+        w = numpy_helper.from_array((rng.standard_normal((outputs, inputs, kernel, kernel)) * 0.05).astype(np.float32),
+                                    "w")
+        pads = [kernel // 2] * 4
+        out = [1, outputs, (height + 2 * pads[0] - kernel) // stride + 1, (width + 2 * pads[1] - kernel) // stride + 1]
+        graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["c"], pads=pads, strides=[stride] * 2),
+                                   helper.make_node("Relu", ["c"], ["y"])], "conv",
+                                  [info("x", [1, inputs, height, width])], [info("y", out)], [w])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8
+        path = tmp_path / f"conv{inputs}_{outputs}_{height}x{width}.onnx"
+        onnx.save(model, str(path))
+        kernels = scheduled_kernels(str(path), dtype, mcpu)
+        assert any('"amp_conv2d_nhwc_update"' in k for k in kernels), path.name
+    assert "skipped" not in caplog.text, caplog.text
+
+
 @pytest.mark.parametrize(("size", "per_row"), [(64, True), (16, False)])
 def test_large_maps_copy_their_padded_input_a_row_band_at_a_time(tmp_path, size, per_row):
     """A padded conv whose input copy is ≥ ROW_COPY_BYTES (64 channels at 64²: 1.1 MB) makes it
