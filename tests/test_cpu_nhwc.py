@@ -1001,7 +1001,7 @@ _SCHEDULED_CONVS = [(32, 64, 8, 32, 3, 1), (256, 32, 8, 8, 3, 1), (64, 48, 4, 64
 
 
 @pytest.mark.parametrize("mcpu", ["icelake-server", "znver4", "haswell"])
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_no_schedule_rule_gives_up_on_a_conv(tmp_path, caplog, dtype, mcpu):
     """The schedule rules' errors are swallowed (the next rule, or a generic schedule, takes the
     kernel), so a rule that raises on a shape is silent: a float16 conv whose weights dominate had its
@@ -1024,7 +1024,7 @@ def test_no_schedule_rule_gives_up_on_a_conv(tmp_path, caplog, dtype, mcpu):
         path = tmp_path / f"conv{inputs}_{outputs}_{height}x{width}.onnx"
         onnx.save(model, str(path))
         kernels = scheduled_kernels(str(path), dtype, mcpu)
-        assert any('"amp_conv2d_nhwc_update"' in k for k in kernels), path.name
+        assert any(re.search(r'"amp_conv2d_nhwc(_bf16)?_update', k) for k in kernels), path.name
     assert "skipped" not in caplog.text, caplog.text
 
 
