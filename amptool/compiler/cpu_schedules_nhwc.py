@@ -76,20 +76,18 @@ def nhwc_tile(sch: Any, conv: Any, block: int, tiling: Tiling,
         sch.unroll(xo)
     chunk = _weight_chunk(sch, conv) if chunk_weights and len(reductions) == 3 else None
     row_tiles, rows = (_extent(sch, loop) or 1 for loop in (xo, y))
-    if chunk is not None and _fewer_steps(sch, [n, co], CHUNKED_BLOCKS):
-        # Too few channel blocks to share among the threads (the chunk loop, a reduction, cannot be
-        # parallel): each tile reduces over every chunk, the rows parallel as for unchunked weights.
-        ry, rx, rc = reductions
-        rco, rci = sch.split(rc, [None, chunk])
-        reductions, chunk = [rco, ry, rx, rci], None
     if chunk is not None:
         ry, rx, rc = reductions
         rco, rci = sch.split(rc, [None, chunk])
-        sch.reorder(n, co, rco, y, xo, ry, rx, rci, xi, ci)
-        widened = _widen_panels(sch, conv, rco, rows * row_tiles, tiling, per_chunk=True)
-        _prefetch_next_chunk(sch, conv, rco, widened)
-        # Accumulated over the chunks in the block's output, a channel block's whole map at a time.
-        return [n, co], [rco, ry, rx, rci], xi, ci, _epilogue_at(sch, conv, co)
+        reductions = [rco, ry, rx, rci]
+        if not _fewer_steps(sch, [n, co], CHUNKED_BLOCKS):
+            sch.reorder(n, co, rco, y, xo, ry, rx, rci, xi, ci)
+            widened = _widen_panels(sch, conv, rco, rows * row_tiles, tiling, per_chunk=True)
+            _prefetch_next_chunk(sch, conv, rco, widened)
+            # Accumulated over the chunks in the block's output, a channel block's whole map at a time.
+            return [n, co], reductions, xi, ci, _epilogue_at(sch, conv, co)
+        # Too few channel blocks to share among the threads (the chunk loop, a reduction, cannot be
+        # parallel): each tile reduces over every chunk, the rows parallel as for unchunked weights.
     if _weights_dominate(sch, conv):
         sch.reorder(n, co, y, xo, *reductions, xi, ci)
         outer = [n, co, y]
