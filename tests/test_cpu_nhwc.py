@@ -954,12 +954,15 @@ def test_a_one_row_conv_runs_its_column_tiles_in_parallel(tmp_path):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
 
 
-def _conv3x3(inputs: int, outputs: int, height: int, width: int) -> onnx.ModelProto:
+def _conv_relu(inputs: int, outputs: int, height: int, width: int, kernel: int = 3, stride: int = 1) -> onnx.ModelProto:
+    """x → Conv (``kernel``² taps, padded to keep the map at stride 1, no bias) → Relu → y."""
     rng = np.random.default_rng(16)
-    w = numpy_helper.from_array((rng.standard_normal((outputs, inputs, 3, 3)) * 0.05).astype(np.float32), "w")
-    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
-                               helper.make_node("Relu", ["c"], ["y"])], "conv3x3",
-                              [info("x", [1, inputs, height, width])], [info("y", [1, outputs, height, width])], [w])
+    w = numpy_helper.from_array((rng.standard_normal((outputs, inputs, kernel, kernel)) * 0.05).astype(np.float32), "w")
+    pad = kernel // 2
+    out = [1, outputs, (height + 2 * pad - kernel) // stride + 1, (width + 2 * pad - kernel) // stride + 1]
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["c"], pads=[pad] * 4, strides=[stride] * 2),
+                               helper.make_node("Relu", ["c"], ["y"])], "conv_relu",
+                              [info("x", [1, inputs, height, width])], [info("y", out)], [w])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model
@@ -979,7 +982,7 @@ def test_convs_of_one_channel_block_run_their_rows_in_parallel(tmp_path, caplog,
     caplog.set_level(logging.DEBUG, logger="amptool.compiler.cpu_schedules")
     for shape in ((32, 64, 8, 32), (256, 32, 8, 8)):
         path = tmp_path / f"conv{shape[0]}.onnx"
-        model = _conv3x3(*shape)
+        model = _conv_relu(*shape)
         onnx.save(model, str(path))
         (conv,) = [k for k in scheduled_kernels(str(path), dtype, mcpu) if '"amp_conv2d_nhwc_update"' in k]
         tile = conv[:conv.index('T.sblock("amp_conv2d_nhwc_update")')]
@@ -1010,19 +1013,9 @@ def test_no_schedule_rule_gives_up_on_a_conv(tmp_path, caplog, dtype, mcpu):
     import logging
 
     caplog.set_level(logging.DEBUG, logger="amptool.compiler.cpu_schedules")
-    rng = np.random.default_rng(18)
     for inputs, outputs, height, width, kernel, stride in _SCHEDULED_CONVS:
-        w = numpy_helper.from_array((rng.standard_normal((outputs, inputs, kernel, kernel)) * 0.05).astype(np.float32),
-                                    "w")
-        pads = [kernel // 2] * 4
-        out = [1, outputs, (height + 2 * pads[0] - kernel) // stride + 1, (width + 2 * pads[1] - kernel) // stride + 1]
-        graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["c"], pads=pads, strides=[stride] * 2),
-                                   helper.make_node("Relu", ["c"], ["y"])], "conv",
-                                  [info("x", [1, inputs, height, width])], [info("y", out)], [w])
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-        model.ir_version = 8
         path = tmp_path / f"conv{inputs}_{outputs}_{height}x{width}.onnx"
-        onnx.save(model, str(path))
+        onnx.save(_conv_relu(inputs, outputs, height, width, kernel, stride), str(path))
         kernels = scheduled_kernels(str(path), dtype, mcpu)
         assert any(re.search(r'"amp_conv2d_nhwc(_bf16)?_update', k) for k in kernels), path.name
     assert "skipped" not in caplog.text, caplog.text

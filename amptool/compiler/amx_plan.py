@@ -81,17 +81,16 @@ def plan(call: Any) -> Plan | None:
         return None
     strides, padding, dilation = ([int(v) for v in values] for values in (attrs.strides, attrs.padding, attrs.dilation))
     groups = int(attrs.groups)
-    if groups > 1:
+    if groups == 1:
+        kind = conv_kind(tuple(shape), tuple(bits.shape), strides, padding, dilation)
+    else:  # a 1×1 group's matmul is split by group first (``amx_groups``): only a grouped "conv" here
         kind = grouped_kind(tuple(shape), tuple(bits.shape), groups, strides, padding, dilation)
-        if kind != "conv":
-            return None  # a 1×1 group's matmul: split by group first (``amx_groups``), else not on tiles
-        return Plan("conv", data, tuple(shape), bits, (tuple(strides), tuple(padding), tuple(dilation)), groups)
-    kind = conv_kind(tuple(shape), tuple(bits.shape), strides, padding, dilation)
+        kind = kind if kind == "conv" else None
     if kind == "matmul":
         return Plan("matmul", data, tuple(shape[:-1]), np.ascontiguousarray(bits[:, :, 0, 0].T))  # pixels × [IC, OC]
     if kind is None:
         return None
-    return Plan("conv", data, tuple(shape), bits, (tuple(strides), tuple(padding), tuple(dilation)))
+    return Plan("conv", data, tuple(shape), bits, (tuple(strides), tuple(padding), tuple(dilation)), groups)
 
 
 def operand_shape(call: Any) -> list[int] | None:
