@@ -90,3 +90,67 @@ def test_each_phase_takes_only_its_real_taps(tmp_path: Path, case: str, taps: li
     _tvm.any_call(mod, lambda call: any(_tvm.calls_op(call, c) for c in convs)
                   and weights.append(_tvm.static_shape(call.args[1])))
     assert [tuple(shape[2:]) for shape in weights] == taps
+
+
+def _decoder_model(tmp_path: Path, second_reader: bool = False, spatial_offset: bool = False) -> tuple[str, np.ndarray]:
+    """ConvTranspose 3×3 stride 2 (bias) → ·scale → +shift (a folded BatchNorm, per channel) → Sigmoid
+    → y. ``second_reader``: the shifted value is also added to y (read twice: the chain stops there).
+    ``spatial_offset``: the shift varies over the pixels (not a per-channel constant)."""
+    import onnx
+    from onnx import TensorProto, numpy_helper
+
+    rng = np.random.default_rng(5)
+    cin, cout, spatial = 8, 16, [6, 7]
+    shift_shape = [1, cout, *(2 * s for s in spatial)] if spatial_offset else [cout, 1, 1]
+    inits = {"w": rng.standard_normal([cin, cout, 3, 3]).astype(np.float32),
+             "b": rng.standard_normal([cout]).astype(np.float32),
+             "scale": rng.uniform(0.5, 1.5, [cout, 1, 1]).astype(np.float32),
+             "shift": rng.standard_normal(shift_shape).astype(np.float32)}
+    nodes = [helper.make_node("ConvTranspose", ["x", "w", "b"], ["t"], strides=[2, 2], pads=[1, 1, 1, 1],
+                              output_padding=[1, 1], kernel_shape=[3, 3]),
+             helper.make_node("Mul", ["t", "scale"], ["scaled"]),
+             helper.make_node("Add", ["scaled", "shift"], ["shifted"]),
+             helper.make_node("Sigmoid", ["shifted"], ["s" if second_reader else "y"])]
+    if second_reader:
+        nodes.append(helper.make_node("Add", ["s", "shifted"], ["y"]))
+    x_info = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, cin, *spatial])
+    graph = helper.make_graph(nodes, "decoder", [x_info],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(v, n) for n, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = str(tmp_path / "decoder.onnx")
+    onnx.save(model, path)
+    return path, rng.standard_normal([1, cin, *spatial]).astype(np.float32)
+
+
+def _ops_after_crop(path: str, dtype: str) -> list[str]:
+    """The ops bound after the first strided_slice (the crop) once the transposed conv is split."""
+    from amptool import _tvm
+    from amptool.app.convert import ConvertConfig, rewrite_model
+    from amptool.compiler.cpu_conv_transpose import split_conv_transpose
+
+    mod = split_conv_transpose(rewrite_model(ConvertConfig(model=path, dtype=dtype)).passes.mod)
+    names = [_tvm.op_name(call) for call in _tvm.bound_calls(mod["main"])]
+    return names[names.index("relax.strided_slice") + 1:]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_the_ops_after_a_transposed_conv_run_before_its_interleave(tmp_path: Path, dtype: str) -> None:
+    """Bias, a folded BatchNorm's multiply and add, the activation and a low dtype's cast run on the
+    phase convs' outputs, where they join the conv's epilogue; nothing is left after the crop (but
+    the model output's cast back to float32), and the values are onnxruntime's."""
+    path, x = _decoder_model(tmp_path)
+    assert_close_to_onnxruntime(path, {"x": x}, dtype)
+    assert [op for op in _ops_after_crop(path, dtype) if op != "relax.astype"] == []
+
+
+@pytest.mark.parametrize(("second_reader", "spatial_offset", "left"), [
+    (True, False, ["relax.sigmoid", "relax.add"]),  # the shifted value is read twice: the chain stops at it
+    (False, True, ["relax.add", "relax.sigmoid"]),  # a shift over pixels is no per-channel constant
+])
+def test_a_chain_stops_where_moving_it_would_not_be_exact(tmp_path: Path, second_reader: bool, spatial_offset: bool,
+                                                          left: list[str]) -> None:
+    path, x = _decoder_model(tmp_path, second_reader, spatial_offset)
+    assert_close_to_onnxruntime(path, {"x": x})
+    assert _ops_after_crop(path, "float32") == left

@@ -22,18 +22,29 @@ NHWC conv kernels (packed weights, vectorized epilogues) like any other layer. A
 as one phase conv zero-fills 16 taps for 9 real ones; as four (2×2, 2×1, 1×2, 1×1 taps) it does
 9/16 of the multiplications.
 
+The elementwise chain after a transposed conv — its bias add, a folded BatchNorm's multiply and
+add, an activation, the cast of a mixed-precision build — is applied to each phase conv's output,
+before the interleave (a per-channel constant repeated for each phase the conv computes): there it
+joins the conv's epilogue, and the interleave moves the chain's result — in a bfloat16 build half the
+bytes of the float32 sums. (U-Net bfloat16 with the bias add and cast after the interleave: each
+ConvTranspose's AMX kernel stored float32, 8 MB at 256², and the interleave read them back.)
+
 When not: groups > 1, dilation > 1, a weight computed at run time, dynamic shapes, a layout
-other than NCHW/IOHW (NCW/IOW): the call is left to TVM's legalization.
+other than NCHW/IOHW (NCW/IOW): the call is left to TVM's legalization. The chain stops at a value
+read twice, outside a dataflow block, or at an op that is not elementwise with per-channel or
+scalar constants.
 
 Preserves: values up to float rounding (the same products, summed in another order; the
-zero-filled taps add exact zeros).
+zero-filled taps add exact zeros). The chain's ops take the same operands, elementwise, so moving
+them before the interleave and crop changes no value.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -50,14 +61,32 @@ _TRANSPOSED = {
 def split_conv_transpose(mod: Any) -> Any:
     """``mod`` with every transposed conv it can take rewritten (see the module docstring)."""
     import tvm  # noqa: PLC0415
+    from tvm import relax  # noqa: PLC0415
     from tvm.relax.expr_functor import PyExprMutator, mutator  # noqa: PLC0415
 
     ops = {tvm.ir.Op.get(name): name for name in _TRANSPOSED}
     if not _tvm.any_call(mod, lambda call: call.op in ops):
         return mod
+    chains: dict[int, _Chain] = {}
+    for _gv, func in _tvm.relax_functions(mod):
+        chains.update(_chains(func, ops))
+    dropped = frozenset().union(*(chain.drop for chain in chains.values()))
 
     @mutator
     class _Splitter(PyExprMutator):
+        def visit_var_binding_(self, binding: Any) -> None:
+            handle = binding.var.__chandle__()
+            if handle in dropped:
+                return
+            chain = chains.get(handle)
+            if chain is None:
+                super().visit_var_binding_(binding)
+                return
+            data, weight = chain.conv.args
+            call = self.builder_.normalize(relax.Call(chain.conv.op, [self.visit_expr(data), weight], chain.conv.attrs))
+            value = self.builder_.normalize(_emit(self.builder_, call, chain.plans, chain.steps))
+            self.builder_.emit_normalized(_tvm.var_binding(binding.var, value))
+
         def visit_call_(self, call: Any) -> Any:
             call = super().visit_call_(call)
             if not isinstance(call.op, tvm.ir.Op) or call.op not in ops:
@@ -66,6 +95,100 @@ def split_conv_transpose(mod: Any) -> Any:
             return call if plan is None else _emit(self.builder_, call, plan)
 
     return _tvm.rewrite_functions(mod, _Splitter(mod))
+
+
+#: Unary elementwise ops a chain takes before the interleave (``astype`` too, any dtype).
+_UNARY = frozenset(f"relax.{name}" for name in (
+    "nn.relu", "nn.leakyrelu", "nn.silu", "nn.gelu", "nn.gelu_tanh", "sigmoid", "tanh", "clip", "astype"))
+#: Binary elementwise ops a chain takes when the other operand is a per-channel or scalar constant.
+_BINARY = frozenset(f"relax.{name}" for name in ("add", "subtract", "multiply", "divide", "maximum", "minimum"))
+
+
+class _Step(NamedTuple):
+    """One op of a chain: the call, and which argument is the chain's value (-1: a unary op)."""
+
+    call: Any
+    operand: int
+
+
+class _Chain(NamedTuple):
+    """A transposed conv (the call), its plan, the ops after it moved before the interleave, and the
+    bindings that go (the conv's and every step's but the last, which binds the interleave)."""
+
+    conv: Any
+    plans: list[_Plan]
+    steps: list[_Step]
+    drop: frozenset[int]
+
+
+def _chains(func: Any, ops: dict[Any, str]) -> dict[int, _Chain]:
+    """The chains after the transposed convs (``ops``: op → name) of ``func``'s dataflow blocks, by
+    the handle of the variable each chain's last step binds."""
+    import tvm  # noqa: PLC0415
+    from tvm import relax  # noqa: PLC0415
+
+    uses = _tvm.var_uses(func)
+    found: dict[int, _Chain] = {}
+    if not isinstance(func.body, relax.SeqExpr):
+        return found
+    for block in func.body.blocks:
+        if not isinstance(block, relax.DataflowBlock):
+            continue
+        readers: dict[int, Any] = {}  # variable handle → the one binding reading it
+        for binding in block.bindings:
+            if isinstance(binding.value, relax.Call):
+                for arg in _tvm.array_items(binding.value.args):
+                    if isinstance(arg, relax.DataflowVar) and uses[arg.__chandle__()] == 1:
+                        readers[arg.__chandle__()] = binding
+        for binding in block.bindings:
+            call = binding.value
+            if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op) or call.op not in ops:
+                continue
+            plans = _plan(call, ops[call.op])
+            if plans is None:
+                continue
+            var, steps, drop = binding.var, [], []
+            channels = _tvm.static_shape(call)[1]  # type: ignore[index]  # _plan checked
+            while var.__chandle__() in readers:
+                reader = readers[var.__chandle__()]
+                step = _step(reader.value, var, channels)
+                if step is None or not isinstance(reader.var, relax.DataflowVar):
+                    break
+                drop.append(var.__chandle__())
+                steps.append(step)
+                var = reader.var
+            if steps:
+                found[var.__chandle__()] = _Chain(call, plans, steps, frozenset(drop))
+    return found
+
+
+def _step(call: Any, value: Any, channels: int) -> _Step | None:
+    """``call`` as a chain step on ``value`` (an NC… tensor of ``channels`` channels), or None."""
+    name = _tvm.op_name(call)
+    args = _tvm.array_items(call.args)
+    if name in _UNARY and args[0].same_as(value):
+        return _Step(call, -1)
+    if name not in _BINARY or len(args) != 2:
+        return None
+    operand = 0 if args[0].same_as(value) else 1
+    other = args[1 - operand]
+    if other.same_as(value) or _per_channel(other, _tvm.static_shape(value), channels) is None:
+        return None
+    return _Step(call, operand)
+
+
+def _per_channel(expr: Any, shape: list[int] | None, channels: int) -> np.ndarray | None:
+    """A constant that varies at most along axis 1 of a tensor of ``shape``, as the shape it
+    broadcasts with (leading 1s added); None for anything else."""
+    if shape is None or not _tvm.is_constant(expr):
+        return None
+    value = _tvm.constant_view(expr)
+    if value.ndim > len(shape):
+        return None
+    full = value.reshape((1,) * (len(shape) - value.ndim) + value.shape)
+    if full.shape[0] != 1 or full.shape[1] not in (1, channels) or any(d != 1 for d in full.shape[2:]):
+        return None
+    return full
 
 
 class _Plan:
@@ -130,8 +253,9 @@ def _phase_weight(weight: np.ndarray, plans: list[_Plan], phase: tuple[int, ...]
     return out
 
 
-def _emit(builder: Any, call: Any, plans: list[_Plan]) -> Any:
-    """The phase convs, the interleave and the crop, bound in ``builder``; returns the last one."""
+def _emit(builder: Any, call: Any, plans: list[_Plan], steps: Sequence[_Step] = ()) -> Any:
+    """The phase convs, each followed by ``steps``, the interleave and the crop, bound in ``builder``;
+    returns the last one."""
     from tvm import relax  # noqa: PLC0415
 
     data, weight = call.args
@@ -145,18 +269,19 @@ def _emit(builder: Any, call: Any, plans: list[_Plan]) -> Any:
     def conv(phase_weights: np.ndarray) -> Any:
         taps = phase_weights.shape[2:]
         padding = [t - 1 for t in taps] + [p.pad_back for p in plans]
-        return builder.emit(conv_op(data, relax.const(phase_weights, dtype), strides=1, padding=padding, dilation=1,
-                                    groups=1, data_layout=layouts[0], kernel_layout="OI" + layouts[0][2:],
-                                    out_dtype=out_dtype))
+        out = builder.emit(conv_op(data, relax.const(phase_weights, dtype), strides=1, padding=padding, dilation=1,
+                                   groups=1, data_layout=layouts[0], kernel_layout="OI" + layouts[0][2:],
+                                   out_dtype=out_dtype))
+        return _apply(builder, out, steps, phase_weights.shape[0] // cout)
 
+    out = static_shape(call)
+    assert out is not None  # _plan checked
+    batch, cout = out[:2]
     phase_weights = [_phase_weight(weights, plans, phase, taps) for phase, taps in _phases(plans)]
     if len({w.shape for w in phase_weights}) == 1:
         phased = conv(np.concatenate(phase_weights))
     else:
         phased = builder.emit(relax.op.concat([conv(w) for w in phase_weights], axis=1))
-    out = static_shape(call)
-    assert out is not None  # _plan checked
-    batch, cout = out[:2]
     conv_rows = [p.conv_rows for p in plans]
     # [N, s_1…s_d·C, R_1…R_d] → [N, s_1…s_d, C, R_1…R_d] → [N, C, R_1, s_1, …] → [N, C, R_1·s_1, …]
     split = builder.emit(relax.op.reshape(phased, [batch, *(p.stride for p in plans), cout, *conv_rows]))
@@ -166,3 +291,25 @@ def _emit(builder: Any, call: Any, plans: list[_Plan]) -> Any:
                                                                         zip(conv_rows, plans, strict=True))]))
     axes = list(range(2, 2 + dims))
     return relax.op.strided_slice(merged, axes, [p.crop[0] for p in plans], [p.crop[1] for p in plans])
+
+
+def _apply(builder: Any, value: Any, steps: Sequence[_Step], phases: int) -> Any:
+    """``steps`` on a phase conv's output (``phases`` phases of the channels, phase-major), bound in
+    ``builder``: a per-channel constant repeated once per phase."""
+    from tvm import relax  # noqa: PLC0415
+
+    for step in steps:
+        args = list(_tvm.array_items(step.call.args))
+        if step.operand < 0:
+            args[0] = value
+        else:
+            other = args[1 - step.operand]
+            shape = _tvm.static_shape(value)
+            constant = _per_channel(other, shape, shape[1] // phases)  # type: ignore[index]
+            assert constant is not None  # _step checked it
+            if constant.shape[1] > 1:
+                other = relax.const(np.tile(_tvm.constant_numpy(other).reshape(constant.shape), (1, phases)
+                                            + (1,) * (constant.ndim - 2)), _tvm.tensor_dtype(other))
+            args[step.operand], args[1 - step.operand] = value, other
+        value = builder.emit(relax.Call(step.call.op, args, step.call.attrs))
+    return value
