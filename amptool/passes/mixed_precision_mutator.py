@@ -28,6 +28,15 @@ from amptool.passes.range_guards import DTYPE_MAX, ActivationGuard, Cancellation
 
 log = logging.getLogger(__name__)
 
+#: Ops TVM 0.27 has no kernel for in a low dtype, by dtype: computed in float32 whatever their colour
+#: says (their inputs cast up, which is exact). TOPI's finiteness tests raise on bfloat16 ("not
+#: supported for finiteness ops") — a ReduceMax (its ∓inf repair tests isinf) over a bfloat16
+#: constant failed FoldConstant, and so the whole convert; an argmax/argmin over bfloat16 fails
+#: TVM's BF16StorageLegalize at codegen (its reducer's bfloat16 let bindings) — a TF detector's
+#: class of each box.
+NO_LOW_KERNEL = {"bfloat16": frozenset({"relax.isinf", "relax.isnan", "relax.isfinite", "relax.argmax",
+                                        "relax.argmin"})}
+
 #: Suffix of a cast value's name, per dtype (``conv_f16``).
 SHORT = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64"}
 
@@ -226,6 +235,8 @@ class MixedPrecisionMutator(PyExprMutator):
         if not leaves:
             return self._restore(call, args, orig_args, old_dtypes), False
         target = self._target(color, leaves)
+        if target == self.low and relax_op in NO_LOW_KERNEL.get(self.low, ()):
+            target = "float32"
         if target == self.low and self.range_guards and self._guarded(name, relax_op, origin, leaves):
             target, color = "float32", Color.NEVER
         built = self._build(call, relax_op, args, orig_args, old_dtypes, target, origin)
