@@ -1,8 +1,9 @@
 """``make conformance``: amptool on every ONNX backend node case, a verdict per case, a per-op table.
 
 Per case: onnxruntime first (a case it fails leaves the denominator), then amptool float32, then
-float16 when the inputs/outputs are float and float32 passed — each compared with the case's
-stored outputs (float32: isclose rtol 1e-3 atol 1e-4, shapes exact, as onnx's backend runner).
+float16 and bfloat16 when the inputs/outputs are float and float32 passed — each compared with the
+case's stored outputs (float32: isclose rtol 1e-3 atol 1e-4, shapes exact, as onnx's backend runner;
+the low dtypes at amptool's default tolerance for each).
 Verdicts: pass / wrong / refused (a UserError: the CLI's exit 2, its first line kept) / crash
 (any other exception, the CLI's exit 70, or the worker killed by a signal) / timeout.
 Cases run in long-lived worker processes (conformance/worker.py), one per job; a worker that
@@ -47,6 +48,8 @@ class Outcome:
     f32_detail: str = ""
     f16: str = ""
     f16_detail: str = ""
+    bf16: str = ""
+    bf16_detail: str = ""
     seconds: float = 0.0
 
 
@@ -143,7 +146,7 @@ class Progress:
                       f"timeout {c['f32 timeout']}", flush=True)
 
 
-def run_case(worker: Worker, case: Case, float16: bool) -> Outcome:
+def run_case(worker: Worker, case: Case, float16: bool, bfloat16: bool = False) -> Outcome:
     start = time.monotonic()
     out = Outcome(case.name, case.op, case.float_io)
     ort = worker.request({"kind": "ort", "path": case.path})
@@ -151,15 +154,17 @@ def run_case(worker: Worker, case: Case, float16: bool) -> Outcome:
     if out.ort == "pass":
         f32 = worker.request({"kind": "amptool", "path": case.path, "dtype": "float32"})
         out.f32, out.f32_detail = f32["verdict"], f32["detail"]
-        if float16 and case.float_io and out.f32 == "pass":
-            f16 = worker.request({"kind": "amptool", "path": case.path, "dtype": "float16"})
-            out.f16, out.f16_detail = f16["verdict"], f16["detail"]
+        for wanted, dtype, field_name in ((float16, "float16", "f16"), (bfloat16, "bfloat16", "bf16")):
+            if wanted and case.float_io and out.f32 == "pass":
+                low = worker.request({"kind": "amptool", "path": case.path, "dtype": dtype})
+                setattr(out, field_name, low["verdict"])
+                setattr(out, f"{field_name}_detail", low["detail"])
     out.seconds = round(time.monotonic() - start, 2)
     return out
 
 
 def run_all(cases: list[Case], *, jobs: int, timeout: float, float16: bool, log_dir: str,
-            every: int = 50) -> list[Outcome]:
+            every: int = 50, bfloat16: bool = False) -> list[Outcome]:
     """Every case, ``jobs`` at a time, in the order given; results in that order."""
     os.makedirs(log_dir, exist_ok=True)
     progress = Progress(len(cases), every)
@@ -175,7 +180,7 @@ def run_all(cases: list[Case], *, jobs: int, timeout: float, float16: bool, log_
                     i = next(next_index, None)
                 if i is None:
                     return
-                results[i] = run_case(worker, cases[i], float16)
+                results[i] = run_case(worker, cases[i], float16, bfloat16)
                 progress.add(results[i])
         finally:
             worker.stop()
@@ -205,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--filter", help="only cases whose name matches this regex")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds per case and runtime")
     parser.add_argument("--no-float16", action="store_true", help="skip the float16 runs")
+    parser.add_argument("--no-bfloat16", action="store_true", help="skip the bfloat16 runs")
     parser.add_argument("--out", default=os.path.join(ROOT, "out", "conformance"), help="results directory")
     parser.add_argument("--docs", help="write the table here (default: docs/conformance.md on a full run)")
     parser.add_argument("--every", type=int, default=50, help="a progress line every N cases")
@@ -223,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(chosen)} of {len(cases)} cases, {args.jobs} jobs, {args.timeout:.0f} s timeout", flush=True)
     started = time.time()
     outcomes = run_all(chosen, jobs=args.jobs, timeout=args.timeout, float16=not args.no_float16,
-                       log_dir=os.path.join(args.out, "logs"), every=max(1, min(args.every, len(chosen))))
+                       bfloat16=not args.no_bfloat16, log_dir=os.path.join(args.out, "logs"),
+                       every=max(1, min(args.every, len(chosen))))
     minutes = (time.time() - started) / 60
     name = "results.json" if full else "results-subset.json"
     path = os.path.join(args.out, name)

@@ -61,18 +61,18 @@ def test_compare_checks_shapes_and_values():
 
 
 def test_run_classifies_and_renders_the_table(cases, tmp_path):
-    outcomes = run_all(cases, jobs=2, timeout=120, float16=True, log_dir=str(tmp_path / "logs"))
-    verdicts = {o.name: (o.ort, o.f32, o.f16) for o in outcomes}
-    assert verdicts["test_add"] == ("pass", "pass", "pass")
+    outcomes = run_all(cases, jobs=2, timeout=120, float16=True, bfloat16=True, log_dir=str(tmp_path / "logs"))
+    verdicts = {o.name: (o.ort, o.f32, o.f16, o.bf16) for o in outcomes}
+    assert verdicts["test_add"] == ("pass", "pass", "pass", "pass")
     assert verdicts["test_add_bad_reference"][0] == "wrong"  # onnxruntime disagrees: out of the denominator
     assert verdicts["test_add_bad_reference"][1] == ""  # and amptool is not run
     assert verdicts["test_reduce_sum_axes_input"][:2] == ("pass", "pass")
     assert verdicts["test_identity_strings"][:2] == ("pass", "refused")
     text, summary = render(outcomes, minutes=0.1, jobs=2, full=False)
     assert "onnxruntime passes 3 · amptool float32 passes 2 (66.7%)" in summary
-    assert "| Add | 2 | 1 | 1 |  |  |  |  | 1 / 1 |" in text
-    assert "| ReduceSum | 1 | 1 | 1 |  |  |  |  | 1 / 1 |" in text
-    assert "| Identity | 1 | 1 |  |  | 1 |  |  | 0 / 1 |" in text
+    assert "| Add | 2 | 1 | 1 |  |  |  |  | 1 / 1 | 1 / 1 |" in text
+    assert "| ReduceSum | 1 | 1 | 1 |  |  |  |  | 1 / 1 | 1 / 1 |" in text
+    assert "| Identity | 1 | 1 |  |  | 1 |  |  | 0 / 1 | 0 / 1 |" in text
     assert "## Refusals" in text and "STRING" in text
 
 
@@ -85,6 +85,19 @@ def test_a_hung_case_is_a_timeout_and_the_worker_is_replaced(cases, tmp_path):
         assert worker.request({"kind": "ort", "path": cases[0].path})["verdict"] == "pass"
     finally:
         worker.stop()
+
+
+def test_low_dtype_builds_that_fail_where_float32_passed_are_listed():
+    """A float16/bfloat16 build that crashes or is refused where float32 passed is a bug, not a
+    precision limit: the page lists it by first line."""
+    from conformance.run import Outcome
+
+    crash = "InternalError: Check failed: value->ty == var->ty"
+    ok = Outcome("test_argmax_x", "ArgMax", True, ort="pass", f32="pass", f16="pass", bf16="crash", bf16_detail=crash)
+    text, summary = render([ok], minutes=0.1, jobs=1, full=False)
+    assert "float16 passes 1 and bfloat16 0 of 1 float cases" in summary
+    assert "## Low-dtype builds that failed where float32 passed" in text
+    assert f"| 1 | bfloat16 crash: {crash} | argmax_x |" in text
 
 
 def test_reason_key_masks_names_and_shapes():
