@@ -92,6 +92,18 @@ def test_cumsum_run_time_axis_reverse_exclusive(tmp_path):
                opset=14)
 
 
+def test_cumsum_over_a_dim_the_data_decides(tmp_path):
+    """A scan over the values NonZero picked (a detector's running count of kept boxes): the dim is
+    symbolic, the rank known — enough for the scan, which needed a static shape."""
+    nodes = [helper.make_node("NonZero", ["x"], ["where"]),
+             helper.make_node("Cast", ["where"], ["picked"], to=F),
+             helper.make_node("CumSum", ["picked", "axis"], ["y"], exclusive=1),
+             helper.make_node("Constant", [], ["axis"], value=helper.make_tensor("a", TensorProto.INT64, [], [1]))]
+    nodes = [nodes[3], *nodes[:3]]
+    x = np.array([0, 3, 0, 1, 2, 0], dtype=np.float32)
+    _check(tmp_path, nodes, [info("x", [6])], [helper.make_tensor_value_info("y", F, None)], {"x": x}, opset=14)
+
+
 def test_reduce_with_an_empty_axes_input_reduces_everything(tmp_path):
     node = helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=1)
     x = np.arange(12, dtype=np.float32).reshape(3, 4)

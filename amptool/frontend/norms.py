@@ -16,6 +16,14 @@ def _static(x: Any, what: str) -> list[int]:
         raise UserError(f"{what} needs a static input shape", "Pin the input shapes with --input-shape.") from err
 
 
+def _rank(x: Any, what: str) -> int:
+    """``x``'s rank, its dims static or symbolic (a scan over a box count that NMS decides)."""
+    rank = int(getattr(x.ty, "ndim", -1))
+    if rank < 0:
+        raise UserError(f"{what} needs an input of known rank", "Pin the input shapes with --input-shape.")
+    return rank
+
+
 def convert_layer_norm(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     """LayerNormalization with its optional Mean / InvStdDev outputs.
 
@@ -80,7 +88,7 @@ def _cumulative(kind: str) -> Any:
 
         op = relax.op
         x, axis_value = inputs[0], inputs[1]
-        rank = len(_static(x, kind))
+        rank = _rank(x, kind)
         reverse, exclusive = bool(attrs.get("reverse", 0)), bool(attrs.get("exclusive", 0))
 
         def along(axis: int) -> Any:
