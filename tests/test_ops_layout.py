@@ -79,6 +79,15 @@ def test_resize_tf_crop_and_resize_extrapolates_outside_the_roi(tmp_path):
     assert (actual["y"] == 7.0).any()  # the case reaches past the input
 
 
+@pytest.mark.parametrize(("scales", "out"), [([1, 1, 2.0, 1.5], [1, 1, 8, 6]), ([1, 1, 0.75, 0.5], [1, 1, 3, 2])])
+def test_resize_tf_half_pixel_for_nn_of_opset_11(tmp_path, scales, out):
+    """tf2onnx's nearest resize at opsets 11-12 (TensorFlow's half-pixel centres, no -0.5 shift)."""
+    node = helper.make_node("Resize", ["x", "roi", "scales"], ["y"], mode="nearest",
+                            coordinate_transformation_mode="tf_half_pixel_for_nn")
+    _check(tmp_path, node, [info("x", [1, 1, 4, 4])], [info("y", out)], {"x": _image(1, 1, 4, 4)}, opset=11,
+           constants=[("roi", np.zeros(0, np.float32)), ("scales", np.array(scales, np.float32))])
+
+
 def test_resize_float16_build_stays_close(tmp_path):
     x = _image(1, 3, 8, 8)
     node = helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="cubic")

@@ -8,7 +8,8 @@ as separable (the reference resizes one axis at a time), and with static shapes 
 position's source taps and weights along an axis are known at import. So each resized axis is
 a sum over its taps of ``take`` (a constant index per output position) times a constant weight:
 exact for every mode, coordinate transformation, nearest rounding, ``cubic_coeff_a``,
-``exclude_outside``, antialias and ``tf_crop_and_resize`` extrapolation. Only injective ops, so
+``exclude_outside``, antialias, ``tf_crop_and_resize`` extrapolation and opset 11's
+``tf_half_pixel_for_nn`` (tf2onnx's nearest resize). Only injective ops, so
 TVM fuses an axis into one loop: 2 taps per axis for linear, 4 for cubic, a plain gather for
 nearest. Measured on a 1x3x224x224 → 448 upsample (float32, llvm, a shared 2-core VM):
 linear 2.1 ms vs TVM's ``resize2d`` 3.4 ms, cubic 5.9 vs 9.0, nearest 1.4 vs 2.7 — so nothing
@@ -136,6 +137,8 @@ def _source_coords(coord: str, out_len: int, in_len: int, scale: float, roi: tup
         return np.full(out_len, -0.5) if width == 1 else (y + 0.5) / scale - 0.5
     if coord == "half_pixel":
         return (y + 0.5) / scale - 0.5
+    if coord == "tf_half_pixel_for_nn":  # opsets 11-12 only (TF's nearest resize; tf2onnx writes it)
+        return (y + 0.5) / scale
     if coord == "half_pixel_symmetric":
         offset = in_len / 2 * (1 - out_len / width)
         return offset + (y + 0.5) / scale - 0.5
