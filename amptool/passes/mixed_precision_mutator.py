@@ -33,9 +33,10 @@ log = logging.getLogger(__name__)
 #: supported for finiteness ops") — a ReduceMax (its ∓inf repair tests isinf) over a bfloat16
 #: constant failed FoldConstant, and so the whole convert; an argmax/argmin over bfloat16 fails
 #: TVM's BF16StorageLegalize at codegen (its reducer's bfloat16 let bindings) — a TF detector's
-#: class of each box.
+#: class of each box; and TopK over bfloat16 builds and runs but returns values from the wrong
+#: positions, other rows' among them (a classifier's top-5: cosine 0.37) — its sorts with it.
 NO_LOW_KERNEL = {"bfloat16": frozenset({"relax.isinf", "relax.isnan", "relax.isfinite", "relax.argmax",
-                                        "relax.argmin"})}
+                                        "relax.argmin", "relax.topk", "relax.sort", "relax.argsort"})}
 
 #: Suffix of a cast value's name, per dtype (``conv_f16``).
 SHORT = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64"}
