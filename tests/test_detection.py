@@ -124,6 +124,37 @@ def test_nms_model_converts_to_float16(tmp_path):
     assert outputs["kept"].ndim == 2 and outputs["kept"].shape[1] == 4 and 0 < len(outputs["kept"]) <= 10
 
 
+@pytest.mark.parametrize("negative", [False, True])
+def test_scatter_nd_of_a_count_nms_decides_reached_two_ways(tmp_path, negative):
+    """tf2onnx's CombinedNonMaxSuppression: ScatterND with indices of [kept, 2] from NMS and updates of
+    Range(0, Shape(kept)[0]) — one length, two symbols at import, which TVM's type check refused.
+    ``negative``: the indices counted from the end, as ONNX allows."""
+    n = 32
+    inits = [numpy_helper.from_array(np.array(v, np.int64), name) for name, v in (
+        ("limit", [10]), ("c0", [0]), ("c1", [1]), ("c2", [2]), ("c3", [3]), ("axis1", [1]), ("zero", 0), ("one", 1),
+        ("shift", [[-1, -n]] if negative else [[0, 0]]))]
+    inits += [numpy_helper.from_array(np.array([0.5], np.float32), "iou"),
+              numpy_helper.from_array(np.array([0.0], np.float32), "thr"),
+              numpy_helper.from_array(np.zeros((1, n), np.float32), "data")]
+    nodes = [helper.make_node("NonMaxSuppression", ["boxes", "scores", "limit", "iou", "thr"], ["sel"]),
+             helper.make_node("Slice", ["sel", "c0", "c1", "axis1"], ["batch"]),
+             helper.make_node("Slice", ["sel", "c2", "c3", "axis1"], ["box"]),
+             helper.make_node("Concat", ["batch", "box"], ["at"], axis=1),
+             helper.make_node("Add", ["at", "shift"], ["idx"]),
+             helper.make_node("Shape", ["sel"], ["shape"]),
+             helper.make_node("Slice", ["shape", "c0", "c1"], ["count1"]),
+             helper.make_node("Squeeze", ["count1"], ["count"]),
+             helper.make_node("Range", ["zero", "count", "one"], ["rank"]),
+             helper.make_node("Cast", ["rank"], ["value"], to=F),
+             helper.make_node("ScatterND", ["data", "idx", "value"], ["out"])]
+    path = _save(tmp_path, nodes, [_info("boxes", F, [1, n, 4]), _info("scores", F, [1, 2, n])],
+                 [_info("out", F, [1, n])], inits)
+    rng = np.random.default_rng(3)
+    feeds = {"boxes": _boxes(rng, 1, n), "scores": rng.uniform(0, 1, (1, 2, n)).astype(np.float32)}
+    (out,) = _compare(path, feeds)
+    assert np.count_nonzero(out) >= 5  # the kept boxes' ranks landed
+
+
 @pytest.mark.parametrize("largest", [0, 1])
 def test_topk_run_time_k_feeding_gather(tmp_path, largest):
     nodes = [helper.make_node("TopK", ["x", "k"], ["values", "indices"], axis=1, largest=largest),

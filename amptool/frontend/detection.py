@@ -138,6 +138,42 @@ def convert_topk(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     return relax.Tuple([bb.emit(op.gather_elements(x, indices, axis=axis)), indices])
 
 
+def convert_scatter_nd(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
+    """ScatterND whose ``updates`` and ``indices`` have run-time lengths TVM cannot prove equal.
+
+    Why: tf2onnx's CombinedNonMaxSuppression scatters the kept boxes' values with ``indices`` of
+    ``[nms_selected, 2]`` and ``updates`` of ``[range_len]`` — one count reached through NMS, the
+    other through ``Range(0, Shape(..)[0])``: equal at run time, two symbols at import, and TVM's
+    type check refused the node. Here ``updates`` is matched to ONNX's required shape
+    (``indices.shape[:-1] + data.shape[k:]``; the VM checks it when the model runs), negative
+    indices are wrapped as ONNX says, and the scatter is ``relax.scatter_nd`` with the node's
+    reduction. Where the shapes already agree, TVM's converter takes the node.
+    """
+    import tvm_ffi  # noqa: PLC0415
+    from tvm import relax, tirx  # noqa: PLC0415
+
+    data, indices, updates = inputs[:3]
+    types: list[Any] = [getattr(x, "ty", None) for x in (data, indices, updates)]
+    if not all(isinstance(t, relax.TensorType) and t.shape is not None for t in types):
+        return None
+    data_ty, index_ty, update_ty = types
+    index_shape, data_shape = list(index_ty.shape), list(data_ty.shape)
+    if not isinstance(index_shape[-1], tirx.IntImm):
+        return None
+    depth = int(index_shape[-1])
+    wanted = [*index_shape[:-1], *data_shape[depth:]]
+    if len(wanted) != len(update_ty.shape) or tvm_ffi.structural_equal(list(update_ty.shape), wanted):
+        return None
+    op = relax.op
+    updates = bb.match_cast(updates, relax.TensorType(wanted, update_ty.dtype))
+    extents = bb.emit(op.strided_slice(op.shape_to_tensor(op.shape_of(data)), [0], [0], [depth]))
+    indices = bb.emit(op.astype(indices, "int64"))
+    wrapped = bb.emit(op.where(op.less(indices, relax.const(0, "int64")), op.add(indices, extents), indices))
+    reduction = attrs.get("reduction", "none")
+    reduction = reduction.decode() if isinstance(reduction, bytes) else str(reduction)
+    return op.scatter_nd(data, wrapped, updates, "update" if reduction == "none" else reduction)
+
+
 def _optional(inputs: list[Any], index: int) -> Any:
     return inputs[index] if len(inputs) > index else None
 
@@ -247,4 +283,6 @@ DETECTION_CONVERTERS: dict[str, Any] = {
     "NonMaxSuppression": convert_nms,
     # TopK with a run-time K: TVM's converter needs a constant.
     "TopK": convert_topk,
+    # ScatterND whose updates' run-time length TVM cannot prove to be the indices' (tf2onnx's NMS).
+    "ScatterND": convert_scatter_nd,
 }
