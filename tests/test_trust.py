@@ -249,6 +249,29 @@ def test_a_compiler_failure_is_exit_70_one_line_and_no_outdir(zoo_model, run_cli
     assert not_progress == lines  # without -q only the stage lines (CI progress) come before it
 
 
+@pytest.mark.parametrize(("dynamic", "code"), [(False, EXIT_INTERNAL_ERROR), (True, EXIT_USER_ERROR)])
+def test_a_tvm_pass_failing_is_a_user_error_only_where_shapes_are_symbolic(run_cli, tmp_path, monkeypatch,
+                                                                           dynamic, code):
+    """TVM's FoldConstant failing on a module of static shapes is amptool's bug (exit 70: a bfloat16
+    op with no TVM kernel failed it that way); with a symbolic dim (NonZero's count), a dynamic shape
+    chain the pin hint is about (2)."""
+    from amptool.passes import pipeline
+
+    def broken(_mod):
+        raise RuntimeError("injected failure in FoldConstant")
+
+    monkeypatch.setattr(pipeline, "fold_constants", broken)
+    nodes = [helper.make_node("NonZero", ["x"], ["where"]), helper.make_node("Cast", ["where"], ["y"], to=1)] \
+        if dynamic else [helper.make_node("Relu", ["x"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    output = _one_line_error(run_cli("-q", "convert", str(path), "-o", str(tmp_path / "out")), code)
+    assert "injected failure" in output
+    assert ("--input-shape" in output) == dynamic
+
+
 def test_verbose_shows_the_traceback_of_an_internal_error(zoo_model, run_cli, tmp_path, monkeypatch):
     import tvm
 

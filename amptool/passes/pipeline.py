@@ -40,9 +40,26 @@ from amptool.passes.mixed_precision import MixedPrecisionReport, to_mixed_precis
 
 #: lower_io runs only with --low-precision-io; concretize is skipped under --no-concretize.
 PASS_ORDER = ("lower_io", "concretize", "prefold", "mixed_precision", "fold")
-#: Stages that run TVM's own passes (stage → TVM pass): their failures on a model are
-#: reported as user errors; a failure of amptool's own pass is a bug.
+#: Stages that run TVM's own passes (stage → TVM pass): their failures on a module with symbolic shapes
+#: are reported as user errors (pin the shapes); elsewhere, as amptool's own passes' are, bugs.
 TVM_PASSES = {"prefold": "FoldConstant", "fold": "FoldConstant"}
+
+
+def _symbolic_shapes(mod: Any) -> bool:
+    """Whether a tensor of a Relax function of ``mod`` — an input, or a value a binding makes —
+    has a dim not known as a number: a dynamic shape chain, the case the pin hint is for."""
+    from tvm import relax  # noqa: PLC0415
+
+    def symbolic(var: Any) -> bool:
+        return _tvm.tensor_dtype(var) is not None and _tvm.static_shape(var) is None
+
+    for _gv, func in _tvm.relax_functions(mod):
+        if any(symbolic(param) for param in func.params):
+            return True
+        blocks = func.body.blocks if isinstance(func.body, relax.SeqExpr) else []
+        if any(symbolic(binding.var) for block in blocks for binding in block.bindings):
+            return True
+    return False
 
 
 @dataclass
@@ -88,8 +105,10 @@ def run_passes(
         except UserError:
             raise
         except Exception as err:
-            if name not in TVM_PASSES:
-                raise  # our own pass failing is a bug: keep the traceback
+            if name not in TVM_PASSES or not _symbolic_shapes(current):
+                # Our own pass failing is a bug; so is TVM's on a model whose inputs have static
+                # shapes (a bfloat16 op TVM had no kernel for failed FoldConstant): keep the traceback.
+                raise
             raise UserError(
                 f"TVM's {TVM_PASSES[name]} ({name}) failed on this model: {error_summary(err, last=True)}",
                 "Pin input shapes with --input-shape; dynamic shape chains are the usual cause.",
