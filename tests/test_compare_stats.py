@@ -109,6 +109,16 @@ def test_one_percent_scale_fails_on_scale_error_not_cosine_or_magnitude():
     assert "converted ≈ 1.01 × reference" in res["failure"]
 
 
+def test_a_one_value_output_is_judged_by_its_tolerance_not_its_direction():
+    """One value: its cosine is ±1 and its gain its relative error — calling 1.4% off "systematic,
+    not rounding" said more than one value can. The element-wise tolerance judges it."""
+    res = compare_output("loss", np.array([2.0], np.float32), np.array([2.0 * 0.986], np.float32), FP16)
+    assert res["unchecked"] == ["cosine", "scale_error"]
+    assert res["passed"] is False and res["failed_check"] == "tolerance"
+    assert "systematic" not in res["failure"]
+    assert compare_output("loss", np.array([2.0], np.float32), np.array([2.01], np.float32), FP16)["passed"]
+
+
 def test_rounding_noise_of_the_same_magnitude_passes():
     # What trained models show after a correct fp16 conversion (PP-OCRv4 rec: max_abs ≈ 0.8 %
     # of max|ref|): as large as the 1 % scale above, but uncorrelated with the reference.

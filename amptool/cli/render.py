@@ -99,7 +99,8 @@ def diff_table(report: DiffReport) -> Table:
             _fmt(o.get("tolerance_ratio"), 2), verdict,
         )
     if any(o.get("unchecked") for o in report.outputs):
-        table.caption = "(…) not judged: the reference or every error is within atol, where direction is noise"
+        table.caption = ("(…) not judged: the reference or every error is within atol, where direction is noise, "
+                         "or the output is one value")
         table.caption_justify = "left"
     return table
 

@@ -164,7 +164,7 @@ def pin_input_specs(
         if not candidate.is_static:
             raise UserError(
                 f"Input '{spec.name}' has unknown dims {_fmt(spec.shape)}",
-                f"Pin them with --input-shape {spec.name}:{_example(spec.shape)} "
+                f"Pin them with --input-shape {spec.name}:{_example(spec.shape)} (each N the size you run) "
                 "or pass --inputs with arrays.",
             )
         pinned.append(candidate)
@@ -234,9 +234,13 @@ def _fmt(shape: tuple[int | str, ...] | None) -> str:
 
 
 def _example(shape: tuple[int | str, ...] | None) -> str:
+    """An --input-shape value for ``shape``: its static dims, 1 for a dynamic batch (the first dim
+    of a rank ≥ 2 input), ``N`` for any other dynamic dim — a sequence length or an image side has
+    no safe default, and 1 there (a one-token sequence) was a runnable hint that misled."""
     if shape is None:
         return "1x3x224x224"
-    return "x".join(str(d) if isinstance(d, int) else "1" for d in shape) or "''"
+    dims = [str(d) if isinstance(d, int) else "1" if i == 0 and len(shape) >= 2 else "N" for i, d in enumerate(shape)]
+    return "x".join(dims) or "''"
 
 
 def _only_batch_dynamic(shape: Sequence[int | str] | None) -> bool:
