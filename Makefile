@@ -50,7 +50,7 @@ check-models-remote: $(STAMP)
 	$(PY) configs/check_models.py --rpc $(RPC) --rpc-key $(KEY) --out out/check-models-remote
 
 # Every ONNX backend node case (regenerated from the installed onnx, nothing downloaded) through
-# onnxruntime and amptool float32/float16; per-op table in docs/conformance.md. ~20 min on 2 cores.
+# onnxruntime and amptool float32/float16/bfloat16; per-op table in docs/conformance.md. ~6-15 min on 2 cores.
 # A subset: make conformance ARGS="--ops Add,Conv" (or --filter REGEX).
 conformance: $(STAMP)
 	$(PY) -m conformance.run --jobs $(JOBS) $(ARGS)
