@@ -104,6 +104,19 @@ def test_cumsum_over_a_dim_the_data_decides(tmp_path):
     _check(tmp_path, nodes, [info("x", [6])], [helper.make_tensor_value_info("y", F, None)], {"x": x}, opset=14)
 
 
+@pytest.mark.parametrize("last", [0, 1])
+def test_argmax_argmin_of_infinite_and_nan_rows(tmp_path, last):
+    """A row of only -inf (a fully masked row) gave ArgMax -1 — the last element to a Gather after
+    it — and NaNs were read otherwise than onnxruntime does (a NaN first element wins; later ones
+    are skipped)."""
+    nodes = [helper.make_node("ArgMax", ["x"], ["best"], axis=1, keepdims=0, select_last_index=last),
+             helper.make_node("ArgMin", ["x"], ["worst"], axis=-1, keepdims=1, select_last_index=last)]
+    x = np.array([[-np.inf] * 3, [np.nan, 1, 2], [1, np.nan, 2], [-np.inf, -np.inf, 5], [np.inf] * 3, [2, 7, 7]],
+                 np.float32)
+    _check(tmp_path, nodes, [info("x", [6, 3])],
+           [info("best", [6], TensorProto.INT64), info("worst", [6, 1], TensorProto.INT64)], {"x": x}, opset=13)
+
+
 def test_reduce_with_an_empty_axes_input_reduces_everything(tmp_path):
     node = helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=1)
     x = np.arange(12, dtype=np.float32).reshape(3, 4)

@@ -168,6 +168,44 @@ def _reduce_extreme(kind: str) -> Any:
     return convert
 
 
+def _arg_extreme(kind: str) -> Any:
+    """ArgMax / ArgMin over floats with onnxruntime's answers where TVM's differ: rows of ∓inf and NaNs.
+
+    Why: TVM's reducer starts from the type's lowest (highest) finite value with index -1 and keeps
+    it on a tie, so a row of only -inf (a fully masked row) gave ArgMax -1, which a Gather after it
+    reads as the last element. onnxruntime scans from the first element with a strict comparison
+    (``>=`` with ``select_last_index``): a NaN first element wins, later NaNs are skipped. Here NaNs
+    become ∓inf before TVM's reduction, an index -1 (nothing beat the start: the row is all ∓inf)
+    becomes the row's first (or, reversed, last) index, and a NaN first element gives 0. Integer
+    inputs decline to TVM's converter."""
+
+    def convert(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
+        from tvm import relax  # noqa: PLC0415
+
+        x = inputs[0]
+        dtype, rank = _tvm.tensor_dtype(x), int(getattr(x.ty, "ndim", -1))
+        if not _is_float(dtype) or rank < 1:
+            return None
+        op = relax.op
+        axis = int(attrs.get("axis", 0)) % rank
+        keepdims, last = bool(int(attrs.get("keepdims", 1))), bool(int(attrs.get("select_last_index", 0)))
+        worst = -np.inf if kind == "ArgMax" else np.inf
+        clean = bb.emit(op.where(op.isnan(x), relax.const(worst, dtype), x))
+        scan = bb.emit(op.flip(clean, axis)) if last else clean
+        reduce = op.argmax if kind == "ArgMax" else op.argmin
+        index = bb.emit(reduce(scan, axis, keepdims=True))
+        zero = relax.const(0, "int64")
+        index = bb.emit(op.where(op.less(index, zero), zero, index))
+        if last:  # back from the reversed axis: N - 1 - i
+            length = op.take(op.shape_to_tensor(op.shape_of(x)), relax.const(np.array([axis], np.int64)))
+            index = bb.emit(op.subtract(op.subtract(op.reshape(length, []), relax.const(1, "int64")), index))
+        first = op.strided_slice(x, axes=[axis], begin=[0], end=[1])
+        index = bb.emit(op.where(op.isnan(first), zero, index))
+        return index if keepdims else op.squeeze(index, [axis])
+
+    return convert
+
+
 def _with_infinite_identity(bb: Any, x: Any, axes: list[int], keepdims: bool, kind: str) -> Any:
     """max/min whose result is ∓inf when every element is ∓inf.
 
@@ -375,6 +413,8 @@ SMALL_OP_CONVERTERS: dict[str, Any] = {
     "Pow": convert_pow,
     "Mod": convert_mod,
     "ReduceMax": _reduce_extreme("ReduceMax"),
+    "ArgMax": _arg_extreme("ArgMax"),
+    "ArgMin": _arg_extreme("ArgMin"),
     "ReduceMin": _reduce_extreme("ReduceMin"),
     "Split": convert_split,
     "Trilu": convert_trilu,
