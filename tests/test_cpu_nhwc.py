@@ -120,6 +120,53 @@ def test_a_layout_conversion_tvm_refuses_keeps_nchw(tmp_path):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_convs_in_front_of_a_long_tail_take_nhwc_from_a_layout_pass_over_their_part(tmp_path, monkeypatch):
+    """TVM's ConvertLayout takes time growing with the square of a block's bindings (a speech model's
+    two convs before 9,655 bindings of unrolled LSTMs: 19.8 s). Past a long block's last conv it runs
+    on the convs' part alone: the convs still become NHWC, the rest stays, the values are
+    onnxruntime's — and the pass saw the prefix, not the thousands of bindings after it."""
+    from tvm import relax
+
+    from amptool.compiler import cpu_layout
+
+    rng = np.random.default_rng(5)
+    inits = [numpy_helper.from_array(rng.standard_normal((16, 3, 3, 3)).astype(np.float32) * 0.3, "w"),
+             numpy_helper.from_array(np.array([1, 16 * 8 * 8], np.int64), "shape"),
+             numpy_helper.from_array(np.float32(0.999), "decay")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Reshape", ["r", "shape"], ["t0"])]
+    steps = cpu_layout.LAYOUT_PREFIX_BINDINGS  # a multiply and an add a step: twice the threshold
+    for i in range(steps):
+        nodes += [helper.make_node("Mul", [f"t{i}", "decay"], [f"m{i}"]),
+                  helper.make_node("Add", [f"m{i}", "t0"], [f"t{i + 1}" if i + 1 < steps else "y"])]
+    graph = helper.make_graph(nodes, "g", [info("x", [1, 3, 8, 8])], [info("y", [1, 1024])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    path = str(tmp_path / "long.onnx")
+    onnx.save(model, path)
+
+    seen: list[int] = []
+    convert_layout = relax.transform.ConvertLayout
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        layout_pass = convert_layout(*args, **kwargs)
+
+        def run(mod: Any) -> Any:
+            seen.append(sum(len(block.bindings) for _, func in _tvm.relax_functions(mod) for block in func.body.blocks))
+            return layout_pass(mod)
+
+        return run
+
+    monkeypatch.setattr(relax.transform, "ConvertLayout", counting)
+    staged = staged_module(path, "float32", "layout").script()
+    assert 'data_layout="NHWC"' in staged
+    assert seen and max(seen) < 20, seen
+    x = rng.standard_normal((1, 3, 8, 8)).astype(np.float32)
+    want, got = onnxruntime_and_amptool(path, {"x": x})
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
 # --------------------------------------------------------------------------- widen_epilogues
 
 

@@ -104,7 +104,7 @@ def layout_passes() -> list[Any]:
             return mod
         friendly = _layout_friendly(mod)
         try:
-            converted = relax.transform.ConvertLayout({}, desired)(friendly)
+            converted = _convert_layout(friendly, desired)
         except Exception as err:  # noqa: BLE001 - TVM's layout rules raise on some ops (3-D Max: "Invalid SLayout")
             log.info("convolutions kept in NCHW: TVM's ConvertLayout failed (%s)", str(err).splitlines()[-1:])
             return mod
@@ -114,6 +114,87 @@ def layout_passes() -> list[Any]:
         return fold_constants(_fold_permutes(shared))
 
     return [to_nhwc]
+
+
+#: Bindings of a dataflow block from which ConvertLayout runs on the part that holds its convs alone
+#: (``_convert_layout``): TVM 0.27's pass takes time growing with the square of a block's bindings.
+LAYOUT_PREFIX_BINDINGS = 2000
+#: Layout-following ops (elementwise, pooling, casts) a prefix takes past its last conv, at most.
+PREFIX_FOLLOWERS = 256
+_FOLLOWERS = frozenset(f"relax.{name}" for name in (
+    "add", "subtract", "multiply", "divide", "maximum", "minimum", "nn.relu", "sigmoid", "tanh", "nn.silu",
+    "nn.gelu", "nn.gelu_tanh", "nn.leakyrelu", "astype", "nn.max_pool2d", "nn.avg_pool2d"))
+
+
+def _convert_layout(mod: Any, desired: Any) -> Any:
+    """TVM's ConvertLayout over ``mod`` — over its convs' part alone where a long block holds them in a
+    prefix (``_split_after_convs``), the rest left as it was and the part inlined back.
+
+    Why: the pass's time grows with the square of a block's bindings. A speech model's two convs in
+    front of three unrolled bidirectional LSTMs (200 steps, 9,655 bindings) spent 19.8 s of a 29 s
+    convert in it (4,840 bindings: 3.2 s); past the convs nothing has a layout to choose."""
+    import tvm  # noqa: PLC0415
+    from tvm import relax  # noqa: PLC0415
+
+    split = _split_after_convs(mod)
+    if split is None:
+        return relax.transform.ConvertLayout({}, desired)(mod)
+    whole, head_gv, head = split
+    converted = relax.transform.ConvertLayout({}, desired)(tvm.IRModule({head_gv: head}))
+    whole.update_func(head_gv, converted[head_gv])
+    return relax.transform.CanonicalizeBindings()(relax.transform.InlinePrivateFunctions()(whole))
+
+
+def _split_after_convs(mod: Any) -> tuple[Any, Any, Any] | None:
+    """(module, head's GlobalVar, head) with ``main``'s dataflow block cut after its last conv (and
+    the layout-following ops after it): the head a private function returning what the rest reads,
+    ``main`` calling it and binding those values to their own variables. None where ``main`` is not
+    one long block of which the convs take a prefix."""
+    import tvm  # noqa: PLC0415
+    import tvm_ffi  # noqa: PLC0415
+    from tvm import relax  # noqa: PLC0415
+
+    functions = _tvm.relax_functions(mod)
+    if len(functions) != 1 or functions[0][0].name_hint != "main":
+        return None
+    main_gv, func = functions[0]
+    body = func.body
+    if not isinstance(body, relax.SeqExpr) or not body.blocks or not isinstance(body.blocks[0], relax.DataflowBlock):
+        return None
+    bindings = list(body.blocks[0].bindings)
+    conv = tvm.ir.Op.get("relax.nn.conv2d")
+    convs = [i for i, b in enumerate(bindings) if isinstance(b.value, relax.Call) and _tvm.calls_op(b.value, conv)]
+    everywhere = sum(1 for call in _tvm.bound_calls(func) if _tvm.calls_op(call, conv))
+    if len(bindings) < LAYOUT_PREFIX_BINDINGS or not convs or everywhere != len(convs):
+        return None  # short, no conv, or a conv outside the block's top level (a branch, a later block)
+    cut = convs[-1] + 1
+    while (cut < len(bindings) and cut - convs[-1] <= PREFIX_FOLLOWERS
+           and _tvm.op_name(bindings[cut].value) in _FOLLOWERS):
+        cut += 1
+    if len(bindings) - cut < LAYOUT_PREFIX_BINDINGS // 2:
+        return None
+    defined = {b.var.__chandle__(): b.var for b in bindings[:cut]}
+    later: list[Any] = []
+    rest = relax.SeqExpr([relax.DataflowBlock(bindings[cut:]), *body.blocks[1:]], body.body)
+    tvm_ffi.structural_walk(rest, (relax.Var, lambda var: later.append(var) if var.__chandle__() in defined else None))
+    needed = list({v.__chandle__(): v for v in later}.values())
+    if not needed:
+        return None
+    outs = [relax.Var(f"{_tvm.var_name(v)}_out", v.ty) for v in needed]
+    head_body = relax.SeqExpr([relax.DataflowBlock([*bindings[:cut], *(relax.VarBinding(o, v) for o, v in
+                                                                      zip(outs, needed, strict=True))])],
+                              relax.Tuple(outs))
+    head = relax.Function(func.params, head_body, relax.TupleType([v.ty for v in needed]))
+    builder = relax.BlockBuilder(mod)
+    head_gv = builder.add_func(head, "amptool_conv_prefix")  # typed, private: InlinePrivateFunctions takes it
+    head_var = relax.DataflowVar("conv_prefix", head.ret_ty)
+    call = relax.VarBinding(head_var, relax.Call(head_gv, list(func.params)))
+    unpack = [relax.VarBinding(v, relax.TupleGetItem(head_var, i)) for i, v in enumerate(needed)]
+    main = relax.Function(func.params, relax.SeqExpr(
+        [relax.DataflowBlock([call, *unpack, *bindings[cut:]]), *body.blocks[1:]], body.body),
+        func.ret_ty, func.is_pure, func.attrs)
+    builder.update_func(main_gv, main)
+    return builder.get(), head_gv, head
 
 
 #: Rounds of ``_fold_permutes``: each sinks the transposes of one more residual add of a chain.
