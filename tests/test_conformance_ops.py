@@ -117,6 +117,17 @@ def test_argmax_argmin_of_infinite_and_nan_rows(tmp_path, last):
            [info("best", [6], TensorProto.INT64), info("worst", [6, 1], TensorProto.INT64)], {"x": x}, opset=13)
 
 
+def test_compress_with_a_mask_of_the_input_shape_and_no_axis(tmp_path):
+    """paddle2onnx's masked_select: Compress, no axis, a condition of the input's shape (refused as
+    not 1-D)."""
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    nodes = [helper.make_node("Greater", ["x", "limit"], ["mask"]),
+             helper.make_node("Compress", ["x", "mask"], ["y"])]
+    limit = helper.make_node("Constant", [], ["limit"], value=helper.make_tensor("l", F, [], [4.5]))
+    _check(tmp_path, [limit, *nodes], [info("x", [3, 4])], [helper.make_tensor_value_info("y", F, None)], {"x": x},
+           opset=13)
+
+
 def test_reduce_with_an_empty_axes_input_reduces_everything(tmp_path):
     node = helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=1)
     x = np.arange(12, dtype=np.float32).reshape(3, 4)

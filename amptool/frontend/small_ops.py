@@ -206,6 +206,24 @@ def _arg_extreme(kind: str) -> Any:
     return convert
 
 
+def convert_compress(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
+    """Compress without an axis whose condition has several dims: both flattened, then the selection.
+
+    Why: paddle2onnx exports ``paddle.masked_select`` so (a mask of the input's shape); onnxruntime and
+    onnx's checker take it, TVM's converter refused any condition that is not 1-D. A 1-D condition,
+    or an axis, declines to TVM's converter."""
+    from tvm import relax, tirx  # noqa: PLC0415
+
+    x, condition = inputs[0], inputs[1]
+    if attrs.get("axis") is not None or int(getattr(condition.ty, "ndim", 1)) == 1:
+        return None
+    op = relax.op
+    flat = bb.emit(op.reshape(bb.emit(op.astype(condition, "bool")), [-1]))
+    picked = tirx.Var("compress_kept", "int64")
+    indices = bb.match_cast(bb.emit(op.nonzero(flat)), relax.TensorType([1, picked], "int64"))
+    return op.take(bb.emit(op.reshape(x, [-1])), bb.emit(op.reshape(indices, [-1])), axis=0)
+
+
 def _with_infinite_identity(bb: Any, x: Any, axes: list[int], keepdims: bool, kind: str) -> Any:
     """max/min whose result is ∓inf when every element is ∓inf.
 
@@ -414,6 +432,7 @@ SMALL_OP_CONVERTERS: dict[str, Any] = {
     "Mod": convert_mod,
     "ReduceMax": _reduce_extreme("ReduceMax"),
     "ArgMax": _arg_extreme("ArgMax"),
+    "Compress": convert_compress,
     "ArgMin": _arg_extreme("ArgMin"),
     "ReduceMin": _reduce_extreme("ReduceMin"),
     "Split": convert_split,
