@@ -52,6 +52,7 @@ from amptool._tvm.ir import (  # noqa: F401
     constant_numpy,
     constant_view,
     dataflow_scoped_mutator,
+    dims,
     fold_constant,
     forget_calls,
     is_constant,

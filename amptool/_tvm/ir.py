@@ -364,6 +364,16 @@ def astype(expr: Any, dtype: str) -> Any:
     return _constructors().astype(expr, dtype)
 
 
+def dims(expr: Any, begin: int, end: int) -> Any:
+    """The dims ``begin:end`` of a Relax tensor ``expr`` as an int64 tensor of the values they take at
+    run time (symbolic ones included): a length an op needs as data (a wrap of negative indices,
+    ``min(k, length)``)."""
+    from tvm import relax  # noqa: PLC0415
+
+    op = relax.op
+    return op.strided_slice(op.shape_to_tensor(op.shape_of(expr)), [0], [begin], [end])
+
+
 def new_var(name: str, ty: Any, *, dataflow: bool) -> Any:
     """A ``relax.DataflowVar`` (or ``relax.Var``) named ``name`` of type ``ty``."""
     ctors = _constructors()

@@ -105,10 +105,12 @@ _BINARY = frozenset(f"relax.{name}" for name in ("add", "subtract", "multiply", 
 
 
 class _Step(NamedTuple):
-    """One op of a chain: the call, and which argument is the chain's value (-1: a unary op)."""
+    """One op of a chain: the call, which argument is the chain's value (-1: a unary op), and a
+    binary op's constant as the shape it broadcasts with (``_per_channel``)."""
 
     call: Any
     operand: int
+    constant: np.ndarray | None = None
 
 
 class _Chain(NamedTuple):
@@ -172,9 +174,8 @@ def _step(call: Any, value: Any, channels: int) -> _Step | None:
         return None
     operand = 0 if args[0].same_as(value) else 1
     other = args[1 - operand]
-    if other.same_as(value) or _per_channel(other, _tvm.static_shape(value), channels) is None:
-        return None
-    return _Step(call, operand)
+    constant = None if other.same_as(value) else _per_channel(other, _tvm.static_shape(value), channels)
+    return None if constant is None else _Step(call, operand, constant)
 
 
 def _per_channel(expr: Any, shape: list[int] | None, channels: int) -> np.ndarray | None:
@@ -303,13 +304,11 @@ def _apply(builder: Any, value: Any, steps: Sequence[_Step], phases: int) -> Any
         if step.operand < 0:
             args[0] = value
         else:
-            other = args[1 - step.operand]
-            shape = _tvm.static_shape(value)
-            constant = _per_channel(other, shape, shape[1] // phases)  # type: ignore[index]
-            assert constant is not None  # _step checked it
+            other, constant = args[1 - step.operand], step.constant
+            assert constant is not None  # _step keeps a binary op's constant
             if constant.shape[1] > 1:
-                other = relax.const(np.tile(_tvm.constant_numpy(other).reshape(constant.shape), (1, phases)
-                                            + (1,) * (constant.ndim - 2)), _tvm.tensor_dtype(other))
+                other = relax.const(np.tile(constant, (1, phases) + (1,) * (constant.ndim - 2)),
+                                    _tvm.tensor_dtype(other))
             args[step.operand], args[1 - step.operand] = value, other
         value = builder.emit(relax.Call(step.call.op, args, step.call.attrs))
     return value

@@ -131,7 +131,7 @@ def convert_topk(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     if not int(attrs.get("sorted", 1)):
         return None  # TVM's converter refuses unsorted TopK with one line
     k = op.reshape(op.astype(inputs[1], "int64"), [1])
-    length = op.take(op.shape_to_tensor(op.shape_of(x)), relax.const(np.array([axis], np.int64)))
+    length = _tvm.dims(x, axis, axis + 1)
     k = run_time_length(bb, bb.emit(op.minimum(k, length)), "topk_k")
     order = bb.emit(op.argsort(x, axis=axis, descending=bool(int(attrs.get("largest", 1))), dtype="int64"))
     indices = bb.emit(op.strided_slice(order, axes=[axis], begin=[0], end=[k], assume_inbound=True))
@@ -166,7 +166,7 @@ def convert_scatter_nd(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any
         return None
     op = relax.op
     updates = bb.match_cast(updates, relax.TensorType(wanted, update_ty.dtype))
-    extents = bb.emit(op.strided_slice(op.shape_to_tensor(op.shape_of(data)), [0], [0], [depth]))
+    extents = bb.emit(_tvm.dims(data, 0, depth))
     indices = bb.emit(op.astype(indices, "int64"))
     wrapped = bb.emit(op.where(op.less(indices, relax.const(0, "int64")), op.add(indices, extents), indices))
     reduction = attrs.get("reduction", "none")

@@ -197,8 +197,8 @@ def _arg_extreme(kind: str) -> Any:
         zero = relax.const(0, "int64")
         index = bb.emit(op.where(op.less(index, zero), zero, index))
         if last:  # back from the reversed axis: N - 1 - i
-            length = op.take(op.shape_to_tensor(op.shape_of(x)), relax.const(np.array([axis], np.int64)))
-            index = bb.emit(op.subtract(op.subtract(op.reshape(length, []), relax.const(1, "int64")), index))
+            length = op.reshape(_tvm.dims(x, axis, axis + 1), [])
+            index = bb.emit(op.subtract(op.subtract(length, relax.const(1, "int64")), index))
         first = op.strided_slice(x, axes=[axis], begin=[0], end=[1])
         index = bb.emit(op.where(op.isnan(first), zero, index))
         return index if keepdims else op.squeeze(index, [axis])
@@ -431,10 +431,10 @@ SMALL_OP_CONVERTERS: dict[str, Any] = {
     "Pow": convert_pow,
     "Mod": convert_mod,
     "ReduceMax": _reduce_extreme("ReduceMax"),
-    "ArgMax": _arg_extreme("ArgMax"),
-    "Compress": convert_compress,
-    "ArgMin": _arg_extreme("ArgMin"),
     "ReduceMin": _reduce_extreme("ReduceMin"),
+    "ArgMax": _arg_extreme("ArgMax"),
+    "ArgMin": _arg_extreme("ArgMin"),
+    "Compress": convert_compress,
     "Split": convert_split,
     "Trilu": convert_trilu,
     "OneHot": convert_one_hot,
