@@ -51,10 +51,13 @@ def render(outcomes: Sequence[Any], *, minutes: float, jobs: int, full: bool) ->
     f16_pass = sum(o.f16 == "pass" for o in f16_cases)
     bf16_pass = sum(getattr(o, "bf16", "") == "pass" for o in f16_cases)
     share = 100.0 * f32["pass"] / max(1, len(ort_ok))
+    no_ort = [o for o in outcomes if o.ort == "fails"]
+    beyond = Counter(o.f32 for o in no_ort)
     summary = (f"{len(outcomes)} cases · onnxruntime passes {len(ort_ok)} · amptool float32 passes {f32['pass']} "
                f"({share:.1f}%) · wrong {f32['wrong']} · refused {f32['refused']} · crash {f32['crash']} · "
                f"timeout {f32['timeout']} · float16 passes {f16_pass} and bfloat16 {bf16_pass} of "
-               f"{len(f16_cases)} float cases")
+               f"{len(f16_cases)} float cases · of {len(no_ort)} cases onnxruntime cannot run, amptool passes "
+               f"{beyond['pass']} (crash {beyond['crash'] + beyond['timeout']})")
     lines = [
         "# ONNX node conformance",
         "",
@@ -65,7 +68,8 @@ def render(outcomes: Sequence[Any], *, minutes: float, jobs: int, full: bool) ->
         "of them float32, and float32 passed) and compared with the stored outputs: float32",
         "`isclose(rtol=1e-3, atol=1e-4)` and exact shapes (onnx's backend runner), float16 `rtol=1e-2,",
         "atol=1e-3`, bfloat16 `rtol=5e-2, atol=1e-2` (amptool's defaults).",
-        "Cases onnxruntime fails are left out of the denominator. *refused*: amptool's one-line user error",
+        "Cases onnxruntime fails are left out of the denominator (amptool float32 still runs them against",
+        "the stored outputs: the last column and the last section). *refused*: amptool's one-line user error",
         "(exit 2); *crash*: any other exception (exit 70) or a worker killed by a signal. Inputs that decide",
         "output shapes (Reduce* axes, Resize sizes, Pad pads, Reshape shapes, …) are pinned to the case's own",
         "values, as `amptool diff --inputs` pins them (amptool.frontend.shape_inputs).",
@@ -77,8 +81,8 @@ def render(outcomes: Sequence[Any], *, minutes: float, jobs: int, full: bool) ->
         "",
         *_history(),
         "| op | cases | ort pass | f32 pass | wrong | refused | crash | timeout | f16 pass / float "
-        "| bf16 pass / float |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| bf16 pass / float | f32 pass where ort fails |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     by_op: dict[str, list[Any]] = defaultdict(list)
     for o in outcomes:
@@ -90,7 +94,10 @@ def render(outcomes: Sequence[Any], *, minutes: float, jobs: int, full: bool) ->
         floats = [o for o in ok if o.float_io]
         low = [f"{sum(getattr(o, name, '') == 'pass' for o in floats)} / {len(floats)}" if floats else "–"
                for name in ("f16", "bf16")]
-        cells = [op, str(len(group)), str(len(ok))] + [str(c[v]) if c[v] else "" for v in VERDICTS] + low
+        failed = [o for o in group if o.ort == "fails"]
+        beyond_cell = f"{sum(o.f32 == 'pass' for o in failed)} / {len(failed)}" if failed else ""
+        counts = [str(c[v]) if c[v] else "" for v in VERDICTS]
+        cells = [op, str(len(group)), str(len(ok)), *counts, *low, beyond_cell]
         lines.append("| " + " | ".join(cells) + " |")
     for title, verdicts in (("Refusals", ("refused",)), ("Wrong results", ("wrong",)),
                             ("Crashes and timeouts", ("crash", "timeout"))):
@@ -108,6 +115,7 @@ def render(outcomes: Sequence[Any], *, minutes: float, jobs: int, full: bool) ->
             example = key if verdicts != ("wrong",) else f"{key}: {group[0].f32_detail}"
             lines.append(f"| {len(group)} | {example.replace('|', '/')} | {names} |")
     lines += _low_failures(ort_ok)
+    lines += _beyond_onnxruntime(no_ort)
     return "\n".join(lines) + "\n", summary
 
 
@@ -127,4 +135,22 @@ def _low_failures(ort_ok: Sequence[Any]) -> list[str]:
     for key, group in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         names = ", ".join(o.name.removeprefix("test_") for _, o in group[:3])
         lines.append(f"| {len(group)} | {key.replace('|', '/')} | {names} |")
+    return lines
+
+
+def _beyond_onnxruntime(no_ort: Sequence[Any]) -> list[str]:
+    """amptool float32 on the cases onnxruntime cannot run, judged by the stored outputs, grouped by
+    verdict and first line: a crash here is a bug like any other."""
+    groups: dict[str, list[Any]] = defaultdict(list)
+    for o in no_ort:
+        if o.f32 and o.f32 != "pass":
+            groups[f"{o.f32}: {reason_key(o.f32_detail) if o.f32 != 'wrong' else o.op}"].append(o)
+    passed = sum(o.f32 == "pass" for o in no_ort)
+    lines = ["", "## Cases onnxruntime cannot run (amptool float32 against the stored outputs)", "",
+             f"{passed} of {len(no_ort)} pass (Cast/CastLike to and from float8 and bfloat16, among others)."]
+    if groups:
+        lines += ["", "| count | verdict: reason | cases (first 3) |", "|---:|---|---|"]
+        for key, group in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+            names = ", ".join(o.name.removeprefix("test_") for o in group[:3])
+            lines.append(f"| {len(group)} | {key.replace('|', '/')} | {names} |")
     return lines

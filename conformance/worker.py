@@ -29,6 +29,20 @@ def _first_line(text: str) -> str:
     return lines[0][:300] if lines else ""
 
 
+def _arrays(value: Any) -> Any:
+    """A case's stored value as arrays: Cast's cases keep float8/int4/bfloat16 data as TensorProtos,
+    which onnxruntime cannot take (and which the wheel's ``.pb`` files hold as the same protos)."""
+    import onnx  # noqa: PLC0415 - workers only
+
+    if isinstance(value, onnx.TensorProto):
+        return onnx.numpy_helper.to_array(value)
+    if isinstance(value, np.generic):  # a 0-d input stored as a numpy scalar: onnxruntime takes arrays only
+        return np.asarray(value)
+    if isinstance(value, list):
+        return [_arrays(v) for v in value]
+    return value
+
+
 def _load(path: str) -> tuple[Any, dict[str, Any], list[Any], list[str]]:
     import onnx  # noqa: PLC0415 - workers only
 
@@ -37,9 +51,8 @@ def _load(path: str) -> tuple[Any, dict[str, Any], list[Any], list[str]]:
         data = pickle.load(f)
     initializers = {t.name for t in model.graph.initializer}
     names = [i.name for i in model.graph.input if i.name not in initializers]
-    # A 0-d input stored as a numpy scalar (np.int32(1)): onnxruntime takes arrays only
-    feeds = {n: np.asarray(v) if isinstance(v, np.generic) else v for n, v in zip(names, data["inputs"], strict=False)}
-    return model, feeds, data["outputs"], [o.name for o in model.graph.output]
+    feeds = {n: _arrays(v) for n, v in zip(names, data["inputs"], strict=False)}
+    return model, feeds, _arrays(data["outputs"]), [o.name for o in model.graph.output]
 
 
 def compare(expected: Any, actual: Any, rtol: float = RTOL, atol: float = ATOL) -> str | None:

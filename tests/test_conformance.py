@@ -48,7 +48,16 @@ def cases(tmp_path):
     strings = _case(tmp_path, "test_identity_strings", "Identity", helper.make_node("Identity", ["x"], ["y"]),
                     [helper.make_tensor_value_info("x", TensorProto.STRING, [2])],
                     [helper.make_tensor_value_info("y", TensorProto.STRING, [2])], [words], [words])
-    return [add, bad, reduce, strings]
+    # Stored as a TensorProto (as the generator keeps Cast's float8 data); onnxruntime cannot take the
+    # float8 array, so amptool is judged against the stored outputs alone.
+    eights = np.array([0.5, -2.0, 448.0, 3.0], np.float32)
+    float8 = _case(tmp_path, "test_cast_float8_to_float", "Cast",
+                   helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT),
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT8E4M3FN, [4])],
+                   [helper.make_tensor_value_info("y", f, [4])],
+                   [helper.make_tensor("x", TensorProto.FLOAT8E4M3FN, [4], eights)],
+                   [helper.make_tensor("y", f, [4], eights)], opset=21)
+    return [add, bad, reduce, strings, float8]
 
 
 def test_compare_checks_shapes_and_values():
@@ -68,11 +77,14 @@ def test_run_classifies_and_renders_the_table(cases, tmp_path):
     assert verdicts["test_add_bad_reference"][1] == ""  # and amptool is not run
     assert verdicts["test_reduce_sum_axes_input"][:2] == ("pass", "pass")
     assert verdicts["test_identity_strings"][:2] == ("pass", "refused")
+    assert verdicts["test_cast_float8_to_float"][:3] == ("fails", "pass", "")  # judged apart, no low-dtype runs
     text, summary = render(outcomes, minutes=0.1, jobs=2, full=False)
     assert "onnxruntime passes 3 · amptool float32 passes 2 (66.7%)" in summary
-    assert "| Add | 2 | 1 | 1 |  |  |  |  | 1 / 1 | 1 / 1 |" in text
-    assert "| ReduceSum | 1 | 1 | 1 |  |  |  |  | 1 / 1 | 1 / 1 |" in text
-    assert "| Identity | 1 | 1 |  |  | 1 |  |  | 0 / 1 | 0 / 1 |" in text
+    assert "of 1 cases onnxruntime cannot run, amptool passes 1 (crash 0)" in summary
+    assert "| Add | 2 | 1 | 1 |  |  |  |  | 1 / 1 | 1 / 1 |  |" in text
+    assert "| ReduceSum | 1 | 1 | 1 |  |  |  |  | 1 / 1 | 1 / 1 |  |" in text
+    assert "| Identity | 1 | 1 |  |  | 1 |  |  | 0 / 1 | 0 / 1 |  |" in text
+    assert "| Cast | 1 | 0 |  |  |  |  |  | – | – | 1 / 1 |" in text
     assert "## Refusals" in text and "STRING" in text
 
 
