@@ -10,7 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from amptool.compare.labels import CLASSES, PIXELS, Agreement, DecisionTracker, decision_kind
+from amptool.compare.labels import CLASSES, LABELS, PIXELS, Agreement, DecisionTracker, decision_kind
 from tests.conftest import read_json, single_error
 
 
@@ -133,6 +133,10 @@ def test_decision_kinds():
     assert decision_kind(np.zeros((1, 21, 64, 64), np.float32)) == PIXELS
     assert decision_kind(np.zeros((1, 1), np.float32)) is None
     assert decision_kind(np.zeros((1, 10), np.int64)) is None
+    assert decision_kind(np.zeros((1, 64, 64), np.int64)) == LABELS
+    assert decision_kind(np.zeros((1, 1, 64, 64), np.int32)) == LABELS
+    assert decision_kind(np.zeros((1, 2, 64, 64), np.int64)) is None  # two maps: not one label per pixel
+    assert decision_kind(np.zeros((1, 64, 64), bool)) is None  # a mask: must match exactly
 
 
 def test_top5_and_pixel_agreement_counts():
@@ -152,3 +156,47 @@ def test_top5_and_pixel_agreement_counts():
     tracker = DecisionTracker()
     tracker.add({"seg": ref_map}, {"seg": out_map}, ["seg"])
     assert tracker.summary()["pixel_agreement"] == pytest.approx(0.75)
+
+
+def _near_tie_segmenter(path: Path) -> str:
+    """A 1×1 conv to two class maps whose weights differ by at most 2e-2, then the model's own ArgMax:
+    an int64 [1, 32, 32] label map where the pixels whose two scores nearly tie flip in float16."""
+    rng = np.random.default_rng(3)
+    base = rng.standard_normal(4).astype(np.float32)
+    weight = np.stack([base, base + rng.uniform(-2e-2, 2e-2, 4).astype(np.float32)])[:, :, None, None]
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["scores"], name="head"),
+         helper.make_node("ArgMax", ["scores"], ["labels"], axis=1, keepdims=0, name="labels")], "segmenter",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 32, 32])],
+        [helper.make_tensor_value_info("labels", TensorProto.INT64, [1, 32, 32])],
+        [helper.make_tensor("w", TensorProto.FLOAT, [2, 4, 1, 1], weight.ravel())])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return str(path)
+
+
+def test_integer_label_maps_are_judged_by_pixel_agreement(run_cli, tmp_path):
+    """A segmenter ending in ArgMax: near-tie pixels flip in float16, so exact equality fails it;
+    --min-pixel-agreement judges the label map by the fraction of equal labels instead."""
+    model = _near_tie_segmenter(tmp_path / "seg.onnx")
+    exact = run_cli("diff", model, "--dtype", "float16", "--json", str(tmp_path / "exact.json"))
+    assert exact.exit_code == 1, exact.output
+    failure = read_json(tmp_path / "exact.json")["outputs"][0]
+    assert failure["failed_check"] == "exact"
+    agreement = read_json(tmp_path / "exact.json")["dataset"]["pixel_agreement"]
+    assert 0.9 < agreement < 1.0  # a few near-tie pixels flipped
+    assert read_json(tmp_path / "exact.json")["dataset"]["per_output"]["labels"]["kind"] == LABELS
+
+    loose = run_cli("diff", model, "--dtype", "float16", "--min-pixel-agreement", "0.9",
+                    "--json", str(tmp_path / "loose.json"))
+    assert loose.exit_code == 0, loose.output
+    assert "pixel agreement" in loose.output.strip().splitlines()[-1]
+    passed = read_json(tmp_path / "loose.json")["outputs"][0]
+    assert passed["passed"] and 0 < passed["tolerance_ratio"] < 1  # share differing / share allowed
+
+    strict = run_cli("diff", model, "--dtype", "float16", "--min-pixel-agreement", "0.99999",
+                     "--json", str(tmp_path / "strict.json"))
+    assert strict.exit_code == 1, strict.output
+    output = read_json(tmp_path / "strict.json")["outputs"][0]
+    assert output["failed_check"] == "pixel_agreement" and "labels differ" in output["failure"]

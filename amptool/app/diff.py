@@ -303,7 +303,7 @@ def _diff_model(config: DiffConfig, on_stage: Callable[[str], None] | None,
 
     count = len(samples) if samples is not None else 1 if arrays is not None else config.iterations
     seeds: list[int | None] = [None] * count if arrays is not None else [config.seed + i for i in range(count)]
-    loop = _Iterations(compiled, runner, stored, policy, dtype, notify, timings)
+    loop = _Iterations(compiled, runner, stored, policy, dtype, notify, timings, config.min_pixel_agreement)
     for index, seed in enumerate(seeds):
         if samples is not None:
             feeds = samples.load(index)
@@ -401,7 +401,8 @@ def _dataset_section(config: DiffConfig, samples: Samples | None, seeds: list[in
         if value is None:
             raise UserError(f"{flag}: no output of this model is shaped like "
                             f"{'a segmentation map' if key == 'pixel_agreement' else 'class scores'}",
-                            "Class scores are [C], [N, C] or [N, T, C] floats; segmentation maps [N, C, H, W].")
+                            "Class scores are [C], [N, C] or [N, T, C] floats; segmentation maps [N, C, H, W] "
+                            "floats or [N, H, W] / [N, 1, H, W] integer labels.")
         if worse(float(value), float(limit)):
             failures.append(f"{key.replace('_', ' ')} {value:.2%} {'>' if worse is float.__gt__ else '<'} "
                             f"{flag} {limit:.2%}")
@@ -441,9 +442,11 @@ class _Iterations:
 
     def __init__(self, compiled: CompiledModel, runner: _Reference | None,
                  stored: Mapping[str, np.ndarray] | None, policy: TolerancePolicy, dtype: str,
-                 notify: Callable[[str], None], timings: dict[str, float]) -> None:
+                 notify: Callable[[str], None], timings: dict[str, float],
+                 min_label_agreement: float | None = None) -> None:
         self.compiled, self.runner, self.stored = compiled, runner, stored
         self.policy, self.dtype, self.notify, self.timings = policy, dtype, notify, timings
+        self.min_label_agreement = min_label_agreement  # --min-pixel-agreement: integer label maps by agreement
         self.runs: list[list[dict[str, Any]]] = []
         self.samples: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self.last: tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]] = ({}, {}, {})
@@ -465,7 +468,8 @@ class _Iterations:
         # A --low-precision-io module returns fp16/bf16: compare as the floats they are.
         converted = {k: _as_float32(v) for k, v in converted.items()}
         results = [
-            compare_output(name, reference[name], converted[name], self.policy.resolve(self.dtype, name))
+            compare_output(name, reference[name], converted[name], self.policy.resolve(self.dtype, name),
+                           self.min_label_agreement)
             for name in self.compiled.output_names
         ]
         for result in results:
@@ -509,13 +513,16 @@ def verdict_line(report: DiffReport) -> str:
         check = worst["tolerance"]["check_error_stat"] if worst.get("tolerance") else "max"
         ratio = worst.get("tolerance_ratio")
         of_tol = f"{ratio:.2f}× tolerance" if ratio is not None else ""
+        labels = "tolerance" in worst.get("unchecked", ())  # an integer label map judged by its agreement
         if ratio is None:
             detail = "compared exactly (no finite numeric elements)"
+        elif labels:
+            detail = f"label map with {ratio:.2f}× the differing labels --min-pixel-agreement allows"
         elif check == "elemwise":
             detail = f"elemwise error up to {of_tol} (max_abs {fmt_number(worst.get('max_abs'))})"
         else:
             detail = f"{check}_abs {fmt_number(worst.get(f'{check}_abs'))} = {of_tol}"
-        if worst.get("cosine") is not None:
+        if worst.get("cosine") is not None and not labels:
             detail += f", cosine {worst['cosine']:.7f}"
         if worst.get("scale_error") is not None:
             detail += f", scale_error {worst['scale_error']:.2g}"

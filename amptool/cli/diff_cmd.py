@@ -33,7 +33,8 @@ _FILE = click.Path(dir_okay=False)
 @click.option("--max-top5-flip", type=float, default=None, metavar="FRACTION",
               help="Fail when more than FRACTION of the class-score rows change their top-5 set.")
 @click.option("--min-pixel-agreement", type=float, default=None, metavar="FRACTION",
-              help="Fail when a segmentation map's per-pixel argmax agrees on less than FRACTION of pixels.")
+              help="Fail when a segmentation map's per-pixel argmax (or an integer label map) agrees on less "
+                   "than FRACTION of pixels; label maps are then judged by it, not by exact equality.")
 @click.option("--save-inputs", type=_FILE, default=None, metavar="PATH.npz", help="Write the inputs used to this .npz.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for generated inputs.")
 @click.option("--iterations", type=click.IntRange(min=1), default=1, show_default=True,

@@ -21,8 +21,8 @@ HIGHER_IS_WORSE = (
 )
 LOWER_IS_WORSE = ("cosine", "snr_db", "psnr_db")
 MEAN_KEYS = HIGHER_IS_WORSE + LOWER_IS_WORSE
-_CHECK_SEVERITY = {"shape": 7, "values": 6, "nonfinite": 5, "exact": 4, "cosine": 3, "scale_error": 2, "tolerance": 1,
-                   None: 0}
+_CHECK_SEVERITY = {"shape": 7, "values": 6, "nonfinite": 5, "exact": 4, "pixel_agreement": 4, "cosine": 3,
+                   "scale_error": 2, "tolerance": 1, None: 0}
 
 
 def severity(output: dict[str, Any]) -> tuple[bool, int, float, float]:

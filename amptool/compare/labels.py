@@ -8,7 +8,11 @@ Per output, by shape:
   argmax differs from the reference's, and the **top-5 flip rate**, the fraction whose set of
   five highest classes differs (``C > 5`` only);
 - segmentation maps — ``[N, C, H, W]`` floats with ``2 ≤ C ≤ 1024`` and ``H, W > 1``: the
-  **pixel agreement**, the fraction of pixels whose argmax over ``C`` matches.
+  **pixel agreement**, the fraction of pixels whose argmax over ``C`` matches;
+- label maps — ``[N, H, W]`` or ``[N, 1, H, W]`` integers with ``H, W > 1`` (a segmenter that
+  ends in its own ArgMax): the same pixel agreement, the fraction of equal labels. Integer
+  outputs must otherwise match exactly; with ``--min-pixel-agreement`` a label map is judged by
+  its agreement instead, since a near-tie pixel flips in any low dtype.
 
 Rows holding NaN or Inf on either side count as flipped: a decision read from them is no
 decision. Counts accumulate over samples, so rates weigh every row alike.
@@ -22,15 +26,29 @@ from typing import Any
 
 import numpy as np
 
+from amptool.dtypes import numeric_kind
+
 CLASSES = "classes"
 PIXELS = "pixels"
+LABELS = "labels"
 MAX_SEGMENTATION_CLASSES = 1024
 
 
+def is_label_map(array: np.ndarray) -> bool:
+    """Integer ``[N, H, W]`` or ``[N, 1, H, W]`` with ``H, W > 1``: one label per pixel."""
+    shape = np.shape(array)
+    spatial = (len(shape) == 3) or (len(shape) == 4 and shape[1] == 1)
+    return spatial and numeric_kind(np.asarray(array).dtype) in "iu" and min(shape[-2:]) > 1
+
+
 def decision_kind(reference: np.ndarray) -> str | None:
-    """``classes``, ``pixels`` or None: which decision an output's shape carries."""
+    """``classes``, ``pixels``, ``labels`` or None: which decision an output's shape carries."""
     array = np.asarray(reference)
-    if array.dtype.kind != "f" or array.size == 0:
+    if array.size == 0:
+        return None
+    if is_label_map(array):
+        return LABELS
+    if array.dtype.kind != "f":
         return None
     if 1 <= array.ndim <= 3 and array.shape[-1] >= 2:
         return CLASSES
@@ -54,6 +72,10 @@ class Agreement:
         o = np.asarray(converted, dtype=np.float64)
         if r.shape != o.shape:
             return  # the shape check fails the output; no decision to compare
+        if self.kind == LABELS:
+            self.rows += r.size
+            self.top1_flips += int(np.count_nonzero(r != o))
+            return
         if self.kind == PIXELS:
             r, o = np.moveaxis(r, 1, -1), np.moveaxis(o, 1, -1)
         classes = r.shape[-1]
@@ -69,8 +91,8 @@ class Agreement:
             self.top5_flips += int(((top_r != top_o).any(axis=1) | ~finite).sum())
 
     def as_json(self) -> dict[str, Any]:
-        if self.kind == PIXELS:
-            return {"kind": PIXELS, "pixels": self.rows,
+        if self.kind in (PIXELS, LABELS):
+            return {"kind": self.kind, "pixels": self.rows,
                     "pixel_agreement": 1.0 - self.top1_flips / self.rows if self.rows else None}
         return {
             "kind": CLASSES,
@@ -112,3 +134,9 @@ class DecisionTracker:
 def _worst(per_output: Mapping[str, Mapping[str, Any]], key: str, pick: Any) -> float | None:
     values = [v[key] for v in per_output.values() if v.get(key) is not None]
     return pick(values) if values else None
+
+
+def label_agreement(reference: np.ndarray, converted: np.ndarray) -> float:
+    """The fraction of equal labels of two same-shaped label maps (1.0 for empty ones)."""
+    r, o = np.asarray(reference), np.asarray(converted)
+    return 1.0 - np.count_nonzero(r.astype(np.int64) != o.astype(np.int64)) / r.size if r.size else 1.0

@@ -51,6 +51,7 @@ from typing import Any
 
 import numpy as np
 
+from amptool.compare.labels import is_label_map, label_agreement
 from amptool.compare.tolerance import CHECK_STATS, DEFAULT_TOLERANCES, Tolerance, default_tolerance
 from amptool.dtypes import is_ml_dtype, numeric_kind
 
@@ -66,8 +67,11 @@ COUNT_KEYS = ("nan", "inf", "nan_reference", "inf_reference")
 _TINY = np.finfo(np.float64).tiny
 
 
-def compare_output(name: str, reference: np.ndarray, converted: np.ndarray, tol: Tolerance) -> dict[str, Any]:
-    """All statistics for one output plus ``passed``, ``failure`` (why) and ``failed_check``."""
+def compare_output(name: str, reference: np.ndarray, converted: np.ndarray, tol: Tolerance,
+                   min_label_agreement: float | None = None) -> dict[str, Any]:
+    """All statistics for one output plus ``passed``, ``failure`` (why) and ``failed_check``.
+    ``min_label_agreement`` (``--min-pixel-agreement``) judges an integer label map by the fraction
+    of equal labels instead of exact equality (labels.is_label_map)."""
     ref = np.asarray(reference)
     out = np.asarray(converted)
     result: dict[str, Any] = {
@@ -123,6 +127,18 @@ def compare_output(name: str, reference: np.ndarray, converted: np.ndarray, tol:
     nonfinite = _nonfinite_mismatch(r, o)
     if nonfinite:
         return _verdict(result, "nonfinite", nonfinite)
+    if exact and min_label_agreement is not None and is_label_map(ref):
+        agreement = label_agreement(ref, out)
+        result["unchecked"] = ["cosine", "scale_error", "tolerance"]  # labels: equal or not, no distance
+        # "of tolerance" becomes the share of labels that differ over the share allowed (≤ 1 passes)
+        allowed = 1.0 - min_label_agreement
+        differ = 1.0 - agreement
+        result["tolerance_ratio"] = differ / allowed if allowed > 0 else (0.0 if differ == 0 else math.inf)
+        if agreement < min_label_agreement:
+            return _verdict(result, "pixel_agreement", f"label agreement {agreement:.2%} < --min-pixel-agreement "
+                            f"{min_label_agreement:.2%} ({int(np.sum(_integers(ref) != _integers(out)))} of "
+                            f"{ref.size} labels differ)")
+        return _verdict(result, None, None)
     if exact:
         ref_int, out_int = _integers(ref), _integers(out)
         if not np.array_equal(ref_int, out_int):
