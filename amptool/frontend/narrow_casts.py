@@ -1,5 +1,5 @@
-"""Casts to and from the narrow types TVM cannot compute with: float8, int4/uint4, and the
-rounding of a cast to bfloat16.
+"""Casts to and from the narrow types TVM cannot compute with: float8, int4/uint4, int2/uint2,
+and the rounding of a cast to bfloat16.
 
 Why: on LLVM, TVM 0.27 gets every one of them wrong, measured against onnxruntime:
 
@@ -8,7 +8,8 @@ Why: on LLVM, TVM 0.27 gets every one of them wrong, measured against onnxruntim
   into finite numbers, reads the FNUZ formats with the wrong bias, and fails to compile once
   vectorized (``if_then_else can only take scalar condition``);
 * int4/uint4: the packed storage is garbage, and the conversion truncates where onnxruntime
-  rounds half away from zero and wraps modulo 16;
+  rounds half away from zero and wraps modulo 16 (int2/uint2 alike, modulo 4: the onnx
+  reference's rule, onnxruntime has no such cast);
 * bfloat16: a cast to bfloat16 and back inside one kernel is dropped, like float8; a cast
   from bfloat16 to an integer does not compile ("not supported for finiteness").
 
@@ -18,20 +19,20 @@ the format's largest finite value (``saturate=1``, the default) or overflows to 
 for E5M2 from 65536 on, NaN just below; E4M3FN's [480, 496) gives 448: onnxruntime's
 behaviour, quirks included, since it is the reference); the result is encoded into
 the float8 bits, which TVM only moves and reinterprets, never converts. A cast *from* float8
-reads a 256-entry float32 table indexed by the bits. int4/uint4 are carried in
-int8/uint8 tensors that hold exactly the int4/uint4 values (TVM cannot hold 4-bit tensors);
+reads a 256-entry float32 table indexed by the bits. int4/uint4 and int2/uint2 are carried in
+int8/uint8 tensors that hold exactly their values (TVM cannot hold 4-bit or 2-bit tensors);
 bfloat16 is rounded to nearest even on the bits, so the ``astype`` to bfloat16 that follows is
 exact whatever TVM does with it.
 Every source goes through float32 first, as onnxruntime's casts do (a float64 1.0625 + 1e-12
 becomes 1.0 in E4M3, not 1.125).
 
 When not: casts between the ordinary types stay TVM's. Types TVM can neither compute nor
-store (float4, float6, float8 E8M0, int2/uint2) are refused at import, naming the node:
+store (float4, float6, float8 E8M0) are refused at import, naming the node:
 :func:`check_narrow_types` (initializers and Constant nodes too). The CUDA code generator has
 no FNUZ float8 types: a model with one builds for LLVM only.
 
-Preserves: the graph's types, except that int4/uint4 tensors (a graph output included) come
-back as int8/uint8 holding the same values.
+Preserves: the graph's types, except that int4/uint4/int2/uint2 tensors (a graph output included)
+come back as int8/uint8 holding the same values.
 """
 
 from __future__ import annotations
@@ -76,15 +77,27 @@ FLOAT8: dict[int, Float8] = {
 }
 _FLOAT8_BY_NAME = {f.dtype: f for f in FLOAT8.values()}
 
-#: ONNX 4-bit integers → the 8-bit container that carries their values.
-INT4: dict[int, str] = {onnx.TensorProto.INT4: "int8", onnx.TensorProto.UINT4: "uint8"}
+@dataclass(frozen=True)
+class SmallInt:
+    """An ONNX integer narrower than a byte, carried in an 8-bit ``container`` holding its values."""
+
+    container: str
+    bits: int
+    signed: bool
+
+
+#: ONNX 4-bit and 2-bit integers: casts to them round half away from zero and wrap modulo 2**bits.
+SMALL_INTS: dict[int, SmallInt] = {
+    onnx.TensorProto.INT4: SmallInt("int8", 4, signed=True),
+    onnx.TensorProto.UINT4: SmallInt("uint8", 4, signed=False),
+    onnx.TensorProto.INT2: SmallInt("int8", 2, signed=True),
+    onnx.TensorProto.UINT2: SmallInt("uint8", 2, signed=False),
+}
 
 #: Types refused outright, with what to do instead.
 UNSUPPORTED: dict[int, str] = {
     onnx.TensorProto.FLOAT4E2M1: "float4_e2m1fn",
     onnx.TensorProto.FLOAT8E8M0: "float8_e8m0fnu",
-    onnx.TensorProto.INT2: "int2",
-    onnx.TensorProto.UINT2: "uint2",
     **({onnx.TensorProto.FLOAT6E2M3: "float6_e2m3fn", onnx.TensorProto.FLOAT6E3M2: "float6_e3m2fn"}
        if hasattr(onnx.TensorProto, "FLOAT6E2M3") else {}),
 }
@@ -93,11 +106,11 @@ _UNSUPPORTED_HINT = ("TVM can neither compute nor store this type; cast to float
 
 _T = onnx.TensorProto
 _INTEGERS = frozenset({_T.BOOL, _T.INT8, _T.UINT8, _T.INT16, _T.UINT16, _T.INT32, _T.UINT32, _T.INT64, _T.UINT64})
-_WRAP_LIMIT = 2.0**27  # float32 values at or above this are multiples of 16: 0 modulo 16
+_WRAP_LIMIT = 2.0**27  # float32 values at or above this are multiples of 16: 0 modulo 16 (and 4)
 
 
 def convert_cast(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
-    """Cast to or from float8 / int4 / uint4, or to bfloat16; None (TVM's Cast) otherwise."""
+    """Cast to or from float8, to int4/uint4/int2/uint2, or to bfloat16; None (TVM's Cast) otherwise."""
     return _cast(bb, inputs[0], int(attrs.get("to", 0)), attrs)
 
 
@@ -118,7 +131,7 @@ def _cast(bb: Any, x: Any, to: int, attrs: dict[str, Any]) -> Any:
     if source is None or not _is_tensor(x):
         return None
     bfloat16_to_int = source == "bfloat16" and to in _INTEGERS  # TVM's cast does not compile
-    if (to not in FLOAT8 and to not in INT4 and to != onnx.TensorProto.BFLOAT16 and source not in _FLOAT8_BY_NAME
+    if (to not in FLOAT8 and to not in SMALL_INTS and to != onnx.TensorProto.BFLOAT16 and source not in _FLOAT8_BY_NAME
             and not bfloat16_to_int):
         return None  # ordinary types: TVM's Cast
     if to == onnx.TensorProto.BFLOAT16 and source == "bfloat16":
@@ -149,8 +162,8 @@ def _is_tensor(x: Any) -> bool:
 def _target_dtype(to: int) -> str:
     if to in FLOAT8:
         return FLOAT8[to].dtype
-    if to in INT4:
-        return INT4[to]
+    if to in SMALL_INTS:
+        return SMALL_INTS[to].container
     return str(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(to)))
 
 
@@ -169,12 +182,12 @@ def _constant_cast(x: Any, to: int, attrs: dict[str, Any]) -> Any:
 
 
 def cast_numpy(value: np.ndarray, to: int, *, saturate: bool = True) -> np.ndarray:
-    """onnxruntime's cast of ``value`` (decoded float8 given as float32) to ``to``; int4/uint4
+    """onnxruntime's cast of ``value`` (decoded float8 given as float32) to ``to``; int4/uint4/int2/uint2
     come back in their int8/uint8 container, bfloat16/float8 as ml_dtypes arrays."""
     import ml_dtypes  # noqa: PLC0415
 
-    if to in INT4:
-        return _int4_numpy(value, signed=to == onnx.TensorProto.INT4)
+    if to in SMALL_INTS:
+        return _small_int_numpy(value, SMALL_INTS[to])
     with np.errstate(over="ignore", invalid="ignore"):
         x = value.astype(np.float32)
         if to == onnx.TensorProto.BFLOAT16:
@@ -198,18 +211,19 @@ def cast_numpy(value: np.ndarray, to: int, *, saturate: bool = True) -> np.ndarr
     return rounded.astype(getattr(ml_dtypes, fmt.dtype))
 
 
-def _int4_numpy(value: np.ndarray, *, signed: bool) -> np.ndarray:
+def _small_int_numpy(value: np.ndarray, kind: SmallInt) -> np.ndarray:
+    mask, span = (1 << kind.bits) - 1, 1 << kind.bits
     if value.dtype.kind in "iub":
-        wrapped = value.astype(np.int64) & 15
+        wrapped = value.astype(np.int64) & mask
     else:
         x = value.astype(np.float32)
         with np.errstate(invalid="ignore"):
             rounded = np.where(np.abs(x - np.trunc(x)) >= 0.5, np.trunc(x) + np.sign(x), np.trunc(x))
             inside = np.abs(rounded) < _WRAP_LIMIT
-            wrapped = np.where(inside, np.where(inside, rounded, 0).astype(np.int64) & 15, 0)
-    if signed:
-        return np.where(wrapped >= 8, wrapped - 16, wrapped).astype(np.int8)
-    return wrapped.astype(np.uint8)
+            wrapped = np.where(inside, np.where(inside, rounded, 0).astype(np.int64) & mask, 0)
+    if kind.signed:
+        wrapped = np.where(wrapped >= span // 2, wrapped - span, wrapped)
+    return wrapped.astype(kind.container)
 
 
 # --------------------------------------------------------------------------- TE kernels
@@ -227,8 +241,8 @@ def _cast_compute(x: Any, table: Any, to: int, target: str, saturate: bool) -> A
             value, dtype = table[tirx.reinterpret("uint8", value).astype("int32")], "float32"
         elif source == "bfloat16":  # TVM's bfloat16 → integer cast does not compile: via float32 (exact)
             value, dtype = value.astype("float32"), "float32"
-        if to in INT4:
-            return _int4(value, dtype, signed=to == onnx.TensorProto.INT4)
+        if to in SMALL_INTS:
+            return _small_int(value, dtype, SMALL_INTS[to])
         if to not in FLOAT8 and to != onnx.TensorProto.BFLOAT16:
             return value.astype(target)
         if dtype != "float32":  # float16/float64/integers: through float32, as onnxruntime does
@@ -328,23 +342,24 @@ def _round_bfloat16(x: Any) -> Any:
     return tirx.Select(_tvm.is_nan(x), x, tirx.reinterpret("float32", kept))
 
 
-def _int4(value: Any, dtype: str, *, signed: bool) -> Any:
-    """onnxruntime's cast of ``value`` (of ``dtype``) to int4/uint4: round half away from zero,
-    wrap modulo 16."""
+def _small_int(value: Any, dtype: str, kind: SmallInt) -> Any:
+    """onnxruntime's cast of ``value`` (of ``dtype``) to int4/uint4 (int2/uint2 alike): round half
+    away from zero, wrap modulo 2**bits."""
     from tvm import tirx  # noqa: PLC0415
 
+    mask, span = (1 << kind.bits) - 1, 1 << kind.bits
     if dtype.startswith(("int", "uint", "bool")):
-        wrapped = (value.astype("int64") & tirx.const(15, "int64")).astype("int32")
+        wrapped = (value.astype("int64") & tirx.const(mask, "int64")).astype("int32")
     else:
         x = value.astype("float32")
         whole = tirx.trunc(x)
         step = tirx.Select(x < _f32(0.0), _f32(-1.0), _f32(1.0))
         rounded = tirx.Select(tirx.abs(x - whole) >= _f32(0.5), whole + step, whole)
         inside = tirx.abs(rounded) < _f32(_WRAP_LIMIT)  # NaN: false
-        wrapped = tirx.Select(inside, tirx.Select(inside, rounded, _f32(0.0)).astype("int32") & _i32(15), _i32(0))
-    if signed:
-        return tirx.Select(wrapped >= _i32(8), wrapped - _i32(16), wrapped).astype("int8")
-    return wrapped.astype("uint8")
+        wrapped = tirx.Select(inside, tirx.Select(inside, rounded, _f32(0.0)).astype("int32") & _i32(mask), _i32(0))
+    if kind.signed:
+        wrapped = tirx.Select(wrapped >= _i32(span // 2), wrapped - _i32(span), wrapped)
+    return wrapped.astype(kind.container)
 
 
 # --------------------------------------------------------------------------- up-front refusal
@@ -352,10 +367,11 @@ def _int4(value: Any, dtype: str, *, signed: bool) -> Any:
 
 def check_narrow_types(model: onnx.ModelProto) -> None:
     """Refuse tensors of a type TVM cannot store (4-bit floats, E8M0, 2-bit and 4-bit integer
-    constants), naming the first such tensor."""
+    constants: a quantized model), naming the first such tensor."""
     from amptool.frontend.graph import iter_nodes  # noqa: PLC0415
 
-    stored: dict[int, str] = {**UNSUPPORTED, onnx.TensorProto.INT4: "int4", onnx.TensorProto.UINT4: "uint4"}
+    small = {code: onnx.TensorProto.DataType.Name(code).lower() for code in SMALL_INTS}
+    stored: dict[int, str] = {**UNSUPPORTED, **small}
     graphs = [model.graph] + [a.g for n in iter_nodes(model.graph) for a in n.attribute if a.HasField("g")]
     for graph in graphs:
         for init in graph.initializer:

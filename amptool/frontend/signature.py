@@ -49,8 +49,8 @@ _REFUSED: dict[int, str] = {
                                  "FLOAT6E3M2"))
        if code is not None},
 }
-#: Output types that do come back: int4/uint4 casts are carried in int8/uint8 (narrow_casts).
-_RETURNED = frozenset({onnx.TensorProto.INT4, onnx.TensorProto.UINT4})
+#: Output types that do come back: int4/uint4/int2/uint2 casts are carried in int8/uint8 (narrow_casts).
+_RETURNED = frozenset({onnx.TensorProto.INT4, onnx.TensorProto.UINT4, onnx.TensorProto.INT2, onnx.TensorProto.UINT2})
 
 
 def _dtype_name(elem_type: int, role: str, name: str) -> str:

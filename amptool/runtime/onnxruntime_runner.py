@@ -35,6 +35,8 @@ _READ_AS = {
     _T.FLOAT8E5M2FNUZ: _T.FLOAT,
     _T.INT4: _T.INT8,
     _T.UINT4: _T.UINT8,
+    _T.INT2: _T.INT8,
+    _T.UINT2: _T.UINT8,
 }
 _SUFFIX = "__amptool_read"
 
