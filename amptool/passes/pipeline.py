@@ -5,7 +5,9 @@
       → ConcretizeLike        (off with --no-concretize) *_like ops and shape_of patterns with
                               static shapes become creation/shape ops; dead code and unused
                               parameters of internal functions dropped
-      → FoldConstant (fp32)   weight reshapes/transposes become plain constants, so the
+      → FoldConstant (fp32)   first, ops TVM has no kernel for in a dtype (isnan of bfloat16,
+                              topk of uint32, …) get wider copies of their operands
+                              (kernel_dtypes.py); then weight reshapes/transposes become plain constants, so the
                               mixed-precision pass sees them as castable constants and the
                               range guard can read their values
       → MixedPrecision        colour lists → casts, accumulation dtypes
@@ -35,6 +37,7 @@ from amptool.passes import stats
 from amptool.passes.concretize_like import ConcretizeReport, concretize_like
 from amptool.passes.fold_casts import fold_constant_casts
 from amptool.passes.fold_constants import fold_constants
+from amptool.passes.kernel_dtypes import widen_operands
 from amptool.passes.low_precision_io import lower_io
 from amptool.passes.mixed_precision import MixedPrecisionReport, to_mixed_precision
 
@@ -139,7 +142,7 @@ def run_passes(
             mod = stage("lower_io", lambda m: lower_io(m, dtype), mod)
         if concretize:
             mod = stage("concretize", concretized, mod)
-        mod = stage("prefold", fold_constants, mod)
+        mod = stage("prefold", lambda m: fold_constants(widen_operands(m)), mod)
         before = stats.constant_bytes(mod)
     prefolded_mod = mod
     mod = stage("mixed_precision", mixed, mod)
