@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -305,3 +306,105 @@ def test_unusual_integer_inputs_and_bool_output(tmp_path: Path) -> None:
     path = _save(_model(nodes, inputs, outputs, opset=18), tmp_path, "integers")
     for dtype in ("float32", "float16"):
         _passes(_cli("diff", path, "--dtype", dtype))
+
+
+def test_a_bfloat16_model_builds_its_finiteness_and_sorting_ops(tmp_path: Path) -> None:
+    """A model that is bfloat16 itself (not converted to it): IsNaN/IsInf, TopK and ArgMax on its own
+    bfloat16 tensors. TVM has no bfloat16 kernel for the first (the build failed, exit 70) and reads
+    bfloat16 wrongly in the others: they compute on float32 copies, their values come back bfloat16."""
+    from amptool.app.convert import ConvertConfig, build_model
+
+    x = np.array([[3.5, np.nan, -1.25, np.inf, 0.5, -np.inf, 7.0, 2.0]], np.float32).astype(ml_dtypes.bfloat16)
+    k = numpy_helper.from_array(np.array([3], np.int64), "k")
+    nodes = [helper.make_node("IsNaN", ["x"], ["nan"], name="nan"),
+             helper.make_node("IsInf", ["x"], ["inf"], name="inf"),
+             helper.make_node("Where", ["nan", "zero", "x"], ["clean"], name="clean"),
+             helper.make_node("TopK", ["clean", "k"], ["top", "where"], name="top", axis=1),
+             helper.make_node("ArgMax", ["clean"], ["best"], name="best", axis=1)]
+    model = _model(nodes, [("x", T.BFLOAT16, [1, 8])],
+                   [("nan", T.BOOL, [1, 8]), ("inf", T.BOOL, [1, 8]), ("top", T.BFLOAT16, [1, 3]),
+                    ("where", T.INT64, [1, 3]), ("best", T.INT64, [1, 1])],
+                   initializers=[k, numpy_helper.from_array(np.array(0, np.float32).astype(ml_dtypes.bfloat16),
+                                                            "zero")])
+    got = build_model(ConvertConfig(model=_save(model, tmp_path, "bf16_native"), dtype="float32")).compiled().run(
+        {"x": x})
+    wide = x.astype(np.float32)
+    np.testing.assert_array_equal(got["nan"], np.isnan(wide))
+    np.testing.assert_array_equal(got["inf"], np.isinf(wide))
+    assert str(np.asarray(got["top"]).dtype) == "bfloat16"
+    np.testing.assert_array_equal(np.asarray(got["top"]).astype(np.float32), [[np.inf, 7.0, 3.5]])
+    np.testing.assert_array_equal(got["where"], [[3, 6, 0]])
+    np.testing.assert_array_equal(got["best"], [[3]])
+
+
+@pytest.mark.parametrize("elem", ["INT16", "UINT16", "UINT32"])
+def test_topk_of_integers_tvm_cannot_sort(elem: str, tmp_path: Path) -> None:
+    """TopK over int16/uint16/uint32 (token ids, class ids): TVM has no sort for them ("Unsupported
+    input dtype", exit 70); the values sort as int64 and come back in their own dtype."""
+    from amptool.app.convert import ConvertConfig, build_model
+
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(getattr(T, elem))
+    x = np.array([[5, 1, 300, 3, 9, 7], [0, 65535 if elem != "INT16" else -7, 2, 128, 4, 1]]).astype(dtype)
+    model = _model([helper.make_node("TopK", ["x", "k"], ["v", "i"], name="top", axis=1)],
+                   [("x", getattr(T, elem), [2, 6])], [("v", getattr(T, elem), [2, 3]), ("i", T.INT64, [2, 3])],
+                   initializers=[numpy_helper.from_array(np.array([3], np.int64), "k")])
+    got = build_model(ConvertConfig(model=_save(model, tmp_path, "topk_int"), dtype="float32")).compiled().run({"x": x})
+    order = np.argsort(-x.astype(np.int64), axis=1, kind="stable")[:, :3]
+    assert np.asarray(got["v"]).dtype == dtype
+    np.testing.assert_array_equal(got["i"], order)
+    np.testing.assert_array_equal(got["v"], np.take_along_axis(x, order, axis=1))
+
+
+def _elu(x: np.ndarray) -> np.ndarray:
+    return np.where(x < 0, 0.5 * (np.exp(x) - 1), x)
+
+
+def _selu(x: np.ndarray) -> np.ndarray:
+    alpha, gamma = 1.67326319217681884765625, 1.05070102214813232421875
+    return gamma * np.where(x <= 0, alpha * np.exp(x) - alpha, x)
+
+
+@pytest.mark.parametrize(("op", "attrs", "formula"), [
+    ("Elu", {"alpha": 0.5}, _elu), ("Selu", {}, _selu),
+    ("ThresholdedRelu", {"alpha": 0.25}, lambda x: np.where(x > 0.25, x, 0.0)),
+])
+@pytest.mark.parametrize("elem", ["FLOAT16", "BFLOAT16", "DOUBLE"])
+def test_activations_of_a_model_that_is_not_float32(op: str, attrs: dict, formula: Any, elem: str,
+                                                    tmp_path: Path) -> None:
+    """Elu/Selu/ThresholdedRelu in a float16, bfloat16 or float64 model: TVM's converters build them
+    with float32 constants and the import failed ("Binary operators must have the same datatype")."""
+    from amptool.app.convert import ConvertConfig, build_model
+
+    dtype = ml_dtypes.bfloat16 if elem == "BFLOAT16" else onnx.helper.tensor_dtype_to_np_dtype(getattr(T, elem))
+    x = np.linspace(-3, 3, 12, dtype=np.float32).reshape(2, 6).astype(dtype)
+    model = _model([helper.make_node(op, ["x"], ["y"], name="act", **attrs)],
+                   [("x", getattr(T, elem), [2, 6])], [("y", getattr(T, elem), [2, 6])])
+    got = build_model(ConvertConfig(model=_save(model, tmp_path, "act"), dtype="float32")).compiled().run({"x": x})["y"]
+    assert np.asarray(got).dtype == np.dtype(dtype)
+    want = formula(x.astype(np.float64))
+    tolerance = {"FLOAT16": 2e-3, "BFLOAT16": 2e-2, "DOUBLE": 1e-12}[elem]
+    np.testing.assert_allclose(np.asarray(got).astype(np.float64), want, rtol=tolerance, atol=tolerance)
+
+
+def test_constant_given_as_value_float_without_onnxruntime_folding(tmp_path: Path) -> None:
+    """Constant nodes written with value_float / value_ints (function bodies, hand-built graphs) and
+    --no-prepare: TVM's converter reads `value` only and the import failed ("no value in Constant")."""
+    nodes = [helper.make_node("Constant", [], ["scale"], name="scale", value_float=2.5),
+             helper.make_node("Constant", [], ["shape"], name="shape", value_ints=[4, 2]),
+             helper.make_node("Mul", ["x", "scale"], ["m"], name="mul"),
+             helper.make_node("Reshape", ["m", "shape"], ["y"], name="reshape")]
+    model = _model(nodes, [("x", T.FLOAT, [2, 4])], [("y", T.FLOAT, [4, 2])])
+    _passes(_cli("diff", _save(model, tmp_path, "consts"), "--dtype", "float32", "--no-prepare"))
+
+
+def test_bitcast_of_bool(tmp_path: Path) -> None:
+    """BitCast bool → uint8: TVM's bool is one bit wide and reinterpreting it failed LLVM's verifier
+    (exit 70); a bool byte is 0 or 1, the same bits as that uint8."""
+    from amptool.app.convert import ConvertConfig, build_model
+
+    model = _model([helper.make_node("BitCast", ["x"], ["y"], name="bits", to=T.UINT8)],
+                   [("x", T.BOOL, [5])], [("y", T.UINT8, [5])], opset=26)
+    model.ir_version = 11
+    x = np.array([True, False, True, True, False])
+    got = build_model(ConvertConfig(model=_save(model, tmp_path, "bitcast"), dtype="float32")).compiled().run({"x": x})
+    np.testing.assert_array_equal(got["y"], x.view(np.uint8))

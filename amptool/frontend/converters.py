@@ -20,7 +20,15 @@ from amptool.frontend.attention import convert_attention, convert_rotary_embeddi
 from amptool.frontend.clip_pad import convert_clip, convert_pad
 from amptool.frontend.detection import DETECTION_CONVERTERS
 from amptool.frontend.einsum import convert_einsum
-from amptool.frontend.elementwise import convert_bitcast, convert_bitshift, convert_isinf
+from amptool.frontend.elementwise import (
+    convert_bitcast,
+    convert_bitshift,
+    convert_constant,
+    convert_elu,
+    convert_isinf,
+    convert_selu,
+    convert_thresholded_relu,
+)
 from amptool.frontend.layout_ops import LAYOUT_CONVERTERS
 from amptool.frontend.narrow_casts import convert_cast, convert_cast_like
 from amptool.frontend.norms import convert_cumprod, convert_cumsum, convert_layer_norm, convert_lp_normalization
@@ -130,6 +138,12 @@ CONVERTERS: dict[str, Converter] = {
     "IsInf": convert_isinf,
     "BitCast": convert_bitcast,
     "BitShift": convert_bitshift,
+    # Constant: TVM's reads `value` only; value_float/value_ints … arrive when onnxruntime's folding did not run.
+    "Constant": convert_constant,
+    # Elu / Selu / ThresholdedRelu: TVM's builds them with float32 constants; a float16/bfloat16/float64 model failed.
+    "Elu": convert_elu,
+    "Selu": convert_selu,
+    "ThresholdedRelu": convert_thresholded_relu,
 }
 # One module per family; each says why its converters exist. No op appears in two tables.
 _TABLES = (SMALL_OP_CONVERTERS, TREE_CONVERTERS, LAYOUT_CONVERTERS, SIGNAL_CONVERTERS, DETECTION_CONVERTERS,

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from amptool import _tvm
 from amptool.errors import UserError
 
 
@@ -42,6 +43,10 @@ def convert_bitcast(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
         raise UserError(f"BitCast from {source} to {target}: the element widths differ")
     if target == source:
         return x
+    if "bool" in (source, target):  # TVM's bool is one bit wide: reinterpreting it fails LLVM's verifier
+        from tvm import relax  # noqa: PLC0415
+
+        return relax.op.astype(x, target)  # bool's byte is 0 or 1: the same bits as that integer
     return bb.emit_te(topi.reinterpret, x, target)
 
 
@@ -73,3 +78,59 @@ def convert_bitshift(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
         return op.right_shift(x, op.where(too_far, relax.const(width - 1, dtype), amount))
     shift = op.left_shift if direction == "LEFT" else op.right_shift
     return op.where(too_far, zero, shift(x, op.where(too_far, zero, amount)))
+
+
+def convert_constant(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
+    """Constant given as ``value_float``/``value_floats``/``value_int``/``value_ints``: TVM's converter
+    reads ``value`` only ("no value in Constant"), and onnxruntime's folding, which turns the others
+    into initializers, does not run on every model (a bfloat16 model it cannot load, ``--no-prepare``)."""
+    from tvm import relax  # noqa: PLC0415
+
+    for key, dtype in (("value_float", "float32"), ("value_floats", "float32"), ("value_int", "int64"),
+                       ("value_ints", "int64")):
+        if key in attrs:
+            return relax.const(np.asarray(attrs[key], dtype=dtype), dtype)
+    return None
+
+
+def _activation(formula: Any) -> Any:
+    """A converter for an activation TVM's converter builds with float32 constants, which fails on a
+    float16/bfloat16/float64 input ("Binary operators must have the same datatype"): a model that is
+    half precision itself. ``formula(op, x, const, attrs)`` builds it with constants of x's dtype;
+    float32 inputs decline to TVM's converter."""
+
+    def convert(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
+        from tvm import relax  # noqa: PLC0415
+
+        x = inputs[0]
+        dtype = _tvm.tensor_dtype(x)
+        if dtype in (None, "float32"):
+            return None
+
+        def const(value: float) -> Any:
+            return relax.const(value, dtype)
+
+        return formula(relax.op, x, const, attrs)
+
+    return convert
+
+
+def _elu(op: Any, x: Any, const: Any, attrs: dict[str, Any]) -> Any:
+    alpha = float(attrs.get("alpha", 1.0))
+    return op.where(op.less(x, const(0.0)), op.multiply(const(alpha), op.subtract(op.exp(x), const(1.0))), x)
+
+
+def _selu(op: Any, x: Any, const: Any, attrs: dict[str, Any]) -> Any:
+    alpha = float(attrs.get("alpha", 1.67326319217681884765625))
+    gamma = float(attrs.get("gamma", 1.05070102214813232421875))
+    negative = op.subtract(op.multiply(const(alpha), op.exp(x)), const(alpha))
+    return op.multiply(const(gamma), op.where(op.less_equal(x, const(0.0)), negative, x))
+
+
+def _thresholded_relu(op: Any, x: Any, const: Any, attrs: dict[str, Any]) -> Any:
+    return op.where(op.greater(x, const(float(attrs.get("alpha", 1.0)))), x, const(0.0))
+
+
+convert_elu = _activation(_elu)
+convert_selu = _activation(_selu)
+convert_thresholded_relu = _activation(_thresholded_relu)
