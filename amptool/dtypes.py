@@ -63,3 +63,13 @@ def as_float_dtype(array: np.ndarray, name: str | None) -> np.ndarray:
     if name is None or array.dtype.kind != "f" or str(array.dtype) == name:
         return array
     return array.astype(numpy_dtype(name))
+
+
+def as_container(array: np.ndarray) -> np.ndarray:
+    """An ml_dtypes int4/uint4/int2/uint2 array as the int8/uint8 that carries its values in a
+    compiled module (TVM cannot hold sub-byte tensors); any other array as it is."""
+    array = np.asarray(array)
+    if not is_ml_dtype(array.dtype):
+        return array
+    kind = numeric_kind(array.dtype)
+    return array.astype(np.int8 if kind == "i" else np.uint8) if kind in "iu" else array

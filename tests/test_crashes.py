@@ -281,7 +281,7 @@ def _identity(elem_type: int, *, output_type: int | None = None) -> onnx.ModelPr
     (T.COMPLEX64, ("'x'", "complex64")),
     (T.COMPLEX128, ("'x'", "complex128")),
     (T.UNDEFINED, ("'x'",)),
-    (T.INT4, ("'x'", "int4")),
+    (T.FLOAT8E8M0, ("'x'", "float8_e8m0fnu")),
     (T.FLOAT4E2M1, ("'x'", "float4_e2m1fn")),
 ])
 @pytest.mark.parametrize("command", ["inspect", "diff"])
@@ -408,3 +408,39 @@ def test_bitcast_of_bool(tmp_path: Path) -> None:
     x = np.array([True, False, True, True, False])
     got = build_model(ConvertConfig(model=_save(model, tmp_path, "bitcast"), dtype="float32")).compiled().run({"x": x})
     np.testing.assert_array_equal(got["y"], x.view(np.uint8))
+
+
+def test_int4_input_diffs_against_onnxruntime(tmp_path: Path) -> None:
+    """An int4 model input (weights-as-input, packed ids): it was refused; now carried as int8, and
+    onnxruntime's reference gets the values too (fed as an ml_dtypes array it read them packed two
+    a byte: other values, a FAILED verdict on a correct conversion)."""
+    nodes = [helper.make_node("Cast", ["q"], ["qf"], name="dequant", to=T.FLOAT),
+             helper.make_node("MatMul", ["x", "qf"], ["y"], name="matmul")]
+    model = _model(nodes, [("q", T.INT4, [4, 3]), ("x", T.FLOAT, [2, 4])], [("y", T.FLOAT, [2, 3])])
+    _passes(_cli("diff", _save(model, tmp_path, "int4_in"), "--dtype", "float16", "--iterations", "2"))
+
+
+@pytest.mark.parametrize("elem", ["INT4", "UINT4", "INT2", "UINT2"])
+def test_small_integer_inputs_cast_like_and_quantize(elem: str, tmp_path: Path) -> None:
+    """A small-integer graph input read by Cast, CastLike (as the type to cast to) and QuantizeLinear
+    (as its zero point): the container is int8/uint8, yet CastLike still wraps to the narrow type and
+    QuantizeLinear saturates to its range, as the onnx reference does."""
+    from onnx.reference import ReferenceEvaluator
+
+    from amptool.app.convert import ConvertConfig, build_model
+
+    narrow = getattr(T, elem)
+    nodes = [helper.make_node("Cast", ["q"], ["wide"], name="wide", to=T.FLOAT),
+             helper.make_node("CastLike", ["x", "q"], ["like"], name="like"),
+             helper.make_node("QuantizeLinear", ["x", "scale", "q0"], ["quant"], name="quant")]
+    model = _model(nodes, [("q", narrow, [6]), ("q0", narrow, []), ("x", T.FLOAT, [6])],
+                   [("wide", T.FLOAT, [6]), ("like", narrow, [6]), ("quant", narrow, [6])],
+                   initializers=[numpy_helper.from_array(np.array(0.5, np.float32), "scale")])
+    dtype = getattr(ml_dtypes, elem.lower())
+    low, high = int(ml_dtypes.iinfo(dtype).min), int(ml_dtypes.iinfo(dtype).max)
+    feeds = {"q": np.arange(low, low + 6).clip(low, high).astype(dtype), "q0": np.array(high // 2 + 1, dtype),
+             "x": np.array([-9.0, -3.0, -1.0, 0.0, 2.0, 11.0], np.float32)}
+    want = ReferenceEvaluator(model).run(None, feeds)
+    got = build_model(ConvertConfig(model=_save(model, tmp_path, "small_in"), dtype="float32")).compiled().run(feeds)
+    for name, expected in zip(("wide", "like", "quant"), want, strict=True):
+        np.testing.assert_array_equal(np.asarray(got[name]).astype(np.int64), expected.astype(np.int64), err_msg=name)

@@ -31,8 +31,9 @@ store (float4, float6, float8 E8M0) are refused at import, naming the node:
 :func:`check_narrow_types` (initializers and Constant nodes too). The CUDA code generator has
 no FNUZ float8 types: a model with one builds for LLVM only.
 
-Preserves: the graph's types, except that int4/uint4/int2/uint2 tensors (a graph output included)
-come back as int8/uint8 holding the same values.
+Preserves: the graph's types, except that int4/uint4/int2/uint2 tensors (a graph input or output
+included) are int8/uint8 holding the same values: the runner hands an ml_dtypes int4 feed over as
+int8 (:func:`small_int_rewrites` keeps CastLike and QuantizeLinear reading such an input exact).
 """
 
 from __future__ import annotations
@@ -85,6 +86,13 @@ class SmallInt:
     bits: int
     signed: bool
 
+    @property
+    def bounds(self) -> tuple[int, int]:
+        """The smallest and largest value."""
+        if self.signed:
+            return -(1 << (self.bits - 1)), (1 << (self.bits - 1)) - 1
+        return 0, (1 << self.bits) - 1
+
 
 #: ONNX 4-bit and 2-bit integers: casts to them round half away from zero and wrap modulo 2**bits.
 SMALL_INTS: dict[int, SmallInt] = {
@@ -93,6 +101,10 @@ SMALL_INTS: dict[int, SmallInt] = {
     onnx.TensorProto.INT2: SmallInt("int8", 2, signed=True),
     onnx.TensorProto.UINT2: SmallInt("uint8", 2, signed=False),
 }
+
+#: numpy (ml_dtypes) name of each small integer type → its 8-bit container: what the module takes.
+CONTAINERS: dict[str, str] = {onnx.TensorProto.DataType.Name(code).lower(): kind.container
+                              for code, kind in SMALL_INTS.items()}
 
 #: Types refused outright, with what to do instead.
 UNSUPPORTED: dict[int, str] = {
@@ -390,3 +402,50 @@ def check_narrow_types(model: onnx.ModelProto) -> None:
             if to in UNSUPPORTED:
                 raise UserError(f"Cast '{node.name}' converts to {UNSUPPORTED[to]}, which amptool cannot convert",
                                 _UNSUPPORTED_HINT)
+
+
+def small_int_rewrites(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` ready for graph inputs of a small integer type, which the module carries in their
+    8-bit container (so ops reading them see int8/uint8): a CastLike whose ``like`` is such an input
+    becomes a Cast to its type (CastLike would neither round nor wrap), and a QuantizeLinear whose
+    zero point is one saturates to the type's range, not to int8's. ``model`` itself when nothing
+    changes, else a copy."""
+    small = {v.name: v.type.tensor_type.elem_type for v in model.graph.input
+             if v.type.tensor_type.elem_type in SMALL_INTS}
+    if not small or not any(_reads_small(node, small) for node in model.graph.node):
+        return model
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(model)
+    graph = rewritten.graph
+    nodes: list[onnx.NodeProto] = []
+    for node in graph.node:
+        if not _reads_small(node, small):
+            nodes.append(node)
+        elif node.op_type == "CastLike":
+            cast = onnx.helper.make_node("Cast", [node.input[0]], list(node.output), name=node.name,
+                                         to=small[node.input[1]])
+            cast.attribute.extend(a for a in node.attribute if a.name == "saturate")
+            nodes.append(cast)
+        else:  # QuantizeLinear: TVM's saturates to the container's range; then to the type's
+            kind = SMALL_INTS[small[node.input[2]]]
+            low, high = kind.bounds
+            wide = f"{node.output[0]}__container"
+            bounds = [onnx.numpy_helper.from_array(np.array(v, kind.container), f"{node.output[0]}__{name}")
+                      for v, name in ((low, "low"), (high, "high"))]
+            graph.initializer.extend(bounds)
+            quantize = onnx.NodeProto()
+            quantize.CopyFrom(node)
+            quantize.output[0] = wide
+            nodes += [quantize, onnx.helper.make_node("Clip", [wide, bounds[0].name, bounds[1].name],
+                                                      [node.output[0]], name=f"{node.name}/saturate")]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return rewritten
+
+
+def _reads_small(node: onnx.NodeProto, small: dict[str, int]) -> bool:
+    """A CastLike whose ``like``, or a QuantizeLinear whose zero point, is a small-integer graph input."""
+    if node.domain not in STANDARD_DOMAINS:
+        return False
+    position = {"CastLike": 1, "QuantizeLinear": 2}.get(node.op_type)
+    return position is not None and len(node.input) > position and node.input[position] in small

@@ -45,12 +45,9 @@ _REFUSED: dict[int, str] = {
     onnx.TensorProto.STRING: "Move string pre/post-processing out of the model.",
     **{code: "TVM cannot hold this type; take int8/uint8, float16 or float32 and Cast inside the model."
        for code in (getattr(onnx.TensorProto, name, None)
-                    for name in ("INT4", "UINT4", "FLOAT4E2M1", "FLOAT8E8M0", "INT2", "UINT2", "FLOAT6E2M3",
-                                 "FLOAT6E3M2"))
+                    for name in ("FLOAT4E2M1", "FLOAT8E8M0", "FLOAT6E2M3", "FLOAT6E3M2"))
        if code is not None},
 }
-#: Output types that do come back: int4/uint4/int2/uint2 casts are carried in int8/uint8 (narrow_casts).
-_RETURNED = frozenset({onnx.TensorProto.INT4, onnx.TensorProto.UINT4, onnx.TensorProto.INT2, onnx.TensorProto.UINT2})
 
 
 def _dtype_name(elem_type: int, role: str, name: str) -> str:
@@ -68,7 +65,7 @@ def _dtype_name(elem_type: int, role: str, name: str) -> str:
             f"{role} '{name}' has element type {elem_type}, which is not an ONNX tensor type (onnx {onnx.__version__})",
             "The file is damaged, or from a newer ONNX than this one: re-export it, or upgrade onnx.",
         ) from err
-    if elem_type in _REFUSED and not (role == "Output" and elem_type in _RETURNED):
+    if elem_type in _REFUSED:  # int4/uint4/int2/uint2 are not: carried in int8/uint8 (narrow_casts)
         hint = _REFUSED[elem_type] if role == "Input" else "Cast it to float32 (or float16) before the output."
         raise UserError(f"{role} '{name}' is {type_name} ({dtype}), which amptool cannot convert", hint)
     return dtype

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import onnx
 
+from amptool.dtypes import is_ml_dtype, numeric_kind, numpy_dtype
 from amptool.errors import UserError
 from amptool.fileio import atomic_write, check_regular_file
 from amptool.frontend.signature import TensorSpec
@@ -124,26 +125,28 @@ def generate_inputs(
     for spec, stream in zip(specs, streams):
         rng = np.random.default_rng(stream)
         shape = tuple(int(d) for d in (spec.shape or ()))
-        dtype = np.dtype(spec.dtype)
-        given = ranges.get(spec.name, ranges.get(ALL_INPUTS) if dtype.kind == "f" else None)
-        if dtype.kind == "f":
+        dtype = numpy_dtype(spec.dtype)  # bfloat16, float8, int4 …: ml_dtypes
+        kind = numeric_kind(dtype)
+        given = ranges.get(spec.name, ranges.get(ALL_INPUTS) if kind == "f" else None)
+        if kind == "f":
             if given is None:
                 arrays[spec.name] = rng.standard_normal(shape).astype(dtype)
             else:
                 arrays[spec.name] = rng.uniform(given[0], given[1], shape).astype(dtype)
-        elif dtype.kind == "b":
+        elif kind == "b":
             # np.asarray: for a 0-d shape the comparison yields a numpy scalar, which
             # onnxruntime rejects as a feed (an If condition is usually such an input).
             arrays[spec.name] = np.asarray(rng.random(shape) < 0.5)
-        elif dtype.kind in "iu":
+        elif kind in "iu":
             if given is not None:
                 arrays[spec.name] = rng.integers(int(given[0]), int(given[1]), shape).astype(dtype)
             elif spec.name in bounds:
                 arrays[spec.name] = rng.integers(0, max(bounds[spec.name], 1), shape).astype(dtype)
             elif "mask" in spec.name.lower():
                 arrays[spec.name] = np.ones(shape, dtype=dtype)
-            else:
-                arrays[spec.name] = rng.integers(0, DEFAULT_INT_HIGH, shape).astype(dtype)
+            else:  # int2's largest value is 1: stay inside the type
+                high = min(DEFAULT_INT_HIGH, _largest(dtype) + 1)
+                arrays[spec.name] = rng.integers(0, high, shape).astype(dtype)
         else:
             raise UserError(f"Input '{spec.name}' has dtype {spec.dtype}, which amptool cannot generate")
     return arrays
@@ -224,3 +227,10 @@ def save_outputs(path: str, reference: Mapping[str, np.ndarray], converted: Mapp
     """Reference outputs under their names (so the file works as --reference-outputs),
     the converted model's under ``converted/NAME``."""
     save_arrays(path, {**reference, **{f"{CONVERTED_PREFIX}{k}": v for k, v in converted.items()}}, "--save-outputs")
+
+
+def _largest(dtype: np.dtype) -> int:
+    """The largest value of an integer dtype, ml_dtypes' int4/int2 included."""
+    import ml_dtypes  # noqa: PLC0415
+
+    return int(ml_dtypes.iinfo(dtype).max) if is_ml_dtype(dtype) else int(np.iinfo(dtype).max)

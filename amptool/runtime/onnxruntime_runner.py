@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from amptool.dtypes import is_ml_dtype
+from amptool.dtypes import as_container, is_ml_dtype
 from amptool.errors import UserError
 
 _HINT = "Pass --reference-outputs with stored outputs, or fix the model for onnxruntime."
@@ -39,6 +39,8 @@ _READ_AS = {
     _T.UINT2: _T.UINT8,
 }
 _SUFFIX = "__amptool_read"
+#: Input types fed in an 8-bit container and cast inside the model (numpy holds one value a byte).
+_FEED_AS = {_T.INT4: _T.INT8, _T.UINT4: _T.UINT8, _T.INT2: _T.INT8, _T.UINT2: _T.UINT8}
 
 
 #: Graph optimisation levels by name: "disable" keeps every tensor a probe asks for, "basic"
@@ -153,7 +155,7 @@ class OnnxruntimeRunner:
     """One onnxruntime CPU session, reused for every input set (``diff --iterations``)."""
 
     def __init__(self, model: onnx.ModelProto) -> None:
-        model, self._read = _readable_outputs(model)
+        model, self._read = _readable_outputs(_feedable_inputs(model))
         try:
             self._session: Any = session(model)
         except Exception as err:
@@ -181,8 +183,9 @@ def run_onnxruntime(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> 
 
 
 def _feed(array: np.ndarray) -> Any:
-    """``array``, or an OrtValue of its bits for ml_dtypes' bfloat16/float8."""
-    array = np.asarray(array)
+    """``array``, or an OrtValue of its bits for ml_dtypes' bfloat16/float8; int4/uint4/int2/uint2
+    as their int8/uint8 container (``_feedable_inputs``)."""
+    array = as_container(array)
     if not is_ml_dtype(array.dtype) or array.dtype.itemsize not in (1, 2):
         return array
     import onnxruntime as ort  # noqa: PLC0415
@@ -190,6 +193,36 @@ def _feed(array: np.ndarray) -> Any:
     elem_type = onnx.helper.np_dtype_to_tensor_dtype(array.dtype)
     bits = np.ascontiguousarray(array).view(np.uint8 if array.dtype.itemsize == 1 else np.uint16)
     return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(bits, elem_type)
+
+
+def _feedable_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` taking each int4/uint4/int2/uint2 input in its int8/uint8 container, cast to the narrow
+    type inside: onnxruntime packs two int4 values a byte, numpy (ml_dtypes) keeps one, so a fed int4
+    array was read as other values. ``model`` itself when it has no such input."""
+    weights = {init.name for init in model.graph.initializer}
+    narrow = [v for v in model.graph.input if v.type.tensor_type.elem_type in _FEED_AS and v.name not in weights]
+    if not narrow:
+        return model
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    graph = copy.graph
+    renamed = {v.name: f"{v.name}{_SUFFIX}" for v in narrow}
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            node.input[i] = renamed.get(name, name)
+    for output in graph.output:
+        if output.name in renamed:  # an input returned as it is: read back through its cast
+            graph.node.append(onnx.helper.make_node("Identity", [renamed[output.name]], [output.name]))
+    casts = []
+    for value in graph.input:
+        if value.name in renamed:
+            elem_type = value.type.tensor_type.elem_type
+            value.type.tensor_type.elem_type = _FEED_AS[elem_type]
+            casts.append(onnx.helper.make_node("Cast", [value.name], [renamed[value.name]], to=elem_type))
+    nodes = [*casts, *graph.node]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return copy
 
 
 def _readable_outputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, tuple[str, np.dtype]]]:

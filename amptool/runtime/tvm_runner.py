@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from amptool import _tvm
-from amptool.dtypes import as_float_dtype
+from amptool.dtypes import as_container, as_float_dtype
 from amptool.errors import model_raised
 
 
@@ -24,7 +24,7 @@ class CompiledModel:
     input_dtypes: Sequence[str] | None = None  # what the module takes (low under --low-precision-io)
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        arrays = [feeds[n] for n in self.input_names]
+        arrays = [as_container(feeds[n]) for n in self.input_names]
         if self.input_dtypes is not None:
             arrays = [as_float_dtype(a, d) for a, d in zip(arrays, self.input_dtypes)]
         try:
