@@ -337,19 +337,24 @@ def test_a_bfloat16_model_builds_its_finiteness_and_sorting_ops(tmp_path: Path) 
     np.testing.assert_array_equal(got["best"], [[3]])
 
 
-@pytest.mark.parametrize("elem", ["INT16", "UINT16", "UINT32"])
-def test_topk_of_integers_tvm_cannot_sort(elem: str, tmp_path: Path) -> None:
-    """TopK over int16/uint16/uint32 (token ids, class ids): TVM has no sort for them ("Unsupported
-    input dtype", exit 70); the values sort as int64 and come back in their own dtype."""
+@pytest.mark.parametrize("largest", [1, 0])
+@pytest.mark.parametrize("elem", ["INT16", "UINT16", "UINT32", "UINT64"])
+def test_topk_of_integers_tvm_cannot_sort(elem: str, largest: int, tmp_path: Path) -> None:
+    """TopK over int16/uint16/uint32/uint64 (token ids, class ids, hashes): TVM has no sort for them
+    ("Unsupported input dtype", exit 70); they sort as int64 (uint64 by its bits, top one flipped,
+    values above 2**63 included) and the values come back in their own dtype."""
     from amptool.app.convert import ConvertConfig, build_model
 
     dtype = onnx.helper.tensor_dtype_to_np_dtype(getattr(T, elem))
     x = np.array([[5, 1, 300, 3, 9, 7], [0, 65535 if elem != "INT16" else -7, 2, 128, 4, 1]]).astype(dtype)
-    model = _model([helper.make_node("TopK", ["x", "k"], ["v", "i"], name="top", axis=1)],
+    if elem == "UINT64":
+        x[0, 0], x[1, 2] = np.uint64(2**63 + 5), np.uint64(2**64 - 1)
+    model = _model([helper.make_node("TopK", ["x", "k"], ["v", "i"], name="top", axis=1, largest=largest)],
                    [("x", getattr(T, elem), [2, 6])], [("v", getattr(T, elem), [2, 3]), ("i", T.INT64, [2, 3])],
                    initializers=[numpy_helper.from_array(np.array([3], np.int64), "k")])
     got = build_model(ConvertConfig(model=_save(model, tmp_path, "topk_int"), dtype="float32")).compiled().run({"x": x})
-    order = np.argsort(-x.astype(np.int64), axis=1, kind="stable")[:, :3]
+    order = np.argsort(x, axis=1, kind="stable")
+    order = (np.flip(order, axis=1) if largest else order)[:, :3]  # distinct values: no ties to break
     assert np.asarray(got["v"]).dtype == dtype
     np.testing.assert_array_equal(got["i"], order)
     np.testing.assert_array_equal(got["v"], np.take_along_axis(x, order, axis=1))

@@ -2,15 +2,17 @@
 
 Why: TVM 0.27 cannot lower ``isnan``/``isinf``/``isfinite`` on bfloat16 ("not supported for
 finiteness ops": the build fails), reads bfloat16 wrongly in ``topk``/``sort``/``argsort``/
-``argmax``/``argmin``, and has no sort for int16, uint16 or uint32 ("Unsupported input dtype":
-a TopK over uint32 ids failed with exit 70). The mixed-precision pass never gives those ops a
+``argmax``/``argmin``, and has no sort for int16, uint16, uint32 or uint64 ("Unsupported input
+dtype": a TopK over uint32 ids failed with exit 70). The mixed-precision pass never gives those ops a
 bfloat16 operand (``mixed_precision_mutator.NO_LOW_KERNEL``), but a model that is bfloat16
 itself does — an LLM exported in bfloat16 masking with IsNaN, ONNX's ``*_bf16`` Attention cases.
 
 What: each such call reads ``astype(x, wider)`` instead — bfloat16 → float32, the small integers
 → int64, both exact and order-preserving — and what it returns as values (``sort``, ``topk``'s
-values) goes back to the operand's dtype, so every type downstream is unchanged. Runs right
-after import, before anything folds constants. uint64 (no exact wider type) stays TVM's.
+values) goes back to the operand's dtype, so every type downstream is unchanged. uint64, which
+no type holds, sorts by its bits with the top one flipped, read as int64 (the same order), and a
+TopK's values are gathered from ``x`` at the indices found; its ``sort`` stays TVM's. Runs right
+after import, before anything folds constants.
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ from amptool import _tvm
 
 _BFLOAT16 = {"bfloat16": "float32"}
 _SORTABLE = {**_BFLOAT16, "int16": "int64", "uint16": "int64", "uint32": "int64"}
+_UINT64 = {**_SORTABLE, "uint64": "int64"}  # ops whose values need no cast back (see _uint64_key)
 #: op → (operand dtype → the dtype it is computed in, whether the result holds values to cast back)
 WIDENED: dict[str, tuple[dict[str, str], bool]] = {
     "relax.isnan": (_BFLOAT16, False), "relax.isinf": (_BFLOAT16, False), "relax.isfinite": (_BFLOAT16, False),
     "relax.argmax": (_BFLOAT16, False), "relax.argmin": (_BFLOAT16, False),
-    "relax.argsort": (_SORTABLE, False), "relax.sort": (_SORTABLE, True), "relax.topk": (_SORTABLE, True),
+    "relax.argsort": (_UINT64, False), "relax.sort": (_SORTABLE, True), "relax.topk": (_UINT64, True),
 }
 
 
@@ -53,11 +56,21 @@ def widen_operands(mod: Any) -> Any:
             wider = _wider(call)
             if wider is None:
                 return call
-            wide = self.builder_.normalize(relax.op.astype(call.args[0], wider))
+            x, source = call.args[0], _tvm.tensor_dtype(call.args[0]) or ""
+            if source == "uint64":
+                if _tvm.op_name(call) == "relax.topk" and str(call.attrs.ret_type) != "both":
+                    return call  # values alone: nothing to gather them at; TVM's (it fails to build)
+                wide = self.builder_.emit_te(_uint64_key, x, primfunc_name_hint="amp_uint64_key")
+            else:
+                wide = self.builder_.normalize(relax.op.astype(x, wider))
             new = self.builder_.normalize(relax.Call(call.op, [wide, *call.args[1:]], call.attrs, call.ty_args))
             if not WIDENED[_tvm.op_name(call) or ""][1]:
                 return new
-            return _values_back(self.builder_, new, call, _tvm.tensor_dtype(call.args[0]) or "")
+            if source == "uint64":  # topk: the values at the indices found, exactly
+                indices = self.builder_.emit(relax.TupleGetItem(new, 1))
+                values = relax.op.gather_elements(x, relax.op.astype(indices, "int64"), int(call.attrs.axis))
+                return relax.Tuple([self.builder_.emit(values), indices])
+            return _values_back(self.builder_, new, call, source)
 
     return _tvm.rewrite_functions(mod, _Widen(mod))
 
@@ -76,6 +89,14 @@ def _values_back(bb: Any, new: Any, original: Any, dtype: str) -> Any:
     if str(original.ty.dtype) == dtype:
         return relax.op.astype(bb.emit(new), dtype)
     return new
+
+
+def _uint64_key(x: Any) -> Any:
+    """uint64 bits with the top one flipped, read as int64: ordered as the uint64 values are."""
+    from tvm import te, tirx  # noqa: PLC0415
+
+    return te.compute(x.shape, lambda *i: tirx.reinterpret("int64", x(*i) ^ tirx.const(1 << 63, "uint64")),
+                      name="amp_uint64_key")
 
 
 def _has_narrow_call(mod: Any) -> bool:
