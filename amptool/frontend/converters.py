@@ -30,7 +30,12 @@ from amptool.frontend.elementwise import (
     convert_thresholded_relu,
 )
 from amptool.frontend.layout_ops import LAYOUT_CONVERTERS
-from amptool.frontend.narrow_casts import convert_cast, convert_cast_like
+from amptool.frontend.narrow_casts import (
+    convert_cast,
+    convert_cast_like,
+    convert_dequantize_linear,
+    convert_quantize_linear,
+)
 from amptool.frontend.norms import convert_cumprod, convert_cumsum, convert_layer_norm, convert_lp_normalization
 from amptool.frontend.quantized import QUANTIZED_CONVERTERS
 from amptool.frontend.rms_norm import RMS_NORM_CONVERTERS
@@ -122,6 +127,9 @@ CONVERTERS: dict[str, Converter] = {
     # wrong on LLVM (narrow_casts.py says how); all other casts decline to TVM's converter.
     "Cast": convert_cast,
     "CastLike": convert_cast_like,
+    # (De)QuantizeLinear with float8 data or zero point: TVM's refuses the zero point, misreads the data.
+    "DequantizeLinear": convert_dequantize_linear,
+    "QuantizeLinear": convert_quantize_linear,
     # Attention / RotaryEmbedding (opset 23+): TVM has no converter for the standard-domain ops.
     "Attention": convert_attention,
     "RotaryEmbedding": convert_rotary_embedding,

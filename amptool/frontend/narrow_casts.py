@@ -47,6 +47,7 @@ import onnx
 from amptool import _tvm
 from amptool.errors import UserError
 from amptool.frontend.graph import STANDARD_DOMAINS
+from amptool.frontend.quantized import along
 
 
 @dataclass(frozen=True)
@@ -449,3 +450,65 @@ def _reads_small(node: onnx.NodeProto, small: dict[str, int]) -> bool:
         return False
     position = {"CastLike": 1, "QuantizeLinear": 2}.get(node.op_type)
     return position is not None and len(node.input) > position and node.input[position] in small
+
+
+# --------------------------------------------------------------------------- float8 (de)quantization
+
+
+def convert_dequantize_linear(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
+    """DequantizeLinear of float8 data: ``(x - zero_point) * scale`` on float32 decodes of both.
+    TVM's converter refuses a float8 zero point and misreads float8 ``x``; other types are its."""
+    from tvm import relax  # noqa: PLC0415
+
+    x = inputs[0]
+    if _tvm.tensor_dtype(x) not in _FLOAT8_BY_NAME or int(attrs.get("block_size", 0)):
+        return None
+    scale, zero_point = inputs[1], _optional(inputs, 2)
+    value = _cast(bb, x, onnx.TensorProto.FLOAT, {})
+    if zero_point is not None:
+        value = bb.emit(relax.op.subtract(value, _broadcast(bb, _cast_value(bb, zero_point), x, attrs)))
+    out = _tvm.tensor_dtype(scale) or "float32"
+    result = relax.op.multiply(value, _broadcast(bb, _float32(bb, scale), x, attrs))
+    return result if out == "float32" else relax.op.astype(bb.emit(result), out)
+
+
+def convert_quantize_linear(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
+    """QuantizeLinear to float8: ``x / scale + zero_point`` in float32, then the float8 cast above
+    (round to nearest even; ``saturate`` as the node says). TVM's converter refuses a float8 zero
+    point; other types are its."""
+    from tvm import relax  # noqa: PLC0415
+
+    x, scale, zero_point = inputs[0], inputs[1], _optional(inputs, 2)
+    target = _tvm.tensor_dtype(zero_point) if zero_point is not None else None
+    to = next((code for code, f in FLOAT8.items() if f.dtype == target), None)
+    if to is None:
+        to = int(attrs.get("output_dtype", 0)) if int(attrs.get("output_dtype", 0)) in FLOAT8 else None
+    if to is None or int(attrs.get("block_size", 0)):
+        return None
+    value = bb.emit(relax.op.divide(_float32(bb, x), _broadcast(bb, _float32(bb, scale), x, attrs)))
+    if zero_point is not None:
+        value = bb.emit(relax.op.add(value, _broadcast(bb, _cast_value(bb, zero_point), x, attrs)))
+    return _cast(bb, value, to, attrs)
+
+
+def _optional(inputs: list[Any], index: int) -> Any:
+    return inputs[index] if len(inputs) > index and inputs[index] is not None else None
+
+
+def _float32(bb: Any, value: Any) -> Any:
+    from tvm import relax  # noqa: PLC0415
+
+    return value if _tvm.tensor_dtype(value) == "float32" else bb.emit(relax.op.astype(value, "float32"))
+
+
+def _cast_value(bb: Any, value: Any) -> Any:
+    """A float8 (or any) tensor's float32 value: float8 through the exact decode table."""
+    if _tvm.tensor_dtype(value) in _FLOAT8_BY_NAME:
+        return bb.emit(_cast(bb, value, onnx.TensorProto.FLOAT, {}))
+    return _float32(bb, value)
+
+
+def _broadcast(bb: Any, value: Any, x: Any, attrs: dict[str, Any]) -> Any:
+    """A scalar or per-axis (1-D) scale or zero point shaped to broadcast along ``axis`` of ``x``."""
+    rank = len(x.ty.shape)
+    return bb.emit(along(value, int(attrs.get("axis", 1)) % max(rank, 1), rank))

@@ -22,10 +22,10 @@ def _shifted(bb: Any, x: Any, zero_point: Any | None, axis: int | None = None) -
     if zero_point is None:
         return x32
     zp = bb.emit(relax.op.astype(zero_point, "int32"))
-    return bb.emit(relax.op.subtract(x32, _along(zp, axis, len(x.ty.shape)) if axis is not None else zp))
+    return bb.emit(relax.op.subtract(x32, along(zp, axis, len(x.ty.shape)) if axis is not None else zp))
 
 
-def _along(value: Any, axis: int, rank: int) -> Any:
+def along(value: Any, axis: int, rank: int) -> Any:
     """A scalar or 1-D ``value`` shaped to broadcast along ``axis`` of a rank-``rank`` tensor."""
     from tvm import relax  # noqa: PLC0415
 
@@ -91,7 +91,7 @@ def convert_qlinear_conv(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> A
     if bias is not None:
         bias32 = bb.emit(relax.op.astype(bias, "int32"))
         acc = bb.emit(relax.op.add(acc, relax.op.reshape(bias32, [1, -1] + [1] * (rank - 2))))
-    per_channel = bb.emit(_along(_scale(bb, w_scale), 1, rank))
+    per_channel = bb.emit(along(_scale(bb, w_scale), 1, rank))
     multiplier = bb.emit(relax.op.divide(relax.op.multiply(_scale(bb, x_scale), per_channel), _scale(bb, y_scale)))
     return _requantize(bb, acc, multiplier, y_zp, out_dtype)
 
@@ -106,8 +106,8 @@ def convert_qlinear_matmul(bb: Any, inputs: list[Any], attrs: dict[str, Any]) ->
     a_axis = a_rank - 2 if a_rank >= 2 else None
     b_axis = b_rank - 1 if b_rank >= 2 else None
     acc = bb.emit(relax.op.matmul(_shifted(bb, a, a_zp, a_axis), _shifted(bb, b, b_zp, b_axis), out_dtype="int32"))
-    scale_a = _along(_scale(bb, a_scale), a_rank - 2, a_rank) if a_axis is not None else _scale(bb, a_scale)
-    scale_b = _along(_scale(bb, b_scale), b_rank - 1, b_rank) if b_axis is not None else _scale(bb, b_scale)
+    scale_a = along(_scale(bb, a_scale), a_rank - 2, a_rank) if a_axis is not None else _scale(bb, a_scale)
+    scale_b = along(_scale(bb, b_scale), b_rank - 1, b_rank) if b_axis is not None else _scale(bb, b_scale)
     multiplier = bb.emit(relax.op.divide(relax.op.multiply(scale_a, scale_b), _scale(bb, y_scale)))
     return _requantize(bb, acc, multiplier, y_zp, out_dtype)
 
