@@ -206,6 +206,45 @@ def _arg_extreme(kind: str) -> Any:
     return convert
 
 
+def convert_slice(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
+    """A Slice (opset 10+) that selects nothing along some axis (starts 5, ends 2; ends INT64_MIN with
+    a positive step): an empty tensor of its shape. TVM's strided_slice refused such bounds at compile
+    time (exit 70); every other Slice is TVM's."""
+    from tvm import te, tirx  # noqa: PLC0415
+
+    shape = _shape(inputs[0])
+    operands = [inputs[i] if len(inputs) > i else None for i in range(1, 5)]
+    if shape is None or any(o is not None and not _tvm.is_constant(o) for o in operands) or operands[0] is None:
+        return None
+    starts, ends = (np.asarray(_tvm.constant_numpy(o)).reshape(-1).astype(np.int64) for o in operands[:2])
+    axes = (np.asarray(_tvm.constant_numpy(operands[2])).reshape(-1) if operands[2] is not None
+            else np.arange(len(starts)))
+    steps = (np.asarray(_tvm.constant_numpy(operands[3])).reshape(-1) if operands[3] is not None
+             else np.ones_like(starts))
+    out = list(shape)
+    for start, end, axis, step in zip(starts, ends, axes, steps, strict=False):
+        if step == 0 or not -len(shape) <= axis < len(shape):
+            return None  # invalid: TVM's converter says so
+        out[int(axis)] = _slice_length(int(start), int(end), int(step), shape[int(axis)])
+    if all(out):
+        return None
+    dtype = _tvm.tensor_dtype(inputs[0])
+    # A kernel over nothing that takes x (never read): a folded empty constant would be written into
+    # the library, whose loader rejects a zero-size tensor ("Invalid DLTensor file format").
+    return bb.emit_te(lambda t: te.compute(out, lambda *_: tirx.const(0, dtype), name="empty"), inputs[0],
+                      primfunc_name_hint="empty_slice")
+
+
+def _slice_length(start: int, end: int, step: int, dim: int) -> int:
+    """How many elements ``x[start:end:step]`` takes from an axis of ``dim`` (ONNX's clamping)."""
+    start, end = (start + dim if start < 0 else start), (end + dim if end < 0 else end)
+    if step > 0:
+        start, end = min(max(start, 0), dim), min(max(end, 0), dim)
+        return max(0, -(-(end - start) // step))
+    start, end = min(max(start, -1), dim - 1), min(max(end, -1), dim - 1)
+    return max(0, -(-(start - end) // -step))
+
+
 def convert_compress(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     """Compress without an axis whose condition has several dims: both flattened, then the selection.
 
@@ -435,6 +474,7 @@ SMALL_OP_CONVERTERS: dict[str, Any] = {
     "ArgMax": _arg_extreme("ArgMax"),
     "ArgMin": _arg_extreme("ArgMin"),
     "Compress": convert_compress,
+    "Slice": convert_slice,
     "Split": convert_split,
     "Trilu": convert_trilu,
     "OneHot": convert_one_hot,
