@@ -51,6 +51,9 @@ UNKNOWN_POLICIES = ("warn", "error", "silent")
 ACCUMULATION_DTYPES = tuple(sorted(DTYPES, key=lambda d: d != "float32"))  # float32 first in messages
 
 
+#: What to read when a file is malformed.
+_FORMAT_HINT = "See docs/colours.md for the format; configs/ holds working examples."
+
 def builtin_presets() -> list[str]:
     folder = resources.files("amptool.colors") / "presets"
     return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
@@ -125,13 +128,14 @@ def _read(source: str, context: str) -> tuple[dict[str, Any], str]:
     except UnicodeDecodeError as err:
         raise UserError(f"{source}: not UTF-8 text (byte {err.start})", "A colour list is a YAML text file.") from err
     except OSError as err:
-        raise UserError(f"Colour list file {source} cannot be read: {err.strerror or err}") from err
+        raise UserError(f"Colour list file {source} cannot be read: {err.strerror or err}",
+                        "Pass a readable YAML file, or builtin:NAME (amptool colors lists them).") from err
 
 
 def _parse(text: str, label: str) -> dict[str, Any]:
     data = copy.deepcopy(_parsed(text, label))
     if not isinstance(data, dict):
-        raise UserError(f"{label}: expected a mapping with 'version: 1' at the top")
+        raise UserError(f"{label}: expected a mapping with 'version: 1' at the top", _FORMAT_HINT)
     return data
 
 
@@ -150,7 +154,7 @@ def _parsed(text: str, label: str) -> Any:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise UserError(f"{label}:{where} is not valid YAML ({problem})") from err
+        raise UserError(f"{label}:{where} is not valid YAML ({problem})", _FORMAT_HINT) from err
 
 
 # --------------------------------------------------------------------------- resolving
@@ -159,7 +163,7 @@ def _parsed(text: str, label: str) -> Any:
 def _resolve(raw: dict[str, Any], label: str, chain: tuple[str, ...]) -> ColorPolicy:
     for key in raw:
         if key not in TOP_KEYS:
-            raise UserError(f"{label}: unknown key '{key}'{_did_you_mean(str(key), TOP_KEYS)}")
+            raise UserError(f"{label}: unknown key '{key}'{_did_you_mean(str(key), TOP_KEYS)}", _FORMAT_HINT)
     version = raw.get("version")
     if type(version) is not int or version != SCHEMA_VERSION:
         raise UserError(
@@ -183,7 +187,8 @@ def _resolve(raw: dict[str, Any], label: str, chain: tuple[str, ...]) -> ColorPo
                     "a file path is relative to the file that extends it.",
                 )
         if _identity(parent) in chain:
-            raise UserError(f"{label}: 'extends' forms a cycle ({' → '.join(chain + (_identity(parent),))})")
+            cycle = " → ".join(chain + (_identity(parent),))
+            raise UserError(f"{label}: 'extends' forms a cycle ({cycle})", _FORMAT_HINT)
         parent_raw, parent_label = _read(parent, context=f"{label}: 'extends'")
         base = _resolve(parent_raw, parent_label, chain + (_identity(parent_label),))
 
@@ -222,7 +227,7 @@ def _resolve(raw: dict[str, Any], label: str, chain: tuple[str, ...]) -> ColorPo
     accumulation = dict(base.accumulation) if base else {}
     acc_raw = raw.get("accumulation", {}) or {}
     if not isinstance(acc_raw, dict):
-        raise UserError(f"{label}: 'accumulation' must map op names to dtypes")
+        raise UserError(f"{label}: 'accumulation' must map op names to dtypes", _FORMAT_HINT)
     for op, dtype in acc_raw.items():
         name = _canonical_op(str(op), f"{label}: 'accumulation' names")
         if dtype not in ACCUMULATION_DTYPES:
@@ -305,12 +310,12 @@ def _list_edit(
         add = _entries(value.get("add") or [], label, f"{key}.add")
         remove = [op for op, _ in _entries(value.get("remove") or [], label, f"{key}.remove")]
         return None, add, remove
-    raise UserError(f"{label}: '{key}' must be a list of op names or {{add: [...], remove: [...]}}")
+    raise UserError(f"{label}: '{key}' must be a list of op names or {{add: [...], remove: [...]}}", _FORMAT_HINT)
 
 
 def _entries(items: Any, label: str, key: str) -> list[tuple[str, str]]:
     if not isinstance(items, list):
-        raise UserError(f"{label}: '{key}' must be a list of op names")
+        raise UserError(f"{label}: '{key}' must be a list of op names", _FORMAT_HINT)
     out: list[tuple[str, str]] = []
     for item in items:
         if isinstance(item, dict) and "op" in item:
@@ -318,18 +323,19 @@ def _entries(items: Any, label: str, key: str) -> list[tuple[str, str]]:
         elif isinstance(item, str):
             out.append((_canonical_op(item, f"{label}: '{key}' names"), ""))
         else:
-            raise UserError(f"{label}: '{key}' has an entry {item!r} that is not an op name")
+            raise UserError(f"{label}: '{key}' has an entry {item!r} that is not an op name", _FORMAT_HINT)
     return out
 
 
 def _node_rules(items: Any, label: str) -> list[NodeRule]:
     if not isinstance(items, list):
-        raise UserError(f"{label}: 'nodes' must be a list of {{match: PATTERN, color: COLOUR}}")
+        raise UserError(f"{label}: 'nodes' must be a list of {{match: PATTERN, color: COLOUR}}", _FORMAT_HINT)
     rules: list[NodeRule] = []
     colours = [c.value for c in Color]
     for i, item in enumerate(items):
         if not isinstance(item, dict) or set(item) - {"match", "color"} or "match" not in item:
-            raise UserError(f"{label}: nodes[{i}] must be {{match: PATTERN, color: COLOUR}}, got {item!r}")
+            raise UserError(f"{label}: nodes[{i}] must be {{match: PATTERN, color: COLOUR}}, got {item!r}",
+                            _FORMAT_HINT)
         color = item.get("color")
         if color not in colours:
             raise UserError(
@@ -343,7 +349,9 @@ def _node_rules(items: Any, label: str) -> list[NodeRule]:
             try:
                 re.compile(pattern[1:-1])
             except re.error as err:
-                raise UserError(f"{label}: nodes[{i}].match {pattern!r} is not a valid regex ({err})") from err
+                where = label if label.startswith("--") else f"{label}: nodes[{i}].match"  # a flag, or a file's key
+                raise UserError(f"{where} {pattern!r} is not a valid regex ({err})",
+                                "Write the pattern as /REGEX/ with Python's re syntax, or as a glob.") from err
         rules.append(NodeRule(pattern, Color(color)))
     return rules
 

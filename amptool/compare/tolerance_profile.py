@@ -22,6 +22,9 @@ from amptool.compare.tolerance import ToleranceOverride, TolerancePolicy, _parse
 from amptool.errors import UserError
 from amptool.fileio import check_regular_file
 
+#: What to read when a file is malformed.
+_FORMAT_HINT = "See docs/diff.md (Tolerance profiles); configs/tolerances/ holds working examples."
+
 #: YAML key → ToleranceOverride field (the YAML speaks the CLI's names).
 _KEYS = {"atol": "atol", "rtol": "rtol", "min_cosine": "min_cosine", "max_scale_error": "max_scale_error",
          "check_error_stat": "check_stat"}
@@ -34,16 +37,16 @@ def load_tolerance_profile(path: str) -> TolerancePolicy:
         with open(path, encoding="utf-8") as handle:
             data = yaml.safe_load(handle)
     except (yaml.YAMLError, UnicodeDecodeError) as err:
-        raise UserError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from err
+        raise UserError(f"{path}: not valid YAML ({str(err).splitlines()[0]})", _FORMAT_HINT) from err
     if not isinstance(data, dict) or data.get("version") != 1:
-        raise UserError(f"{path}: a tolerance profile is a mapping with 'version: 1' at the top")
+        raise UserError(f"{path}: a tolerance profile is a mapping with 'version: 1' at the top", _FORMAT_HINT)
     unknown = sorted(set(data) - {"version", "default", "outputs"})
     if unknown:
         raise UserError(f"{path}: unknown key(s) {', '.join(unknown)}", "Keys: version, default, outputs.")
     default = tolerance_override(data.get("default") or {}, f"{path}: default")
     outputs = data.get("outputs") or {}
     if not isinstance(outputs, dict):
-        raise UserError(f"{path}: 'outputs' must map output names to tolerances")
+        raise UserError(f"{path}: 'outputs' must map output names to tolerances", _FORMAT_HINT)
     named = tuple((str(name), tolerance_override(values or {}, f"{path}: outputs.{name}"))
                   for name, values in outputs.items())
     return TolerancePolicy(default=default, per_output=named)

@@ -271,6 +271,11 @@ def convert_resize(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
         coeffs = _cubic(float(attrs.get("cubic_coeff_a", -0.75)), antialias)
     else:
         raise UserError(f"Resize node '{node}': mode '{mode}' is not an ONNX mode", "Use nearest, linear or cubic.")
+    for axis in axes:
+        if not (out[axis] > 0 and math.isfinite(factors[axis]) and factors[axis] > 0):
+            raise UserError(f"Resize node '{node}': axis {axis} would have size {out[axis]} (scale "
+                            f"{factors[axis]:g}); scales and sizes must be positive",
+                            "Check the exporter's output: an empty or negative size is no image.")
     plans = []
     for axis in axes:
         pair = (full_roi[axis], full_roi[axis + rank])
