@@ -89,6 +89,12 @@ def openvino_variant(dtype: str) -> str:
     return f"openvino-{dtype}"
 
 
+def max_threads() -> int:
+    """The most threads a bench asks of a runtime: 4 per CPU (256 at least, for a remote device).
+    A thread pool of 100,000 aborted onnxruntime after minutes at a load of ~1,800."""
+    return max(256, 4 * (os.cpu_count() or 1))
+
+
 @dataclass(frozen=True)
 class BenchConfig:
     """What to time. ``model`` is an ONNX file or an ``amptool convert`` output directory."""
@@ -118,9 +124,14 @@ class BenchConfig:
         for name in ("batch", "threads"):
             value = getattr(self, name)
             if value is not None and value < 1:
-                raise UserError(f"--{name} must be at least 1, got {value}")
+                raise UserError(f"--{name} must be at least 1, got {value}",
+                                "Leave --threads out for every CPU available." if name == "threads" else
+                                "Give the batch size the model runs at, e.g. --batch 1.")
+        if self.threads is not None and self.threads > max_threads():
+            raise UserError(f"--threads {self.threads} is more than amptool times ({max_threads()})",
+                            f"This machine has {os.cpu_count()} CPUs; threads beyond them only wait on each other.")
         if self.rounds < 1 or self.runs < 1 or self.warmup < 0:
-            raise UserError("--rounds and --runs must be at least 1")
+            raise UserError("--rounds and --runs must be at least 1", "E.g. --rounds 5 --runs 3 (the defaults).")
         for runtime in self.against:
             if runtime not in AGAINST:
                 raise UserError(f"--against {runtime}: not a runtime amptool can time",

@@ -36,7 +36,7 @@ from amptool.errors import TargetUnavailableError, UserError
 from amptool.frontend.graph import iter_nodes
 from amptool.frontend.importer import ImportedModel, NodeOrigin, import_model
 from amptool.frontend.input_values import FixedValue, fixed_input_arrays, resolve_input_shapes
-from amptool.frontend.load import LoadedModel, load_model, refuse_quantized
+from amptool.frontend.load import LoadedModel, checker_failure, load_model, refuse_quantized
 from amptool.frontend.prepare import PreparedModel, prepare_model
 from amptool.frontend.signature import (
     DEFAULT_MAX_INPUT_BYTES,
@@ -358,10 +358,22 @@ def build_model(
     if emit_ir:
         check_ir_path(emit_ir)
     resolve_later = (lambda: resolve(config)) if late else None
-    rewritten = rewrite_model(config, arrays, on_stage, before_import=resolve_later)
-    if emit_ir:
-        write_ir(rewritten.passes.mod, emit_ir)
-    return compile_rewritten(config, rewritten, on_stage)
+    try:
+        rewritten = rewrite_model(config, arrays, on_stage, before_import=resolve_later)
+        if emit_ir:
+            write_ir(rewritten.passes.mod, emit_ir)
+        return compile_rewritten(config, rewritten, on_stage)
+    except (UserError, TargetUnavailableError, MemoryError):
+        raise
+    except Exception as err:
+        # An invalid model (Tile repeats of -1, a dilation of 10**6) that the load let through because
+        # onnxruntime opened it fails somewhere in TVM: the user's problem, said as the checker says it.
+        invalid = checker_failure(config.model)
+        if invalid is None:
+            raise
+        raise UserError(f"{config.model} is not a valid ONNX model: {invalid}",
+                        "Run onnx.checker.check_model(model, full_check=True) on it and fix the exporter's "
+                        "output.") from err
 
 
 def check_ir_path(path: str) -> None:

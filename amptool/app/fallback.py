@@ -69,6 +69,7 @@ from amptool.fileio import finite_only
 from amptool.frontend.input_values import shape_text, value_text
 from amptool.frontend.signature import TensorSpec, graph_inputs
 from amptool.passes import stats
+from amptool.runtime.inputs import MAX_ITERATIONS
 
 FALLBACK_FILE = "fallback.yaml"
 DEFAULT_MAX_COMPILES = 10
@@ -96,8 +97,9 @@ class FallbackConfig:
         if self.convert.dtype == "float32":
             raise UserError("--auto-fallback needs a low-precision --dtype (float16 or bfloat16)",
                             "float32 has nothing to fall back from.")
-        if self.iterations is not None and self.iterations < 1:
-            raise UserError(f"--iterations {self.iterations}: need at least 1")
+        if self.iterations is not None and not 1 <= self.iterations <= MAX_ITERATIONS:
+            raise UserError(f"--iterations {self.iterations}: need 1 to {MAX_ITERATIONS}",
+                            "Each iteration runs both models once; a few (the default 4) find most fallbacks.")
         if self.iterations is not None and self.convert.calibration:
             raise UserError(f"--iterations {self.iterations} generates the search's input sets, but "
                             f"--calibration {self.convert.calibration} gives them",

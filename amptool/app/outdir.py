@@ -77,7 +77,16 @@ def _resolved(output_dir: str) -> str:
 
 def check_output_dir(output_dir: str, flag: str = "-o") -> None:
     """Raise UserError unless ``output_dir`` may be written (see the module docstring)."""
+    if not output_dir.strip():
+        raise UserError(f"{flag} is empty", "Name the output directory, e.g. -o out/model-fp16.")
     target = _resolved(output_dir)
+    parent = os.path.dirname(target)
+    while parent and not os.path.lexists(parent):  # the nearest ancestor that exists
+        up = os.path.dirname(parent)
+        parent = "" if up == parent else up
+    if parent and not os.path.isdir(parent):  # found before the build, not as "File exists" after it
+        raise UserError(f"{flag} {output_dir}: '{parent}' is a file, not a directory",
+                        "Name an output directory whose parents are directories.")
     if os.path.lexists(target) and not os.path.isdir(target):
         raise UserError(f"{flag} {output_dir}: exists and is not a directory",
                         "Name a new directory, or an artifact directory written by amptool.")
@@ -99,6 +108,18 @@ def check_output_dir(output_dir: str, flag: str = "-o") -> None:
             "or artifact directory and leaves this one untouched",
             "Choose another output directory, e.g. -o out/model-fp16.",
         )
+
+
+def check_outside(output_dir: str, path: str | None, flag: str, output_flag: str = "-o") -> None:
+    """Raise UserError when ``path`` (a file another flag writes) lies inside ``output_dir``: the
+    artifact replaces that directory as a whole, so the file would be lost, or refuse the next run."""
+    if not path or path == "-":
+        return
+    target, inner = _resolved(output_dir), _resolved(path)
+    if os.path.commonpath([target, inner]) == target:
+        beside = os.path.join(os.path.dirname(target) or ".", os.path.basename(inner))
+        raise UserError(f"{flag} {path} is inside {output_flag} {output_dir}, which amptool writes as a whole",
+                        f"Write it beside the directory, e.g. {flag} {beside}.")
 
 
 def write_directory(output_dir: str, write_files: Callable[[str], list[str]], flag: str = "-o") -> None:

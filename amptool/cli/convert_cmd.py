@@ -70,7 +70,7 @@ def convert(model: str, dtype: str, build: dict[str, Any],
       amptool convert model.onnx --dim batch=8 --target cuda -o out/ -q
     """
     from amptool.app.convert import ConvertConfig, check_ir_path, convert_model, write_ir  # noqa: PLC0415
-    from amptool.app.outdir import check_output_dir  # noqa: PLC0415
+    from amptool.app.outdir import check_output_dir, check_outside  # noqa: PLC0415
     from amptool.cli import render  # noqa: PLC0415
 
     config = ConvertConfig(model=model, dtype=dtype, **build)
@@ -96,6 +96,8 @@ def convert(model: str, dtype: str, build: dict[str, Any],
 
         require_matplotlib(pareto_plot)
     check_output_dir(output_dir)  # before anything is built: a foreign directory is refused untouched
+    check_outside(output_dir, emit_ir, "--emit-ir")
+    check_outside(output_dir, json_path, "--json")
     if emit_ir:
         check_ir_path(emit_ir)
     if lower_only:

@@ -14,6 +14,7 @@ from amptool.cli.help import command
 from amptool.cli.json_out import emit_json, json_option, json_to_stdout, report_console
 from amptool.cli.options import model_options, rpc_options
 from amptool.errors import EXIT_ACCURACY_FAILED, EXIT_OK, UserError
+from amptool.runtime.inputs import MAX_ITERATIONS
 
 _FILE = click.Path(dir_okay=False)
 
@@ -36,8 +37,8 @@ _FILE = click.Path(dir_okay=False)
               help="Fail when a segmentation map's per-pixel argmax (or an integer label map) agrees on less "
                    "than FRACTION of pixels; label maps are then judged by it, not by exact equality.")
 @click.option("--save-inputs", type=_FILE, default=None, metavar="PATH.npz", help="Write the inputs used to this .npz.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed for generated inputs.")
-@click.option("--iterations", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed for generated inputs.")
+@click.option("--iterations", type=click.IntRange(min=1, max=MAX_ITERATIONS), default=1, show_default=True,
               help="Compare on N generated input sets (seeds SEED…SEED+N-1); report the worst case and the mean.")
 @click.option("--val-range", "val_ranges", multiple=True, metavar="[NAME:]LO,HI",
               help="Generated values of input NAME: floats uniform in [LO, HI), integers in [LO, HI); "

@@ -94,6 +94,16 @@ def _read_model(path: str) -> tuple[onnx.ModelProto, concurrent.futures.Future[s
     return model, digest
 
 
+def checker_failure(path: str) -> str | None:
+    """What onnx's full check (with strict shape inference) says is wrong with the model at ``path``;
+    None when it passes. Run only after a build failed: the load accepts models onnxruntime loads."""
+    try:
+        onnx.checker.check_model(path, full_check=True)
+    except Exception as err:  # noqa: BLE001 - any complaint of the checker's is the answer
+        return error_summary(err)
+    return None
+
+
 def load_model(path: str) -> LoadedModel:
     """Read, check and name an ONNX model; raise UserError with a hint on anything wrong."""
     check_regular_file(path, "Model file", "Pass a .onnx file.", max_bytes=physical_memory())

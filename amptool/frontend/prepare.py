@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from amptool.errors import error_summary
+from amptool.errors import UserError, error_summary
 from amptool.frontend.conv_batchnorm import fold_conv_batchnorm
 from amptool.frontend.fold import fold_model, infer_shapes
 from amptool.frontend.gradient import fold_protected, has_gradients
@@ -40,6 +40,7 @@ from amptool.frontend.graph import default_opset
 from amptool.frontend.load import name_nodes
 from amptool.frontend.ort_folding import constants_as_initializers, folding_needed
 from amptool.frontend.signature import TensorSpec
+from amptool.frontend.unroll import too_long
 from amptool.runtime.onnxruntime_runner import exposable_tensors
 
 log = logging.getLogger(__name__)
@@ -189,6 +190,7 @@ def prepare_model(
         model = freeze_inputs(model, fixed_inputs)
         steps.append("fix-inputs")
     prepared = PreparedModel(model=pin_shapes(model, inputs), steps=[*steps, "pin-shapes"])
+    _refuse_endless_loops(prepared.model)
     if default_opset(prepared.model) < MIN_RUNNABLE_OPSET:
         _try(
             prepared,
@@ -303,6 +305,15 @@ def _try(prepared: PreparedModel, step: str, fn: Callable[[onnx.ModelProto], onn
 #: Folding may reorder fp32 arithmetic (BatchNorm into Conv), nothing more: outputs must
 #: agree to this fraction of their magnitude, and exactly for integers and NaN/Inf positions.
 NUMERICS_RTOL = 1e-3
+
+
+def _refuse_endless_loops(model: onnx.ModelProto) -> None:
+    """A Loop known to run past the unroll limit is refused before onnxruntime runs the model: its
+    folding session and check-numerics would run every iteration (10**12 of them hung convert)."""
+    for name, why in too_long(model).items():
+        raise UserError(f"Loop '{name}' is not unrolled: {why}",
+                        "amptool compiles loops unrolled; export the model with a shorter loop, or pin what "
+                        "bounds it with --fixed-input or --input-shape.")
 
 
 def _numerics_outcome(

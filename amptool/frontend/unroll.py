@@ -62,6 +62,11 @@ class Refusal(Exception):
     """Why a loop cannot be unrolled, as a short clause for a user-facing message."""
 
 
+class TooLong(Refusal):
+    """The loop's trip count is known and past the limit: onnxruntime, which prepare runs the model
+    with, would take as long (a constant 10**12 trips hung convert), so it is refused up front."""
+
+
 def unroll_loops(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     """A copy of ``model`` with every unrollable Loop/Scan unrolled, and how many were."""
     if not any(n.op_type in ("Loop", "Scan") for n in iter_nodes(model.graph)):
@@ -80,6 +85,16 @@ def refusals(model: onnx.ModelProto) -> dict[str, str]:
     return walker.refused
 
 
+def too_long(model: onnx.ModelProto) -> dict[str, str]:
+    """``{node name: reason}`` for the Loops known, before run time, to run past the unroll limit
+    (their iterations are counted up to it, no further)."""
+    if not any(n.op_type == "Loop" for n in iter_nodes(model.graph)):
+        return {}
+    walker = _Walker(model, rewrite=False)
+    walker.graph(model.graph, {})
+    return walker.too_long
+
+
 class _Walker:
     """Visits every graph with the constants in scope; unrolls (or explains) each loop."""
 
@@ -89,6 +104,7 @@ class _Walker:
         self.names = Names(all_names(model.graph))
         self.unrolled = 0
         self.refused: dict[str, str] = {}
+        self.too_long: dict[str, str] = {}
         self._shapes: dict[str, tuple[int, ...]] | None = None
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
@@ -151,6 +167,8 @@ class _Walker:
                 nodes = copier.loop(trips, self._empty_scans(node) if trips == 0 else [])
         except Refusal as why:
             self.refused[node.name] = str(why)
+            if isinstance(why, TooLong):
+                self.too_long[node.name] = str(why)
             log.info("%s '%s' not unrolled: %s", node.op_type, node.name, why)
             return None
         self.unrolled += 1
@@ -219,8 +237,8 @@ def _loop_trip_count(node: onnx.NodeProto, known: dict[str, np.ndarray], model: 
     while cond and (limit is None or trips < limit):
         if trips >= MAX_TRIP_COUNT:
             if limit is None and evaluate.constant:
-                raise Refusal("it has no trip count and a condition that never turns false")
-            raise Refusal(f"it runs more than the unroll limit of {MAX_TRIP_COUNT} iterations")
+                raise TooLong("it has no trip count and a condition that never turns false")
+            raise TooLong(f"it runs more than the unroll limit of {MAX_TRIP_COUNT} iterations")
         cond = evaluate(trips, cond)
         trips += 1
     return trips

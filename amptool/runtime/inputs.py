@@ -28,6 +28,9 @@ from amptool.frontend.signature import TensorSpec
 #: Ops an index may pass through on its way to Gather without changing its values.
 _TRANSPARENT = frozenset({"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity"})
 DEFAULT_INT_HIGH = 10
+#: Most seeded input sets one diff or auto-fallback search compares on (each runs both models once):
+#: a mistyped 10**20 would otherwise build its seed list until the machine ran out of memory.
+MAX_ITERATIONS = 10_000
 #: ``--save-outputs`` writes the reference under each output's name and the converted
 #: model's output under this prefix; ``--reference-outputs`` ignores keys with the prefix.
 CONVERTED_PREFIX = "converted/"

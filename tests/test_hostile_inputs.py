@@ -1,0 +1,115 @@
+"""Inputs a fuzzing session found to hang, exhaust memory, crash with exit 70, or fail late: each must
+now be a one-line user error (exit 2) before any work, or a correct result."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper, numpy_helper
+
+from tests.conftest import single_error
+
+
+def _save(path: Path, nodes: list, inputs: list, outputs: list, initializers: list = (), opset: int = 18) -> str:
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
+                              [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs], list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 9
+    onnx.save(model, path)
+    return str(path)
+
+
+def _relu(tmp_path: Path) -> str:
+    return _save(tmp_path / "relu.onnx", [helper.make_node("Relu", ["x"], ["y"])], [("x", T.FLOAT, [1, 4])],
+                 [("y", T.FLOAT, [1, 4])])
+
+
+def _refused(result, *words: str) -> None:
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.output
+    for word in words:
+        assert word in result.output, result.output
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (("--iterations", "99999999999999999999"), ("--iterations", "10000")),  # built its seed list: OOM
+    (("--seed", "-1"), ("--seed",)),  # numpy's ValueError: exit 70
+])
+def test_diff_flags_out_of_range(run_cli, tmp_path, args, words):
+    start = time.monotonic()
+    _refused(run_cli("diff", _relu(tmp_path), *args), *words)
+    assert time.monotonic() - start < 30
+
+
+def test_bench_refuses_a_thread_count_no_machine_has(run_cli, tmp_path):
+    """--threads 100000 aborted onnxruntime after minutes at a load of ~1,800."""
+    result = run_cli("bench", _relu(tmp_path), "--threads", "100000")
+    _refused(result, "--threads 100000")
+    assert single_error(result.output)
+
+
+def test_a_loop_known_to_run_past_the_limit_is_refused_before_onnxruntime(run_cli, tmp_path):
+    """A constant 10**12-trip Loop: prepare's onnxruntime runs would take as long (convert hung)."""
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]), helper.make_node("Add", ["v_in", "one"], ["v_out"])],
+        "body", [helper.make_tensor_value_info(n, t, s) for n, t, s in
+                 (("i", T.INT64, []), ("cond_in", T.BOOL, []), ("v_in", T.FLOAT, [1, 4]))],
+        [helper.make_tensor_value_info(n, t, s) for n, t, s in (("cond_out", T.BOOL, []), ("v_out", T.FLOAT, [1, 4]))],
+        [numpy_helper.from_array(np.ones([1, 4], np.float32), "one")])
+    path = _save(tmp_path / "loop.onnx", [helper.make_node("Loop", ["M", "cond", "x"], ["y"], body=body, name="loop")],
+                 [("x", T.FLOAT, [1, 4])], [("y", T.FLOAT, [1, 4])],
+                 [numpy_helper.from_array(np.array(10**12, np.int64), "M"),
+                  numpy_helper.from_array(np.array(True), "cond")])
+    start = time.monotonic()
+    result = run_cli("convert", path, "-o", str(tmp_path / "out"))
+    _refused(result, "Loop 'loop'", "unroll limit")
+    assert time.monotonic() - start < 60 and not (tmp_path / "out").exists()
+
+
+def test_an_invalid_model_that_crashes_tvm_is_a_user_error(run_cli, tmp_path):
+    """Tile with a negative repeat: onnxruntime opens it (so the load let it through), TVM's compile
+    failed on it (exit 70); onnx's full check names the problem."""
+    path = _save(tmp_path / "tile.onnx", [helper.make_node("Tile", ["x", "r"], ["y"], name="t")],
+                 [("x", T.FLOAT, [2, 4])], [("y", T.FLOAT, [4, 4])],
+                 [numpy_helper.from_array(np.array([2, -1], np.int64), "r")])
+    _refused(run_cli("diff", path), "is not a valid ONNX model", "negative")
+
+
+def test_files_of_other_flags_inside_the_output_directory_are_refused_up_front(run_cli, tmp_path):
+    """--emit-ir OUT/ir.py was written, then OUT refused as foreign after the whole build."""
+    model, out = _relu(tmp_path), tmp_path / "out"
+    for flag in ("--emit-ir", "--json"):
+        result = run_cli("convert", model, "-o", str(out), flag, str(out / "extra"))
+        _refused(result, f"{flag} {out / 'extra'} is inside -o")
+        assert not out.exists()
+
+
+def test_output_directory_under_a_file_or_empty_is_refused_before_the_build(run_cli, tmp_path):
+    model, blocker = _relu(tmp_path), tmp_path / "afile"
+    blocker.write_text("x")
+    _refused(run_cli("convert", model, "-o", str(blocker / "sub" / "out")), "is a file, not a directory")
+    _refused(run_cli("convert", model, "-o", ""), "-o is empty")
+
+
+@pytest.mark.parametrize(("starts", "ends", "steps"), [
+    ([5], [2], [1]),  # ordinary empty range
+    ([1], [np.iinfo(np.int64).min], [2]),  # torch's "to the start" end with a positive step
+])
+def test_empty_slices_build_and_feed_a_concat(run_cli, tmp_path, starts, ends, steps):
+    """A Slice selecting nothing: TVM's strided_slice refused the bounds at compile time (exit 70)."""
+    constants = [numpy_helper.from_array(np.array(v, np.int64), n)
+                 for n, v in (("s", starts), ("e", ends), ("a", [1]), ("st", steps))]
+    path = _save(tmp_path / "slice.onnx",
+                 [helper.make_node("Slice", ["x", "s", "e", "a", "st"], ["empty"], name="sl"),
+                  helper.make_node("Concat", ["x", "empty"], ["y"], name="cat", axis=1),
+                  helper.make_node("Identity", ["empty"], ["e_out"], name="id")],
+                 [("x", T.FLOAT, [4, 8])], [("y", T.FLOAT, [4, 8]), ("e_out", T.FLOAT, [4, 0])], constants)
+    result = run_cli("diff", path, "--dtype", "float16")
+    assert result.exit_code == 0, result.output
+    assert result.output.strip().splitlines()[-1].startswith("PASSED")
