@@ -113,3 +113,12 @@ def test_empty_slices_build_and_feed_a_concat(run_cli, tmp_path, starts, ends, s
     result = run_cli("diff", path, "--dtype", "float16")
     assert result.exit_code == 0, result.output
     assert result.output.strip().splitlines()[-1].startswith("PASSED")
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (("--input-shape", ":1x4"), ("names no input",)),  # was taken silently
+    (("--input-shape", "x:1x4", "--input-shape", "x:2x4"), ("'x' twice",)),  # the last one won, silently
+    (("--input-shape", "x:0x4"), ("dims must be positive", "hint:")),
+])
+def test_input_shape_flags_that_say_nothing_or_contradict(run_cli, tmp_path, args, words):
+    _refused(run_cli("diff", _relu(tmp_path), *args), *words)

@@ -13,7 +13,7 @@ import click
 from amptool.app.convert import DTYPES
 from amptool.cli.console import abort, verbosity_options
 from amptool.errors import UserError
-from amptool.frontend.input_values import parse_dim, parse_fixed_input, parse_input_shape
+from amptool.frontend.input_values import parse_dim, parse_fixed_input, parse_input_shapes
 
 fixed_input_option = click.option(
     "--fixed-input", "fixed_inputs", multiple=True, metavar="NAME=VALUE",
@@ -130,7 +130,7 @@ def build_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def with_build(*args: Any, **kwargs: Any) -> Any:
         try:  # parse at the edge: the library takes typed values
-            shapes = dict(parse_input_shape(text) for text in kwargs.pop("input_shapes"))
+            shapes = parse_input_shapes(kwargs.pop("input_shapes"))
             fixed = dict(parse_fixed_input(text) for text in kwargs.pop("fixed_inputs"))
             dims = dict(parse_dim(text) for text in kwargs.pop("dims"))
         except UserError as error:

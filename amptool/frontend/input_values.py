@@ -34,14 +34,31 @@ def parse_input_shape(raw: str) -> tuple[str, tuple[int, ...]]:
     """``NAME:1x3x224x224`` (or Polygraphy's ``NAME:[1,3,224,224]``) → (NAME, dims); a bare
     ``1x3x224x224`` → (:data:`ONLY_INPUT`, dims)."""
     name, sep, dims_text = raw.rpartition(":")
+    if sep and not name.strip():
+        raise UserError(f"--input-shape '{raw}' names no input before ':'",
+                        "Write NAME:DIMS, e.g. --input-shape images:1x3x224x224 (or DIMS alone for a one-input model).")
     dims_text = dims_text.strip().removeprefix("[").removesuffix("]")
     if not _DIMS.match(dims_text):
         raise UserError(f"--input-shape '{raw}': '{dims_text}' is not a shape",
                         "Write dims as positive integers separated by 'x', e.g. 1x3x224x224 ('' for a scalar).")
     dims = tuple(int(d) for d in re.split(r"\s*[x,×]\s*", dims_text.strip()) if d)
     if any(d <= 0 for d in dims):
-        raise UserError(f"--input-shape '{raw}': dims must be positive")
+        raise UserError(f"--input-shape '{raw}': dims must be positive",
+                        "amptool compiles for one shape; a zero-size input has nothing to convert.")
     return (name if sep else ONLY_INPUT), dims
+
+
+def parse_input_shapes(texts: Sequence[str]) -> dict[str, tuple[int, ...]]:
+    """Every ``--input-shape`` by input name; one input given twice is refused (the last would win)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for text in texts:
+        name, dims = parse_input_shape(text)
+        if name in shapes and shapes[name] != dims:
+            label = "the model's input" if name == ONLY_INPUT else f"'{name}'"
+            raise UserError(f"--input-shape gives {label} twice ({shape_text(shapes[name])} and {shape_text(dims)})",
+                            "Give each input one shape.")
+        shapes[name] = dims
+    return shapes
 
 
 def parse_dim(raw: str) -> tuple[str, int]:
