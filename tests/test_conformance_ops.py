@@ -168,3 +168,27 @@ def test_unsigned_bitshift_past_the_width_is_zero(tmp_path, direction):
     want = np.array([v if s < 8 else 0 for v, s in zip(shifted, amount)], dtype=np.uint8)
     got = amptool.convert(path, dtype="float32").run({"x": x, "s": amount})["y"]
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_swiglu_and_swish_of_an_llm_mlp(tmp_path, dtype):
+    """SwiGLU (opset 28) and Swish (opset 24) had no converter: an MLP exported with them was refused.
+    onnxruntime has no SwiGLU kernel: the onnx reference judges, float16 at amptool's tolerance."""
+    from onnx.reference import ReferenceEvaluator
+
+    rng = np.random.default_rng(1)
+    weights = [helper.make_tensor(n, F, [16, 32], (rng.standard_normal((16, 32)) * 0.3).ravel())
+               for n in ("w_gate", "w_up")]
+    nodes = [helper.make_node("MatMul", ["x", "w_gate"], ["gate"]), helper.make_node("MatMul", ["x", "w_up"], ["up"]),
+             helper.make_node("SwiGLU", ["gate", "up"], ["mlp"], alpha=1.702),
+             helper.make_node("Swish", ["mlp"], ["y"], alpha=0.5)]
+    graph = helper.make_graph(nodes, "g", [info("x", [4, 16])], [info("y", [4, 32])], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 28)])
+    model.ir_version = 11
+    path = tmp_path / "mlp.onnx"
+    onnx.save(model, path)
+    feeds = {"x": rng.standard_normal((4, 16), dtype=np.float32)}
+    expected = ReferenceEvaluator(model).run(None, feeds)[0]
+    actual = np.asarray(amptool.convert(path, dtype=dtype).run(feeds)["y"])
+    tolerance = 1e-5 if dtype == "float32" else 1e-2 * float(np.abs(expected).max())
+    np.testing.assert_allclose(actual, expected, atol=tolerance, rtol=0)

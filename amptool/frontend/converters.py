@@ -27,6 +27,8 @@ from amptool.frontend.elementwise import (
     convert_elu,
     convert_isinf,
     convert_selu,
+    convert_swiglu,
+    convert_swish,
     convert_thresholded_relu,
 )
 from amptool.frontend.layout_ops import LAYOUT_CONVERTERS
@@ -152,6 +154,9 @@ CONVERTERS: dict[str, Converter] = {
     "Elu": convert_elu,
     "Selu": convert_selu,
     "ThresholdedRelu": convert_thresholded_relu,
+    # Swish (opset 24), SwiGLU (opset 28): no TVM converter.
+    "Swish": convert_swish,
+    "SwiGLU": convert_swiglu,
 }
 # One module per family; each says why its converters exist. No op appears in two tables.
 _TABLES = (SMALL_OP_CONVERTERS, TREE_CONVERTERS, LAYOUT_CONVERTERS, SIGNAL_CONVERTERS, DETECTION_CONVERTERS,

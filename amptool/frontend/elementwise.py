@@ -134,3 +134,23 @@ def _thresholded_relu(op: Any, x: Any, const: Any, attrs: dict[str, Any]) -> Any
 convert_elu = _activation(_elu)
 convert_selu = _activation(_selu)
 convert_thresholded_relu = _activation(_thresholded_relu)
+
+
+def convert_swish(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
+    """Swish (opset 24): ``x * sigmoid(alpha * x)``. No TVM converter."""
+    return _swish(inputs[0], float(attrs.get("alpha", 1.0)))
+
+
+def convert_swiglu(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
+    """SwiGLU (opset 28): ``Swish_alpha(gate) * value``, an LLM MLP's gate. No TVM converter."""
+    from tvm import relax  # noqa: PLC0415
+
+    return relax.op.multiply(_swish(inputs[0], float(attrs.get("alpha", 1.0))), inputs[1])
+
+
+def _swish(x: Any, alpha: float) -> Any:
+    from tvm import relax  # noqa: PLC0415
+
+    op = relax.op
+    scaled = x if alpha == 1.0 else op.multiply(x, relax.const(alpha, _tvm.tensor_dtype(x) or "float32"))
+    return op.multiply(x, op.sigmoid(scaled))
