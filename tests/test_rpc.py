@@ -196,14 +196,14 @@ def test_a_server_killed_mid_run_exits_3_within_the_timeout(artifact, tmp_path):
         timeout_s = 30
         client = subprocess.Popen(
             [sys.executable, "-m", "amptool", "diff", str(model), "--artifact", str(outdir), "--rpc-server",
-             f"127.0.0.1:{port}", "--rpc-timeout", str(timeout_s), "--iterations", "100000"],
+             f"127.0.0.1:{port}", "--rpc-timeout", str(timeout_s), "--iterations", "10000"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
             assert client.stderr is not None
             seen = []
             for line in client.stderr:  # stage lines (not a terminal): wait until it runs on the device
                 seen.append(line)
-                if "run 3/100000" in line:
+                if "run 3/10000" in line:
                     break
             assert client.poll() is None, "".join(seen)
             _stop(process)
