@@ -23,7 +23,7 @@ from amptool import _tvm
 
 _BFLOAT16 = {"bfloat16": "float32"}
 _SORTABLE = {**_BFLOAT16, "int16": "int64", "uint16": "int64", "uint32": "int64"}
-_UINT64 = {**_SORTABLE, "uint64": "int64"}  # ops whose values need no cast back (see _uint64_key)
+_UINT64 = {**_SORTABLE, "uint64": "int64"}  # argsort and topk only: keyed by _uint64_key, values gathered
 #: op → (operand dtype → the dtype it is computed in, whether the result holds values to cast back)
 WIDENED: dict[str, tuple[dict[str, str], bool]] = {
     "relax.isnan": (_BFLOAT16, False), "relax.isinf": (_BFLOAT16, False), "relax.isfinite": (_BFLOAT16, False),

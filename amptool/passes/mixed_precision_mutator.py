@@ -23,6 +23,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 from amptool import _tvm
 from amptool.colors.policy import Color, ColorPolicy
 from amptool.frontend.importer import NodeOrigin
+from amptool.passes.kernel_dtypes import WIDENED
 from amptool.passes.mixed_precision_types import CREATION_OPS, Decision, MixedPrecisionReport
 from amptool.passes.range_guards import DTYPE_MAX, ActivationGuard, CancellationGuard, Guarded, castable
 
@@ -35,8 +36,8 @@ log = logging.getLogger(__name__)
 #: TVM's BF16StorageLegalize at codegen (its reducer's bfloat16 let bindings) — a TF detector's
 #: class of each box; and TopK over bfloat16 builds and runs but returns values from the wrong
 #: positions, other rows' among them (a classifier's top-5: cosine 0.37) — its sorts with it.
-NO_LOW_KERNEL = {"bfloat16": frozenset({"relax.isinf", "relax.isnan", "relax.isfinite", "relax.argmax",
-                                        "relax.argmin", "relax.topk", "relax.sort", "relax.argsort"})}
+#: The list is kernel_dtypes.WIDENED's (which widens a bfloat16 model's own operands of them).
+NO_LOW_KERNEL = {"bfloat16": frozenset(op for op, (wider, _) in WIDENED.items() if "bfloat16" in wider)}
 
 #: Suffix of a cast value's name, per dtype (``conv_f16``).
 SHORT = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64"}
