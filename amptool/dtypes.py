@@ -65,11 +65,14 @@ def as_float_dtype(array: np.ndarray, name: str | None) -> np.ndarray:
     return array.astype(numpy_dtype(name))
 
 
+#: Integers narrower than a byte → the 8-bit type that carries their values: TVM cannot hold
+#: sub-byte tensors, and onnxruntime packs them two (or four) a byte where numpy keeps one.
+SMALL_INT_CONTAINERS = {"int4": "int8", "uint4": "uint8", "int2": "int8", "uint2": "uint8"}
+
+
 def as_container(array: np.ndarray) -> np.ndarray:
     """An ml_dtypes int4/uint4/int2/uint2 array as the int8/uint8 that carries its values in a
-    compiled module (TVM cannot hold sub-byte tensors); any other array as it is."""
+    compiled module; any other array as it is."""
     array = np.asarray(array)
-    if not is_ml_dtype(array.dtype):
-        return array
-    kind = numeric_kind(array.dtype)
-    return array.astype(np.int8 if kind == "i" else np.uint8) if kind in "iu" else array
+    container = SMALL_INT_CONTAINERS.get(str(array.dtype))
+    return array if container is None else array.astype(container)

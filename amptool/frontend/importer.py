@@ -26,6 +26,7 @@ from typing import Any
 import onnx
 
 from amptool import _tvm
+from amptool.dtypes import SMALL_INT_CONTAINERS
 from amptool.errors import UserError, error_summary
 from amptool.frontend.control_flow import BranchImporter
 from amptool.frontend.converters import CONVERTERS
@@ -33,7 +34,7 @@ from amptool.frontend.detection import name_unknown_dims, shape_value_producers
 from amptool.frontend.gradient import check_gradients, is_gradient
 from amptool.frontend.gradient_lower import lower_gradient
 from amptool.frontend.graph import STANDARD_DOMAINS, Names, default_opset, identifier, iter_nodes
-from amptool.frontend.narrow_casts import CONTAINERS, check_narrow_types, small_int_rewrites
+from amptool.frontend.narrow_casts import check_narrow_types, small_int_rewrites
 from amptool.frontend.shape_inputs import SHAPE_OPERANDS, fixed_input_hint, inputs_deciding_node
 from amptool.frontend.signature import TensorSpec
 
@@ -102,7 +103,7 @@ def import_model(model: onnx.ModelProto, inputs: Sequence[TensorSpec]) -> Import
     model = small_int_rewrites(model)
     importer = _make_importer(
         shape_dict={s.name: [int(d) for d in (s.shape or ())] for s in inputs},
-        dtype_dict={s.name: CONTAINERS.get(s.dtype, s.dtype) for s in inputs},  # int4 inputs arrive as int8
+        dtype_dict={s.name: SMALL_INT_CONTAINERS.get(s.dtype, s.dtype) for s in inputs},  # int4 arrives as int8
         model=model,
     )
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):

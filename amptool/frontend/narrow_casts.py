@@ -45,6 +45,7 @@ import numpy as np
 import onnx
 
 from amptool import _tvm
+from amptool.dtypes import SMALL_INT_CONTAINERS
 from amptool.errors import UserError
 from amptool.frontend.graph import STANDARD_DOMAINS
 from amptool.frontend.quantized import along
@@ -97,15 +98,9 @@ class SmallInt:
 
 #: ONNX 4-bit and 2-bit integers: casts to them round half away from zero and wrap modulo 2**bits.
 SMALL_INTS: dict[int, SmallInt] = {
-    onnx.TensorProto.INT4: SmallInt("int8", 4, signed=True),
-    onnx.TensorProto.UINT4: SmallInt("uint8", 4, signed=False),
-    onnx.TensorProto.INT2: SmallInt("int8", 2, signed=True),
-    onnx.TensorProto.UINT2: SmallInt("uint8", 2, signed=False),
+    getattr(onnx.TensorProto, name.upper()): SmallInt(container, int(name[-1]), signed=not name.startswith("u"))
+    for name, container in SMALL_INT_CONTAINERS.items()
 }
-
-#: numpy (ml_dtypes) name of each small integer type → its 8-bit container: what the module takes.
-CONTAINERS: dict[str, str] = {onnx.TensorProto.DataType.Name(code).lower(): kind.container
-                              for code, kind in SMALL_INTS.items()}
 
 #: Types refused outright, with what to do instead.
 UNSUPPORTED: dict[int, str] = {

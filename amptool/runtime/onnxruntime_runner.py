@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from amptool.dtypes import as_container, is_ml_dtype
+from amptool.dtypes import SMALL_INT_CONTAINERS, as_container, is_ml_dtype
 from amptool.errors import UserError
 
 _HINT = "Pass --reference-outputs with stored outputs, or fix the model for onnxruntime."
@@ -33,14 +33,13 @@ _READ_AS = {
     _T.FLOAT8E4M3FNUZ: _T.FLOAT,
     _T.FLOAT8E5M2: _T.FLOAT,
     _T.FLOAT8E5M2FNUZ: _T.FLOAT,
-    _T.INT4: _T.INT8,
-    _T.UINT4: _T.UINT8,
-    _T.INT2: _T.INT8,
-    _T.UINT2: _T.UINT8,
 }
+#: Input types fed in an 8-bit container and cast inside the model (numpy holds one value a byte);
+#: outputs of those types are read through the same container.
+_FEED_AS = {getattr(_T, small.upper()): getattr(_T, container.upper())
+            for small, container in SMALL_INT_CONTAINERS.items()}
+_READ_AS.update(_FEED_AS)
 _SUFFIX = "__amptool_read"
-#: Input types fed in an 8-bit container and cast inside the model (numpy holds one value a byte).
-_FEED_AS = {_T.INT4: _T.INT8, _T.UINT4: _T.UINT8, _T.INT2: _T.INT8, _T.UINT2: _T.UINT8}
 
 
 #: Graph optimisation levels by name: "disable" keeps every tensor a probe asks for, "basic"
