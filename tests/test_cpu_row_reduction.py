@@ -75,6 +75,9 @@ CASES = {
                                    "y = ReduceMean <keepdims = 1> (x, axes)", True, [2, 8, 1, 1]),
     "instance norm": ([1, 4, 32, 32], "<float[4] s = {1.0, 0.5, 2.0, -1.0}, float[4] b = {0.0, 0.1, -0.2, 0.3}>",
                       "y = InstanceNormalization <epsilon = 0.00001> (x, s, b)", True),
+    # one row of everything: torch's GroupNorm(1, C) (poolformer, mobilevitv2) is Reshape → this → Reshape
+    "instance norm over one row of 50176": ([1, 1, 50176], "<float[1] s = {1.5}, float[1] b = {0.25}>",
+                                            "y = InstanceNormalization <epsilon = 0.00001> (x, s, b)", True),
 }
 
 
@@ -202,3 +205,17 @@ def test_tail_split(length: int, lanes: int, body: int | None) -> None:
     from amptool.compiler.cpu_tail_reduction import tail_split
 
     assert tail_split(length, lanes) == body
+
+
+def test_a_reduction_over_everything_runs_once_not_per_output_element(tmp_path: Path) -> None:
+    """GroupNorm(1, C) as InstanceNormalization over [1, 1, C·H·W]: one mean and one variance for all
+    the elements the kernel then normalizes. dlight's rule computed the mean inside the parallel loop
+    over the outputs, once per element — quadratic: poolformer_s12's diff took 150 s, now ~4 s."""
+    path = _model(tmp_path, [1, 1, 50176], "y = InstanceNormalization <epsilon = 0.00001> (x, s, b)",
+                  "<float[1] s = {1.0}, float[1] b = {0.0}>")
+    for text in scheduled_kernels(path, "float32"):
+        lines = text.splitlines()
+        updates = [i for i, line in enumerate(lines) if '_rf_update"' in line]
+        parallel = [i for i, line in enumerate(lines) if "T.parallel" in line]
+        assert updates, text
+        assert all(p > max(updates) for p in parallel), text  # the elementwise loop comes after, not around

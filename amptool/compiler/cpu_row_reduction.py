@@ -12,6 +12,10 @@ twice per row (0.105 ms per call; the rows' arithmetic is ~10× less), and softm
 over its 128 scores. It notes that ``rfactor`` needs the block first under its loop, so here
 the reductions are factored before anything moves under the row loop.
 
+A kernel whose reductions each write one value (one row of everything: GroupNorm(1, C)) and whose
+elementwise steps broadcast it back over the elements runs each reduction once at its root, the
+elementwise steps after it, parallel (``_whole_reductions``).
+
 When not: a reduction over an axis that is not contiguous in its inputs (softmax over channels
 of NCHW), over fewer than two vectors, or of a length no power-of-two vector width ≥ 4 divides:
 the rule passes and dlight's takes the kernel. (A kernel may hold a reduction shorter than a
@@ -26,10 +30,19 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 
 from amptool.compiler.cpu_schedules import SPATIAL as _SPATIAL
-from amptool.compiler.cpu_schedules import Tiling, _extent, _parallel, _partition, _stride, try_inline
+from amptool.compiler.cpu_schedules import (
+    Tiling,
+    _extent,
+    _parallel,
+    _parallel_vectorized,
+    _partition,
+    _stride,
+    try_inline,
+)
 from amptool.compiler.cpu_tail_reduction import ROW_VECTOR_WIDTHS
 
 
@@ -41,6 +54,9 @@ def vector_row_reduction(sch: Any, tiling: Tiling) -> Any | None:
     reductions = [info for info in infos if not info.is_injective()]
     if not reductions:
         return None
+    if all(_one_value(sch, info) for info in reductions) and len(infos) > len(reductions) and \
+            max(_reduced(sch, info) for info in reductions) >= WHOLE_REDUCTION_MIN:
+        return _whole_reductions(sch, reductions, tiling)
     rows = min(_leading_spatial(info.dom_kind()) for info in infos)
     if rows == 0:
         return None
@@ -51,6 +67,62 @@ def vector_row_reduction(sch: Any, tiling: Tiling) -> Any | None:
         if width:
             factor_lanes(sch, info.block_rv, width)
     return _schedule_rows(sch, rows, tiling)
+
+
+#: Fewest values a reduction over everything must take for ``_whole_reductions``: dlight's schedule
+#: repeats it for each output element, N² adds — at 256, ~65,000 (a few µs); a 1×8 softmax stays its.
+WHOLE_REDUCTION_MIN = 256
+
+
+def _reduced(sch: Any, info: Any) -> int:
+    """How many values a reduction block combines into each result (0 when not static)."""
+    loops = sch.get_loops(info.block_rv)
+    sizes = [_extent(sch, loop) for loop, kind in zip(loops, info.dom_kind(), strict=False) if kind == "R"]
+    return 0 if None in sizes else int(np.prod(sizes))
+
+
+def _one_value(sch: Any, info: Any) -> bool:
+    """Whether a reduction block writes a single value (every spatial loop of extent 1)."""
+    loops = sch.get_loops(info.block_rv)
+    return all(_extent(sch, loop) == 1 for loop, kind in zip(loops, info.dom_kind(), strict=False) if kind == "S")
+
+
+def _whole_reductions(sch: Any, reductions: list[Any], tiling: Tiling) -> Any | None:
+    """Reductions over every element (one row: GroupNorm(1, C) exported as an InstanceNormalization
+    over ``[1, 1, C·H·W]``) whose results the kernel's elementwise steps broadcast back over those
+    elements: each reduction runs once, lanes-wide, at the root; the elementwise steps run after it,
+    parallel and vectorized. dlight's rule computed the reduction inside the elementwise loop, once
+    per output element — quadratic: poolformer_s12's norms took 145 s of a 150 s diff."""
+    widths = [_plan(sch, info, tiling) for info in reductions]
+    if None in widths:
+        return None
+    for info, width in zip(reductions, widths, strict=True):
+        if width:
+            factor_lanes(sch, info.block_rv, width)
+    _inline_single_use(sch)
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        stmt = sch.get(block)
+        if not all(iv.iter_type == _SPATIAL for iv in stmt.iter_vars):
+            if str(stmt.name_hint).endswith("_rf"):
+                _loops_in_iteration_order(sch, block)  # as a compute_at leaves them: vector_partials' premise
+                vector_partials(sch, block)
+        elif any((_extent(sch, loop) or 0) > 1 for loop in sch.get_loops(block)):
+            _parallel_vectorized(sch, block, tiling)
+    return sch
+
+
+def _loops_in_iteration_order(sch: Any, block: Any) -> None:
+    """Reorder ``block``'s loops to the order of the iteration variables they bind (rfactor puts its
+    factored loop first)."""
+    import tvm_ffi  # noqa: PLC0415
+    from tvm import s_tir  # noqa: PLC0415
+
+    name, found = sch.get(block).name_hint, []
+    tvm_ffi.structural_walk(sch.mod["main"], (s_tir.SBlockRealize, lambda r: found.append(r)
+                                              if r.block.name_hint == name else None))
+    loops = {sch.get(loop).loop_var: loop for loop in sch.get_loops(block)}
+    ordered = [next(loop for var, loop in loops.items() if var.same_as(value)) for value in found[0].iter_values]
+    sch.reorder(*ordered)
 
 
 def _rows_shared(sch: Any, infos: list[Any], rows: int) -> bool:
