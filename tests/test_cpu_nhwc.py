@@ -120,26 +120,38 @@ def test_a_layout_conversion_tvm_refuses_keeps_nchw(tmp_path):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_convs_in_front_of_a_long_tail_take_nhwc_from_a_layout_pass_over_their_part(tmp_path, monkeypatch):
+@pytest.mark.parametrize("between", [False, True])
+def test_convs_in_a_long_block_take_nhwc_from_a_layout_pass_over_their_parts(tmp_path, monkeypatch, between):
     """TVM's ConvertLayout takes time growing with the square of a block's bindings (a speech model's
-    two convs before 9,655 bindings of unrolled LSTMs: 19.8 s). Past a long block's last conv it runs
-    on the convs' part alone: the convs still become NHWC, the rest stays, the values are
-    onnxruntime's — and the pass saw the prefix, not the thousands of bindings after it."""
+    two convs before 9,655 bindings of unrolled LSTMs: 19.8 s; sequencer2d_s's convs between unrolled
+    2-D LSTMs, 12,274 bindings: 28.4 s). In a long block it runs on the convs' parts alone — in front
+    of a long tail, or between two long stretches: the convs still become NHWC, the rest stays, the
+    values are onnxruntime's — and the pass saw the parts, not the thousands of bindings around them."""
     from tvm import relax
 
     from amptool.compiler import cpu_layout
 
     rng = np.random.default_rng(5)
     inits = [numpy_helper.from_array(rng.standard_normal((16, 3, 3, 3)).astype(np.float32) * 0.3, "w"),
+             numpy_helper.from_array(rng.standard_normal((16, 16, 3, 3)).astype(np.float32) * 0.1, "w2"),
              numpy_helper.from_array(np.array([1, 16 * 8 * 8], np.int64), "shape"),
-             numpy_helper.from_array(np.float32(0.999), "decay")]
+             numpy_helper.from_array(np.array([1, 16, 8, 8], np.int64), "image"),
+             numpy_helper.from_array(np.float32(0.999), "decay"),
+             numpy_helper.from_array(np.float32(0.5), "damp")]  # before a conv: no 1000x gain of rounding
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["c"], ["r"]),
              helper.make_node("Reshape", ["r", "shape"], ["t0"])]
     steps = cpu_layout.LAYOUT_PREFIX_BINDINGS  # a multiply and an add a step: twice the threshold
     for i in range(steps):
-        nodes += [helper.make_node("Mul", [f"t{i}", "decay"], [f"m{i}"]),
-                  helper.make_node("Add", [f"m{i}", "t0"], [f"t{i + 1}" if i + 1 < steps else "y"])]
+        nodes += [helper.make_node("Mul", [f"t{i}", "damp" if between else "decay"], [f"m{i}"]),
+                  helper.make_node("Add", [f"m{i}", "t0"], [f"t{i + 1}" if i + 1 < steps or between else "y"])]
+    if between:  # a second conv after the stretch, then another stretch
+        nodes += [helper.make_node("Reshape", [f"t{steps}", "image"], ["i2"]),
+                  helper.make_node("Conv", ["i2", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+                  helper.make_node("Reshape", ["c2", "shape"], ["u0"])]
+        for i in range(steps):
+            nodes += [helper.make_node("Mul", [f"u{i}", "damp"], [f"n{i}"]),
+                      helper.make_node("Add", [f"n{i}", "u0"], [f"u{i + 1}" if i + 1 < steps else "y"])]
     graph = helper.make_graph(nodes, "g", [info("x", [1, 3, 8, 8])], [info("y", [1, 1024])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
@@ -160,7 +172,7 @@ def test_convs_in_front_of_a_long_tail_take_nhwc_from_a_layout_pass_over_their_p
 
     monkeypatch.setattr(relax.transform, "ConvertLayout", counting)
     staged = staged_module(path, "float32", "layout").script()
-    assert 'data_layout="NHWC"' in staged
+    assert staged.count('data_layout="NHWC"') == (2 if between else 1)
     assert seen and max(seen) < 20, seen
     x = rng.standard_normal((1, 3, 8, 8)).astype(np.float32)
     want, got = onnxruntime_and_amptool(path, {"x": x})

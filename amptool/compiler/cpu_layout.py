@@ -116,10 +116,11 @@ def layout_passes() -> list[Any]:
     return [to_nhwc]
 
 
-#: Bindings of a dataflow block from which ConvertLayout runs on the part that holds its convs alone
+#: Bindings of a dataflow block from which ConvertLayout runs on the parts that hold its convs alone
 #: (``_convert_layout``): TVM 0.27's pass takes time growing with the square of a block's bindings.
 LAYOUT_PREFIX_BINDINGS = 2000
-#: Layout-following ops (elementwise, pooling, casts) a prefix takes past its last conv, at most.
+#: Layout-following ops (elementwise, pooling, casts) a part takes past its last conv, at most; convs
+#: closer together than this share a part (a CNN's whole body is one).
 PREFIX_FOLLOWERS = 256
 _FOLLOWERS = frozenset(f"relax.{name}" for name in (
     "add", "subtract", "multiply", "divide", "maximum", "minimum", "nn.relu", "sigmoid", "tanh", "nn.silu",
@@ -127,29 +128,50 @@ _FOLLOWERS = frozenset(f"relax.{name}" for name in (
 
 
 def _convert_layout(mod: Any, desired: Any) -> Any:
-    """TVM's ConvertLayout over ``mod`` — over its convs' part alone where a long block holds them in a
-    prefix (``_split_after_convs``), the rest left as it was and the part inlined back.
+    """TVM's ConvertLayout over ``mod`` — over its convs' parts alone where a long block holds them in
+    a few stretches (``_outline_conv_parts``), the rest left as it was and the parts inlined back.
 
     Why: the pass's time grows with the square of a block's bindings. A speech model's two convs in
     front of three unrolled bidirectional LSTMs (200 steps, 9,655 bindings) spent 19.8 s of a 29 s
-    convert in it (4,840 bindings: 3.2 s); past the convs nothing has a layout to choose."""
+    convert in it; sequencer2d_s's four patch-embedding convs between unrolled 2-D LSTMs (12,274
+    bindings) 28.4 s of 36. Away from the convs nothing has a layout to choose."""
     import tvm  # noqa: PLC0415
     from tvm import relax  # noqa: PLC0415
 
-    split = _split_after_convs(mod)
-    if split is None:
+    outlined = _outline_conv_parts(mod)
+    if outlined is None:
         return relax.transform.ConvertLayout({}, desired)(mod)
-    whole, head_gv, head = split
-    converted = relax.transform.ConvertLayout({}, desired)(tvm.IRModule({head_gv: head}))
-    whole.update_func(head_gv, converted[head_gv])
+    whole, parts = outlined
+    converted = relax.transform.ConvertLayout({}, desired)(tvm.IRModule(dict(parts)))
+    for gv, _ in parts:
+        whole.update_func(gv, converted[gv])
     return relax.transform.CanonicalizeBindings()(relax.transform.InlinePrivateFunctions()(whole))
 
 
-def _split_after_convs(mod: Any) -> tuple[Any, Any, Any] | None:
-    """(module, head's GlobalVar, head) with ``main``'s dataflow block cut after its last conv (and
-    the layout-following ops after it): the head a private function returning what the rest reads,
-    ``main`` calling it and binding those values to their own variables. None where ``main`` is not
-    one long block of which the convs take a prefix."""
+def _conv_parts(bindings: list[Any], convs: list[int]) -> list[tuple[int, int]]:
+    """[start, end) ranges of ``bindings``: each from a conv to past the last conv within
+    ``PREFIX_FOLLOWERS`` of it, then past the layout-following ops after that (at most as many)."""
+    parts: list[tuple[int, int]] = []
+    for index in convs:
+        if parts and index - parts[-1][1] <= PREFIX_FOLLOWERS:
+            parts[-1] = (parts[-1][0], index + 1)
+        else:
+            parts.append((index, index + 1))
+    extended = []
+    for start, end in parts:
+        last_conv = end - 1
+        while end < len(bindings) and end - last_conv <= PREFIX_FOLLOWERS and _tvm.op_name(bindings[end].value) \
+                in _FOLLOWERS:
+            end += 1
+        extended.append((start, end))
+    return extended
+
+
+def _outline_conv_parts(mod: Any) -> tuple[Any, list[tuple[Any, Any]]] | None:
+    """(module, [(GlobalVar, function)]) with each part of ``main``'s dataflow block that holds convs
+    (``_conv_parts``) a private function of the values it reads, returning those read after it,
+    ``main`` calling it and binding them to their own variables. None where ``main`` is not one long
+    block of which the convs' parts are a small share."""
     import tvm  # noqa: PLC0415
     import tvm_ffi  # noqa: PLC0415
     from tvm import relax  # noqa: PLC0415
@@ -167,34 +189,75 @@ def _split_after_convs(mod: Any) -> tuple[Any, Any, Any] | None:
     everywhere = sum(1 for call in _tvm.bound_calls(func) if _tvm.calls_op(call, conv))
     if len(bindings) < LAYOUT_PREFIX_BINDINGS or not convs or everywhere != len(convs):
         return None  # short, no conv, or a conv outside the block's top level (a branch, a later block)
-    cut = convs[-1] + 1
-    while (cut < len(bindings) and cut - convs[-1] <= PREFIX_FOLLOWERS
-           and _tvm.op_name(bindings[cut].value) in _FOLLOWERS):
-        cut += 1
-    if len(bindings) - cut < LAYOUT_PREFIX_BINDINGS // 2:
+    parts = _conv_parts(bindings, convs)
+    if len(bindings) - sum(end - start for start, end in parts) < LAYOUT_PREFIX_BINDINGS // 2:
         return None
-    defined = {b.var.__chandle__(): b.var for b in bindings[:cut]}
-    later: list[Any] = []
-    rest = relax.SeqExpr([relax.DataflowBlock(bindings[cut:]), *body.blocks[1:]], body.body)
-    tvm_ffi.structural_walk(rest, (relax.Var, lambda var: later.append(var) if var.__chandle__() in defined else None))
-    needed = list({v.__chandle__(): v for v in later}.values())
-    if not needed:
-        return None
-    outs = [relax.Var(f"{_tvm.var_name(v)}_out", v.ty) for v in needed]
-    head_body = relax.SeqExpr([relax.DataflowBlock([*bindings[:cut], *(relax.VarBinding(o, v) for o, v in
-                                                                      zip(outs, needed, strict=True))])],
-                              relax.Tuple(outs))
-    head = relax.Function(func.params, head_body, relax.TupleType([v.ty for v in needed]))
+    after = relax.SeqExpr([*body.blocks[1:]], body.body)
     builder = relax.BlockBuilder(mod)
-    head_gv = builder.add_func(head, "amptool_conv_prefix")  # typed, private: InlinePrivateFunctions takes it
-    head_var = relax.DataflowVar("conv_prefix", head.ret_ty)
-    call = relax.VarBinding(head_var, relax.Call(head_gv, list(func.params)))
-    unpack = [relax.VarBinding(v, relax.TupleGetItem(head_var, i)) for i, v in enumerate(needed)]
-    main = relax.Function(func.params, relax.SeqExpr(
-        [relax.DataflowBlock([call, *unpack, *bindings[cut:]]), *body.blocks[1:]], body.body),
-        func.ret_ty, func.is_pure, func.attrs)
+    kept: list[Any] = []
+    outlined: list[tuple[Any, Any]] = []
+    done = 0
+    for number, (start, end) in enumerate(parts):
+        kept += bindings[done:start]
+        part = bindings[start:end]
+        later = relax.SeqExpr([relax.DataflowBlock(bindings[end:])], after) if end < len(bindings) else after
+        reads, writes = _free_vars(part), _defined_vars(part)
+        needed = _vars_in(later, writes, tvm_ffi)
+        if not needed:  # nothing after it reads the part: it stays where it is
+            kept += part
+            done = end
+            continue
+        params = [relax.Var(_tvm.var_name(v), v.ty) for v in reads]
+        outs = [relax.Var(f"{_tvm.var_name(v)}_out", v.ty) for v in needed]
+        block = relax.DataflowBlock([*(relax.VarBinding(v, p) for v, p in zip(reads, params, strict=True)), *part,
+                                     *(relax.VarBinding(o, v) for o, v in zip(outs, needed, strict=True))])
+        function = relax.Function(params, relax.SeqExpr([block], relax.Tuple(outs)),
+                                  relax.TupleType([v.ty for v in needed]))
+        gv = builder.add_func(function, f"amptool_conv_part{number}")  # typed, private: inlined back later
+        result = relax.DataflowVar(f"conv_part{number}", function.ret_ty)
+        kept += [relax.VarBinding(result, relax.Call(gv, list(reads))),
+                 *(relax.VarBinding(v, relax.TupleGetItem(result, i)) for i, v in enumerate(needed))]
+        outlined.append((gv, function))
+        done = end
+    kept += bindings[done:]
+    if not outlined:
+        return None
+    main = relax.Function(func.params, relax.SeqExpr([relax.DataflowBlock(kept), *body.blocks[1:]], body.body),
+                          func.ret_ty, func.is_pure, func.attrs)
     builder.update_func(main_gv, main)
-    return builder.get(), head_gv, head
+    whole = builder.get()
+    return whole, [(gv, whole[gv]) for gv, _ in outlined]
+
+
+def _defined_vars(bindings: list[Any]) -> dict[int, Any]:
+    return {b.var.__chandle__(): b.var for b in bindings}
+
+
+def _free_vars(bindings: list[Any]) -> list[Any]:
+    """The variables ``bindings`` read that they do not define, in order of first use."""
+    from tvm import relax  # noqa: PLC0415
+
+    defined = _defined_vars(bindings)
+    free: dict[int, Any] = {}
+    for binding in bindings:
+        for var in relax.analysis.free_vars(binding.value):
+            if var.__chandle__() not in defined:
+                free.setdefault(var.__chandle__(), var)
+    return list(free.values())
+
+
+def _vars_in(expr: Any, wanted: dict[int, Any], tvm_ffi: Any) -> list[Any]:
+    """The variables of ``wanted`` that ``expr`` reads, once each."""
+    from tvm import relax  # noqa: PLC0415
+
+    found: dict[int, Any] = {}
+
+    def seen(var: Any) -> None:  # (a walk callback returns nothing: a value would be read as an instruction)
+        if var.__chandle__() in wanted:
+            found.setdefault(var.__chandle__(), var)
+
+    tvm_ffi.structural_walk(expr, (relax.Var, seen))
+    return list(found.values())
 
 
 #: Rounds of ``_fold_permutes``: each sinks the transposes of one more residual add of a chain.
