@@ -102,11 +102,8 @@ def layout_passes() -> list[Any]:
 
         if not _any_conv(mod, wants_nhwc):
             return mod
-        friendly = _layout_friendly(mod)
-        try:
-            converted = _convert_layout(friendly, desired)
-        except Exception as err:  # noqa: BLE001 - TVM's layout rules raise on some ops (3-D Max: "Invalid SLayout")
-            log.info("convolutions kept in NCHW: TVM's ConvertLayout failed (%s)", str(err).splitlines()[-1:])
+        converted = _convert_layout(_layout_friendly(mod), desired)
+        if converted is None:
             return mod
         # A tensor read by several NHWC convs (a transposed conv's phase convs, branches off a model's
         # input) got one transpose per conv: one is enough.
@@ -127,9 +124,10 @@ _FOLLOWERS = frozenset(f"relax.{name}" for name in (
     "nn.gelu", "nn.gelu_tanh", "nn.leakyrelu", "astype", "nn.max_pool2d", "nn.avg_pool2d"))
 
 
-def _convert_layout(mod: Any, desired: Any) -> Any:
-    """TVM's ConvertLayout over ``mod`` — over its convs' parts alone where a long block holds them in
-    a few stretches (``_outline_conv_parts``), the rest left as it was and the parts inlined back.
+def _convert_layout(mod: Any, desired: Any) -> Any | None:
+    """TVM's ConvertLayout over ``mod`` — over its convs' parts alone where a long block holds them in a
+    few stretches (``_outline_conv_parts``), the rest left as it was and the parts inlined back; None
+    where the pass raises (the convs stay NCHW). Only TVM's pass is caught: a fault of ours surfaces.
 
     Why: the pass's time grows with the square of a block's bindings. A speech model's two convs in
     front of three unrolled bidirectional LSTMs (200 steps, 9,655 bindings) spent 19.8 s of a 29 s
@@ -138,11 +136,20 @@ def _convert_layout(mod: Any, desired: Any) -> Any:
     import tvm  # noqa: PLC0415
     from tvm import relax  # noqa: PLC0415
 
+    def convert(module: Any) -> Any | None:
+        try:
+            return relax.transform.ConvertLayout({}, desired)(module)
+        except Exception as err:  # noqa: BLE001 - TVM's layout rules raise on some ops (3-D Max: "Invalid SLayout")
+            log.info("convolutions kept in NCHW: TVM's ConvertLayout failed (%s)", str(err).splitlines()[-1:])
+            return None
+
     outlined = _outline_conv_parts(mod)
     if outlined is None:
-        return relax.transform.ConvertLayout({}, desired)(mod)
+        return convert(mod)
     whole, parts = outlined
-    converted = relax.transform.ConvertLayout({}, desired)(tvm.IRModule(dict(parts)))
+    converted = convert(tvm.IRModule(dict(parts)))
+    if converted is None:
+        return None
     for gv, _ in parts:
         whole.update_func(gv, converted[gv])
     return relax.transform.CanonicalizeBindings()(relax.transform.InlinePrivateFunctions()(whole))
