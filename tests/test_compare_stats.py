@@ -641,3 +641,14 @@ def test_worst_case_keeps_the_largest_scale_error():
     np.testing.assert_allclose(worst["scale_error"], 0.02, rtol=1e-9)
     assert worst["worst_iteration"] == 1 and worst["failed_check"] == "scale_error"
     np.testing.assert_allclose(mean_over(runs)[0]["scale_error"], (0.001 + 0.02 + 0.003) / 3, rtol=1e-9)
+
+
+def test_a_reference_within_atol_of_zero_is_flagged():
+    """Random weights that shrink logits to ~1e-7: every value is within float16's atol, so an output
+    of zeros passes too — the result says so (the report's note), and names the scale."""
+    ref = np.full((1, 10), 3e-7, np.float32)
+    res = compare_output("y", ref, np.zeros_like(ref), FP16)
+    assert res["passed"] and res["reference_below_atol"]
+    assert res["reference_max_abs"] == pytest.approx(3e-7)
+    normal = compare_output("y", ref * 1e6, ref * 1e6, FP16)
+    assert not normal["reference_below_atol"] and normal["reference_max_abs"] == pytest.approx(0.3)

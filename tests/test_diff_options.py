@@ -510,3 +510,20 @@ def test_scalar_bool_input_is_generated_as_an_array_and_diff_runs(run_cli, tmp_p
     assert isinstance(feeds["cond"], np.ndarray) and feeds["cond"].shape == ()
     result = run_cli("diff", str(path), "--dtype", "float16", "--json", str(tmp_path / "d.json"))
     assert result.exit_code == 0, result.output
+
+
+def test_an_output_within_atol_of_zero_gets_a_note(run_cli, tmp_path):
+    """A PASSED verdict on logits of ~1e-7 (random weights) says nothing: the report says so."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph([helper.make_node("Mul", ["x", "k"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+                              [numpy_helper.from_array(np.array(1e-7, np.float32), "k")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tmp_path / "tiny.onnx"
+    onnx.save(model, path)
+    result = run_cli("diff", str(path), "--dtype", "float16")
+    assert result.exit_code == 0, result.output
+    assert "note: y: every reference value is within atol 0.001 of zero" in result.output

@@ -110,8 +110,17 @@ def _unjudged(text: str, skipped: bool) -> str:
 
 
 def failures(report: DiffReport) -> list[str]:
-    """One line per failing output: why it failed (the table has room only for which check)."""
-    return [f"FAIL {o['name']}: {o['failure']}" for o in report.outputs if not o["passed"]]
+    """One line per failing output: why it failed (the table has room only for which check); a note
+    per passing output whose reference lies within atol of zero, where any result would pass."""
+    lines = [f"FAIL {o['name']}: {o['failure']}" for o in report.outputs if not o["passed"]]
+    for o in report.outputs:
+        if o["passed"] and o.get("reference_below_atol"):
+            atol = o["tolerance"]["atol"] if o.get("tolerance") else report.tolerance.atol
+            peak = float(o["reference_max_abs"])
+            lines.append(f"note: {o['name']}: every reference value is within atol {atol:g} of zero (max |ref| "
+                         f"{peak:.3g}), so zeros would pass too; judge it on real inputs or with an atol below its "
+                         f"scale, e.g. --atol {o['name']}:{peak * 1e-3:.1g}")
+    return lines
 
 
 def iterations_table(report: DiffReport) -> Table | None:
