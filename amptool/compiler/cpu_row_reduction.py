@@ -28,9 +28,9 @@ a different order of additions from one chain (max and min are exact).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-import numpy as np
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 
 from amptool.compiler.cpu_schedules import SPATIAL as _SPATIAL
@@ -78,7 +78,7 @@ def _reduced(sch: Any, info: Any) -> int:
     """How many values a reduction block combines into each result (0 when not static)."""
     loops = sch.get_loops(info.block_rv)
     sizes = [_extent(sch, loop) for loop, kind in zip(loops, info.dom_kind(), strict=False) if kind == "R"]
-    return 0 if None in sizes else int(np.prod(sizes))
+    return math.prod(int(size) for size in sizes if size is not None) if None not in sizes else 0
 
 
 def _one_value(sch: Any, info: Any) -> bool:
