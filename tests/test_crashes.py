@@ -472,3 +472,16 @@ def test_float8_quantize_dequantize_per_axis(elem: str, saturate: int, tmp_path:
     got = build_model(ConvertConfig(model=_save(model, tmp_path, "f8q"), dtype="float32")).compiled().run(feeds)
     np.testing.assert_array_equal(np.asarray(got["q"]).astype(np.float32), want[0].astype(np.float32))
     np.testing.assert_array_equal(np.asarray(got["y"]), want[1])
+
+
+def test_onnxruntime_reference_of_an_int4_input_returned_as_it_is() -> None:
+    """The reference runner feeds int4 inputs in int8 (onnxruntime packs them two a byte); an input that
+    is also an output comes back in the container too, not as a second definition of the name."""
+    from amptool.runtime.onnxruntime_runner import OnnxruntimeRunner
+
+    model = _model([helper.make_node("Cast", ["q"], ["f"], name="wide", to=T.FLOAT)], [("q", T.INT4, [4])],
+                   [("f", T.FLOAT, [4]), ("q", T.INT4, [4])])
+    q = np.array([-8, -1, 3, 7]).astype(ml_dtypes.int4)
+    out = OnnxruntimeRunner(model).run({"q": q})
+    np.testing.assert_array_equal(out["f"], [-8.0, -1.0, 3.0, 7.0])
+    np.testing.assert_array_equal(out["q"].astype(np.int64), [-8, -1, 3, 7])

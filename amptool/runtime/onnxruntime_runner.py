@@ -210,8 +210,8 @@ def _feedable_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
         for i, name in enumerate(node.input):
             node.input[i] = renamed.get(name, name)
     for output in graph.output:
-        if output.name in renamed:  # an input returned as it is: read back through its cast
-            graph.node.append(onnx.helper.make_node("Identity", [renamed[output.name]], [output.name]))
+        if output.name in renamed:  # an input returned as it is: returned in its container too
+            output.type.tensor_type.elem_type = _FEED_AS[output.type.tensor_type.elem_type]
     casts = []
     for value in graph.input:
         if value.name in renamed:
