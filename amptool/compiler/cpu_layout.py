@@ -199,6 +199,8 @@ def _outline_conv_parts(mod: Any) -> tuple[Any, list[tuple[Any, Any]]] | None:
     parts = _conv_parts(bindings, convs)
     if len(bindings) - sum(end - start for start, end in parts) < LAYOUT_PREFIX_BINDINGS // 2:
         return None
+    if any(isinstance(b, relax.MatchCast) for start, end in parts for b in bindings[start:end]):
+        return None  # a symbolic dim defined in a part would be out of scope after it: the whole block, then
     after = relax.SeqExpr([*body.blocks[1:]], body.body)
     builder = relax.BlockBuilder(mod)
     kept: list[Any] = []
