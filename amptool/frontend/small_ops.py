@@ -214,13 +214,13 @@ def convert_slice(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
 
     shape = _shape(inputs[0])
     operands = [inputs[i] if len(inputs) > i else None for i in range(1, 5)]
-    if shape is None or any(o is not None and not _tvm.is_constant(o) for o in operands) or operands[0] is None:
-        return None
-    starts, ends = (np.asarray(_tvm.constant_numpy(o)).reshape(-1).astype(np.int64) for o in operands[:2])
-    axes = (np.asarray(_tvm.constant_numpy(operands[2])).reshape(-1) if operands[2] is not None
-            else np.arange(len(starts)))
-    steps = (np.asarray(_tvm.constant_numpy(operands[3])).reshape(-1) if operands[3] is not None
-             else np.ones_like(starts))
+    values = [_constant(o) for o in operands]
+    if shape is None or values[0] is None or values[1] is None or any(
+            v is None and o is not None for v, o in zip(values, operands, strict=True)):
+        return None  # a run-time operand or no static shape: TVM's converter
+    starts, ends = (v.reshape(-1).astype(np.int64) for v in values[:2])
+    axes = values[2].reshape(-1) if values[2] is not None else np.arange(len(starts))
+    steps = values[3].reshape(-1) if values[3] is not None else np.ones_like(starts)
     out = list(shape)
     for start, end, axis, step in zip(starts, ends, axes, steps, strict=False):
         if step == 0 or not -len(shape) <= axis < len(shape):
