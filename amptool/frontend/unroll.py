@@ -80,9 +80,7 @@ def unroll_loops(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
 
 def refusals(model: onnx.ModelProto) -> dict[str, str]:
     """``{node name: reason}`` for every Loop/Scan that ``unroll_loops`` leaves in place."""
-    walker = _Walker(model, rewrite=False)
-    walker.graph(model.graph, {})
-    return walker.refused
+    return _survey(model).refused
 
 
 def too_long(model: onnx.ModelProto) -> dict[str, str]:
@@ -90,9 +88,14 @@ def too_long(model: onnx.ModelProto) -> dict[str, str]:
     (their iterations are counted up to it, no further)."""
     if not any(n.op_type == "Loop" for n in iter_nodes(model.graph)):
         return {}
+    return _survey(model).too_long
+
+
+def _survey(model: onnx.ModelProto) -> _Walker:
+    """Every loop of ``model`` judged, none rewritten."""
     walker = _Walker(model, rewrite=False)
     walker.graph(model.graph, {})
-    return walker.too_long
+    return walker
 
 
 class _Walker:
