@@ -134,9 +134,3 @@ class DecisionTracker:
 def _worst(per_output: Mapping[str, Mapping[str, Any]], key: str, pick: Any) -> float | None:
     values = [v[key] for v in per_output.values() if v.get(key) is not None]
     return pick(values) if values else None
-
-
-def label_agreement(reference: np.ndarray, converted: np.ndarray) -> float:
-    """The fraction of equal labels of two same-shaped label maps (1.0 for empty ones)."""
-    r, o = np.asarray(reference), np.asarray(converted)
-    return 1.0 - np.count_nonzero(r.astype(np.int64) != o.astype(np.int64)) / r.size if r.size else 1.0
