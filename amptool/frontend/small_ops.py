@@ -215,10 +215,11 @@ def convert_slice(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     shape = _shape(inputs[0])
     operands = [inputs[i] if len(inputs) > i else None for i in range(1, 5)]
     values = [_constant(o) for o in operands]
-    if shape is None or values[0] is None or values[1] is None or any(
+    first, last = values[:2]
+    if shape is None or first is None or last is None or any(
             v is None and o is not None for v, o in zip(values, operands, strict=True)):
         return None  # a run-time operand or no static shape: TVM's converter
-    starts, ends = (v.reshape(-1).astype(np.int64) for v in values[:2])
+    starts, ends = first.reshape(-1).astype(np.int64), last.reshape(-1).astype(np.int64)
     axes = values[2].reshape(-1) if values[2] is not None else np.arange(len(starts))
     steps = values[3].reshape(-1) if values[3] is not None else np.ones_like(starts)
     out = list(shape)
