@@ -122,3 +122,38 @@ def test_empty_slices_build_and_feed_a_concat(run_cli, tmp_path, starts, ends, s
 ])
 def test_input_shape_flags_that_say_nothing_or_contradict(run_cli, tmp_path, args, words):
     _refused(run_cli("diff", _relu(tmp_path), *args), *words)
+
+
+def _passes(result) -> None:
+    assert result.exit_code == 0, result.output
+    assert result.output.strip().splitlines()[-1].startswith("PASSED"), result.output
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_a_reciprocal_of_a_product_with_zero_is_infinite_not_a_compile_error(run_cli, tmp_path, dtype):
+    """MatMul → Mul(0) → Reciprocal: TVM compiled the 0 in, simplified t·0 to 0 and stopped on 1/0 (exit 70)."""
+    weights = numpy_helper.from_array(np.random.default_rng(0).standard_normal((16, 16)).astype(np.float32), "w")
+    path = _save(tmp_path / "recip.onnx",
+                 [helper.make_node("MatMul", ["x", "w"], ["t"]), helper.make_node("Mul", ["t", "zero"], ["u"]),
+                  helper.make_node("Reciprocal", ["u"], ["y"])],
+                 [("x", T.FLOAT, [1, 16])], [("y", T.FLOAT, [1, 16])],
+                 [weights, numpy_helper.from_array(np.array(0.0, np.float32), "zero")])
+    _passes(run_cli("diff", path, "--dtype", dtype))
+
+
+@pytest.mark.parametrize(("op", "shape", "out", "attrs"), [
+    ("InstanceNormalization", [1, 3, 0, 4], [1, 3, 0, 4], {"epsilon": 1e-5}),  # means of nothing: "Divide by zero"
+    ("ReduceMean", [2, 0, 3], [2, 1, 3], {}),  # a non-empty mean of nothing: 0, as onnxruntime's
+    ("ReduceMax", [2, 0, 3], [2, 1, 3], {}),
+    ("ReduceLogSumExp", [2, 0, 3], [2, 1, 3], {}),
+    ("ReduceProd", [2, 0, 3], [2, 1, 3], {}),
+])
+def test_reductions_over_no_elements_build(run_cli, tmp_path, op, shape, out, attrs):
+    """Reductions over a static empty axis: TVM divided by the zero count at compile time (exit 70)."""
+    inputs = ["x", "s", "b"] if op == "InstanceNormalization" else ["x", "axes"]
+    constants = ([numpy_helper.from_array(np.full(3, v, np.float32), n) for n, v in (("s", 1.0), ("b", 0.0))]
+                 if op == "InstanceNormalization" else [numpy_helper.from_array(np.array([1], np.int64), "axes")])
+    path = _save(tmp_path / "empty.onnx", [helper.make_node(op, inputs, ["y"], **attrs)],
+                 [("x", T.FLOAT, shape)], [("y", T.FLOAT, out)], constants)
+    for dtype in ("float32", "bfloat16"):
+        _passes(run_cli("diff", path, "--dtype", dtype))

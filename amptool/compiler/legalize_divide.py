@@ -1,7 +1,8 @@
-"""Division by one constant value, legalized for every target: a product with its reciprocal.
+"""Division by one constant value, legalized for every target: a product with its reciprocal;
+and products by a constant zero, kept where TVM's simplifier cannot turn them into a zero divisor.
 
-``stages.relax_stages`` puts :func:`legalize_divide` under each pipeline's own legalizations (the
-CPU's ``cpu_kernels.legalize_map``, the GPU's none).
+``stages.relax_stages`` puts :func:`legalize_divide` and :func:`legalize_multiply` under each
+pipeline's own legalizations (the CPU's ``cpu_kernels.legalize_map``, the GPU's none).
 """
 
 from __future__ import annotations
@@ -50,3 +51,26 @@ def legalize_divide(bb: Any, call: Any) -> Any:
 
     return bb.call_te(compute, x, primfunc_name_hint="divide")
 
+
+
+def legalize_multiply(bb: Any, call: Any) -> Any:
+    """A float product with a constant scalar zero reads the zero from memory; any other product TVM's.
+
+    Why: TVM compiles a scalar constant into the kernel, and its simplifier rewrites ``t · 0`` to 0 —
+    so ``Reciprocal(Mul(t, 0))``, fused into one kernel, became ``1 / 0``, which TVM's constant folding
+    stops on ("Divide by zero", a compile error where onnxruntime gives ±inf). A zero read from a
+    0-d buffer is a value the simplifier cannot see, and the product keeps IEEE's sign and NaN."""
+    from tvm import topi  # noqa: PLC0415
+
+    a, b = call.args
+    dtype = str(call.ty.dtype)
+    if dtype in FLOATS and (_zero_scalar(a) or _zero_scalar(b)):
+        return bb.call_te(topi.multiply, a, b, primfunc_name_hint="multiply")
+    return tvms_legalization(bb, call)
+
+
+def _zero_scalar(expr: Any) -> bool:
+    """``expr`` is a 0-d constant equal to zero (either sign): one TVM would compile in."""
+    if not _tvm.is_constant(expr) or len(expr.ty.shape) != 0:
+        return False
+    return bool(_tvm.constant_view(expr).astype(np.float64) == 0)

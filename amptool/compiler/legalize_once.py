@@ -187,6 +187,8 @@ class _Once:
         self.seen: dict[tuple[Any, ...], list[_Kernel]] = {}
 
     def __call__(self, bb: Any, call: Any) -> Any:
+        if (value := _filled(call)) is not None:
+            return _filled_kernel(bb, call, value)
         key = _key(call)
         if key is not None:
             for known in self.seen.get(key, ()):
@@ -198,6 +200,43 @@ class _Once:
             if kernel is not None:
                 self.seen.setdefault(key, []).append(kernel)
         return result
+
+
+#: Reductions that divide by the number of elements they reduce; over none, onnxruntime's value is 0.
+_AVERAGES = ("relax.mean", "relax.variance", "relax.std")
+
+
+def _filled(call: Any) -> float | None:
+    """The one value ``call``'s result can hold, when its operands' static shapes decide it: any
+    value (0) for an empty result, 0 for an average over no elements (onnxruntime's ReduceMean of
+    nothing; 0 / 0 for TVM's, a compile error); None otherwise."""
+    shape = _tvm.static_shape(call) if isinstance(call.ty, relax.TensorType) else None
+    tensors = [arg for arg in call.args if isinstance(arg.ty, relax.TensorType)]
+    if shape is None or not tensors:
+        return None
+    if 0 in shape:
+        return 0.0
+    if str(call.op.name) in _AVERAGES and "float" in str(call.ty.dtype):
+        data = _tvm.static_shape(call.args[0])
+        axes = range(len(data or ())) if call.attrs.axis is None else [int(a) for a in call.attrs.axis]
+        if data is not None and any(data[a] == 0 for a in axes):
+            return 0.0
+    return None
+
+
+def _filled_kernel(bb: Any, call: Any, value: float) -> Any:
+    """``call``'s result filled with ``value`` by a kernel that reads nothing.
+
+    Why: an op's own legalization divides by the number of elements it reduces, zero here
+    (InstanceNormalization over [1, 3, 0, 4]: TVM's constant folding stopped on "Divide by zero").
+    The kernel takes the call's first tensor, unread, so constant folding leaves it alone: TVM 0.27
+    cannot read an empty constant back from its pool."""
+    from tvm import te, tirx  # noqa: PLC0415
+
+    dtype, shape = str(call.ty.dtype), _tvm.static_shape(call)
+    source = next(arg for arg in call.args if isinstance(arg.ty, relax.TensorType))
+    return bb.call_te(lambda _unread: te.compute(shape, lambda *_: tirx.const(value, dtype), name="filled"), source,
+                      primfunc_name_hint="filled")
 
 
 def _key(call: Any) -> tuple[Any, ...] | None:

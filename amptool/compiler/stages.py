@@ -23,7 +23,7 @@ from tvm.s_tir import dlight
 
 from amptool import _tvm
 from amptool._tvm.script import cheap_frame_stack
-from amptool.compiler.legalize_divide import legalize_divide
+from amptool.compiler.legalize_divide import legalize_divide, legalize_multiply
 from amptool.compiler.legalize_once import legalize_ops
 
 STAGES = (
@@ -44,10 +44,11 @@ Stages = list[tuple[str, list[Any]]]
 def relax_stages(target: Any, backend: Any, legalize: Mapping[str, Any] | None, rules: Sequence[Any]) -> Stages:
     """(stage, passes) in ``STAGES`` order. ``backend``: a ``tvm.relax.backend.*.pipeline``
     module; ``legalize``: op name → legalization overriding TVM's (and the shared
-    ``legalize_divide``); ``rules``: schedule rules."""
+    ``legalize_divide`` and ``legalize_multiply``); ``rules``: schedule rules."""
+    shared = {"relax.divide": legalize_divide, "relax.multiply": legalize_multiply}
     stages = [
         ("library dispatch", backend.library_dispatch_passes(target)),
-        ("legalize", [legalize_ops({"relax.divide": legalize_divide, **(legalize or {})})]),
+        ("legalize", [legalize_ops({**shared, **(legalize or {})})]),
         ("annotate patterns", [relax.transform.AnnotateTIROpPattern()]),
         ("fold constants", [relax.transform.FoldConstant()]),
         ("fuse ops", [relax.transform.FuseOps()]),
