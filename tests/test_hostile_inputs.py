@@ -157,3 +157,12 @@ def test_reductions_over_no_elements_build(run_cli, tmp_path, op, shape, out, at
                  [("x", T.FLOAT, shape)], [("y", T.FLOAT, out)], constants)
     for dtype in ("float32", "bfloat16"):
         _passes(run_cli("diff", path, "--dtype", dtype))
+
+
+def test_an_opset_newer_than_onnx_is_refused(run_cli, tmp_path):
+    """opset_import 99 converted with exit 0, its ops read as some older opset's; onnxruntime refuses it."""
+    newest = onnx.defs.onnx_opset_version()
+    path = _save(tmp_path / "future.onnx", [helper.make_node("Relu", ["x"], ["y"])], [("x", T.FLOAT, [1, 4])],
+                 [("y", T.FLOAT, [1, 4])], opset=newest + 71)
+    _refused(run_cli("convert", path, "-o", str(tmp_path / "out")), f"opset {newest + 71}", f"at most {newest}")
+    assert not (tmp_path / "out").exists()

@@ -139,6 +139,7 @@ def load_model(path: str) -> LoadedModel:
             ) from err
         log.warning("%s fails onnx.checker (%s) but onnxruntime loads it; continuing", path, error_summary(err))
     _refuse_strings(model, path)
+    _refuse_future_opset(model, path)
     name_nodes(model.graph)
     from amptool.frontend.gradient import check_gradients  # noqa: PLC0415 (gradient imports load)
 
@@ -187,6 +188,15 @@ def refuse_quantized(model: onnx.ModelProto, path: str) -> None:
             "float16/bfloat16",
             "Convert the float32 export of this model instead, or build this one as it is with --dtype float32.",
         )
+
+
+def _refuse_future_opset(model: onnx.ModelProto, path: str) -> None:
+    """An opset newer than any onnx knows has no defined semantics: onnxruntime refuses it, and
+    amptool must not read its ops as some older opset's (opset 99 converted, exit 0)."""
+    opset, newest = default_opset(model), onnx.defs.onnx_opset_version()
+    if opset > newest:
+        raise UserError(f"{path} imports ONNX opset {opset}; the newest is {newest}",
+                        f"Export the model with an opset of at most {newest} (torch.onnx.export(opset_version=N)).")
 
 
 def _refuse_strings(model: onnx.ModelProto, path: str) -> None:
