@@ -18,7 +18,6 @@ from amptool.frontend.graph import iter_nodes
 from amptool.frontend.prepare import pin_shapes
 from amptool.frontend.signature import TensorSpec
 from amptool.frontend.unroll import MAX_TRIP_COUNT, refusals, unroll_loops
-from tests.conftest import single_error
 
 F, I64, BOOL = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
 
@@ -324,17 +323,6 @@ def test_loops_that_cannot_be_unrolled_stay_and_say_why(model: onnx.ModelProto, 
 
 def test_an_unrollable_loop_left_in_place_says_prepare_did_not_run() -> None:
     assert "prepare's folding was skipped (--no-prepare)" in refusals(counting_loop())["loop"]
-
-
-def test_data_dependent_loop_is_a_one_line_user_error(tmp_path: Path, run_cli: Any) -> None:
-    path = tmp_path / "while.onnx"
-    onnx.save(data_dependent_loop(), path)
-    result = run_cli("convert", str(path), "-o", str(tmp_path / "out"))
-    assert result.exit_code == 2, result.output
-    assert single_error(result.output)
-    message = next(line for line in result.output.splitlines() if "No converter" in line)
-    assert "Loop ×1 ('loop')" in message
-    assert "Loop 'loop' is not unrolled: its continuation condition depends on input values" in message
 
 
 def test_tf2onnx_style_rnn_loop_passes_float16_diff(tmp_path: Path, run_cli: Any) -> None:

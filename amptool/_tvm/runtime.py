@@ -3,7 +3,10 @@ under a runtime-only TVM (no compiler library), which ``amptool run`` relies on.
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -211,18 +214,20 @@ def _device(device: str) -> Any:
     return tvm.device(kind, int(index or 0))
 
 
-def run_vm(vm: Any, arrays: list[np.ndarray], device: str = "cpu") -> list[np.ndarray]:
-    """Run 'main' on numpy inputs; returns the flattened outputs as numpy arrays."""
+def run_vm(vm: Any, arrays: list[np.ndarray], device: str = "cpu", deep_stack: bool = False) -> list[np.ndarray]:
+    """Run 'main' on numpy inputs; returns the flattened outputs as numpy arrays. ``deep_stack``:
+    the module holds run-time loops, run where their recursion fits (``on_deep_stack``)."""
     import tvm  # noqa: PLC0415
 
     dev = _device(device)
     # np.ascontiguousarray would turn a 0-d array into 1-d; np.require keeps the rank.
     args = [tvm.runtime.tensor(np.require(a, requirements="C"), dev) for a in arrays]
-    result = vm["main"](*args)
+    main = vm["main"]
+    result = on_deep_stack(main, *args) if deep_stack else main(*args)
     return _flatten_outputs(result)
 
 
-def prepared_call(vm: Any, arrays: list[np.ndarray], device: str = "cpu") -> Any:
+def prepared_call(vm: Any, arrays: list[np.ndarray], device: str = "cpu", deep_stack: bool = False) -> Any:
     """A no-argument callable running 'main' on ``arrays`` copied to the device once: what a
     deployment calls per inference, for timing. Outputs stay on the device."""
     import tvm  # noqa: PLC0415
@@ -232,13 +237,35 @@ def prepared_call(vm: Any, arrays: list[np.ndarray], device: str = "cpu") -> Any
     main = vm["main"]
     sync = dev.sync if device != "cpu" else None
 
-    def call() -> Any:
+    def run() -> Any:
         result = main(*args)
         if sync is not None:
             sync()
         return result
 
-    return call
+    return (lambda: on_deep_stack(run)) if deep_stack else run
+
+
+#: Stack of the thread that runs modules holding run-time loops: the VM recurses once per iteration
+#: (~3.5 KB a level for a loop and its step), and frontend/loop_function.py bounds loops at 100,000.
+DEEP_STACK_BYTES = 1 << 30
+_DEEP_STACK: list[concurrent.futures.ThreadPoolExecutor] = []
+
+
+def on_deep_stack(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` on a thread with a ``DEEP_STACK_BYTES`` stack (pages are committed as touched).
+
+    Why: the main thread's 8 MB held ~2,500 iterations before the VM overflowed it (a segfault,
+    where onnxruntime runs the loop); a thread's stack size is set when it starts."""
+    if not _DEEP_STACK:
+        previous = threading.stack_size(DEEP_STACK_BYTES)
+        try:
+            pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="amptool-deep-stack")
+            pool.submit(lambda: None).result()  # the thread starts now, under this stack size
+        finally:
+            threading.stack_size(previous)
+        _DEEP_STACK.append(pool)
+    return _DEEP_STACK[0].submit(fn, *args).result()
 
 
 def _flatten_outputs(value: Any) -> list[np.ndarray]:

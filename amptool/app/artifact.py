@@ -115,6 +115,7 @@ def load_artifact(directory: str, device: str | None = None) -> tuple[dict[str, 
         output_names=[o["name"] for o in manifest["outputs"]],
         device=use,
         input_dtypes=[i["dtype"] for i in manifest["inputs"]],
+        deep_stack=bool(manifest.get("run_time_loops")),
     )
     return manifest, model
 

@@ -236,7 +236,8 @@ def _tvm_call(spec: WorkerSpec) -> tuple[Callable[[], Any], dict[str, Any]]:
     _manifest, compiled = load_artifact(spec.path, spec.device)
     dtypes: Sequence[str | None] = compiled.input_dtypes or [None] * len(compiled.input_names)
     arrays = [as_float_dtype(spec.feeds[n], d) for n, d in zip(compiled.input_names, dtypes)]
-    return _tvm.prepared_call(compiled.vm, arrays, compiled.device), {"tvm_threads": threads, "device": compiled.device}
+    call = _tvm.prepared_call(compiled.vm, arrays, compiled.device, deep_stack=compiled.deep_stack)
+    return call, {"tvm_threads": threads, "device": compiled.device}
 
 
 #: A line of an OpenVINO error that only names a place in its sources.

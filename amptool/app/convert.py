@@ -37,6 +37,7 @@ from amptool.frontend.graph import iter_nodes
 from amptool.frontend.importer import ImportedModel, NodeOrigin, import_model
 from amptool.frontend.input_values import FixedValue, fixed_input_arrays, resolve_input_shapes
 from amptool.frontend.load import LoadedModel, checker_failure, load_model, refuse_quantized
+from amptool.frontend.loop_function import FUNCTION_PREFIX as LOOP_FUNCTION_PREFIX
 from amptool.frontend.prepare import PreparedModel, prepare_model
 from amptool.frontend.signature import (
     DEFAULT_MAX_INPUT_BYTES,
@@ -126,6 +127,7 @@ class BuildResult:
     provenance: dict[str, NodeOrigin] = field(default_factory=dict)
     arch: str | None = None  # CUDA arch built for
     unmatched_node_rules: list[str] = field(default_factory=list)  # node patterns that matched no node
+    run_time_loops: int = 0  # Loops left to run time (recursive functions: the VM runs them on a deep stack)
 
     def release_sources(self) -> None:
         """Drop what the build was made from: the ONNX models (as loaded and as imported) and the
@@ -152,6 +154,7 @@ class BuildResult:
             output_names=[s.name for s in self.outputs],
             device=self.device,
             input_dtypes=[s.dtype for s in self.inputs],
+            deep_stack=self.run_time_loops > 0,
         )
 
     def manifest(self) -> dict[str, Any]:
@@ -176,6 +179,7 @@ class BuildResult:
             "prepare_notes": self.prepare_notes,
             "colors": self.policy.as_json(),
             "unmatched_node_rules": list(self.unmatched_node_rules),
+            "run_time_loops": self.run_time_loops,
             "range_guards": self.config.range_guards,
             "ops_by_dtype": stats.ops_by_dtype(mod),
             "casts_inserted": stats.activation_casts(mod),
@@ -422,7 +426,14 @@ def compile_rewritten(
         provenance=rewritten.imported.provenance if rewritten.imported else {},
         arch=target.arch,
         unmatched_node_rules=rewritten.unmatched_node_rules,
+        run_time_loops=count_loops(rewritten.passes.mod),
     )
+
+
+def count_loops(mod: Any) -> int:
+    """How many Loops of ``mod`` run at run time (loop_function.py's functions, one entry each)."""
+    names = {gv.name_hint for gv, _func in _tvm.relax_functions(mod)} if mod is not None else set()
+    return sum(1 for name in names if name.startswith(LOOP_FUNCTION_PREFIX) and f"{name}_step" in names)
 
 
 def resolve(config: ConvertConfig, *, lower_only: bool = False) -> ResolvedTarget:

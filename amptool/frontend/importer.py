@@ -34,12 +34,13 @@ from amptool.frontend.detection import name_unknown_dims, shape_value_producers
 from amptool.frontend.gradient import check_gradients, is_gradient
 from amptool.frontend.gradient_lower import lower_gradient
 from amptool.frontend.graph import STANDARD_DOMAINS, Names, default_opset, identifier, iter_nodes
+from amptool.frontend.loop_function import LoopFunctions, convert_loop
 from amptool.frontend.narrow_casts import check_narrow_types, small_int_rewrites
 from amptool.frontend.shape_inputs import SHAPE_OPERANDS, fixed_input_hint, inputs_deciding_node
 from amptool.frontend.signature import TensorSpec
 
-#: Node types the frontend handles outside its converter map.
-_DIRECT_OPS = frozenset({"If", "Constant"})
+#: Node types the frontend handles outside its converter map (Loop: loop_function.py, by the importer).
+_DIRECT_OPS = frozenset({"If", "Constant", "Loop"})
 
 
 @dataclass(frozen=True)
@@ -80,20 +81,21 @@ def check_supported(model: onnx.ModelProto) -> None:
             f"No converter for {len(missing)} op type(s): " + "; ".join(parts) + _loop_reasons(model, missing),
             "These ops cannot be imported into TVM Relax yet; replace them in the exporter "
             "or export with a different opset."
-            + (" Loop/Scan convert once prepare can unroll them (trip count known before run time)."
-               if {"Loop", "Scan"} & missing.keys() else ""),
+            + (" Scan converts once prepare can unroll it (sequence length known before run time)."
+               if "Scan" in missing else ""),
         )
 
 
 def _loop_reasons(model: onnx.ModelProto, missing: dict[str, list[str]]) -> str:
-    """Why prepare left a Loop/Scan in place (it unrolls those with a known trip count)."""
-    if "Loop" not in missing and "Scan" not in missing:
+    """Why prepare left a Scan in place (it unrolls those with a known length; a Loop it leaves
+    becomes a recursive function instead)."""
+    if "Scan" not in missing:
         return ""
     from amptool.frontend.unroll import refusals  # noqa: PLC0415
 
     reasons = refusals(model)
-    named = [(op, n, reasons[n]) for op in ("Loop", "Scan") for n in missing.get(op, []) if n in reasons]
-    return "".join(f". {op} '{n}' is not unrolled: {why}" for op, n, why in named[:3])
+    named = [n for n in missing["Scan"] if n in reasons]
+    return "".join(f". Scan '{n}' is not unrolled: {reasons[n]}" for n in named[:3])
 
 
 def import_model(model: onnx.ModelProto, inputs: Sequence[TensorSpec]) -> ImportedModel:
@@ -120,6 +122,7 @@ def import_model(model: onnx.ModelProto, inputs: Sequence[TensorSpec]) -> Import
                 "Pin input shapes with --input-shape; if it persists, the model uses a "
                 "pattern the ONNX frontend does not handle.",
             ) from err
+    mod = importer._loops.add_to(mod)
     if importer._branches.warnings:  # a raising branch's assert_op is the only impure call
         mod["main"] = mod["main"].with_attr("relax.force_pure", True)
     provenance = attribute_bindings(mod, importer.named)
@@ -148,6 +151,7 @@ def _make_importer(shape_dict: dict[str, list[int]], dtype_dict: dict[str, str],
             self._gradients = check_gradients(model)  # Gradient node name → what it differentiates
             self._branches = BranchImporter(model)  # If branches that do not type raise at run time
             self._shape_tensors = shape_value_producers(model)  # shape values read by ops that need tensors
+            self._loops = LoopFunctions()  # Loops left to run time: recursive functions
 
         def _check_for_unsupported_ops(self, graph: Any) -> None:
             """Done already, and better, by ``check_supported`` — which also knows amptool's
@@ -160,6 +164,8 @@ def _make_importer(shape_dict: dict[str, list[int]], dtype_dict: dict[str, str],
             try:
                 if op_name == "Gradient" and node_name in self._gradients:
                     return self._gradient(node_name, list(inputs))
+                if op_name == "Loop":
+                    return convert_loop(self, node_name, list(inputs), attrs, self._loops)
                 attrs.setdefault("tvm_custom", {})["opset"] = opset  # defaults that moved between opsets (DFT axis)
                 result = CONVERTERS[op_name](self.bb, list(inputs), attrs) if op_name in CONVERTERS else None
                 if result is None:  # not ours, or ours declined this instance

@@ -308,12 +308,13 @@ NUMERICS_RTOL = 1e-3
 
 
 def _refuse_endless_loops(model: onnx.ModelProto) -> None:
-    """A Loop known to run past the unroll limit is refused before onnxruntime runs the model: its
-    folding session and check-numerics would run every iteration (10**12 of them hung convert)."""
+    """A Loop known to run past amptool's run-time bound, or for ever, is refused before onnxruntime
+    runs the model: its folding session and check-numerics would run every iteration (10**12 of them
+    hung convert)."""
     for name, why in too_long(model).items():
-        raise UserError(f"Loop '{name}' is not unrolled: {why}",
-                        "amptool compiles loops unrolled; export the model with a shorter loop, or pin what "
-                        "bounds it with --fixed-input or --input-shape.")
+        raise UserError(f"Loop '{name}' cannot run: {why}",
+                        "Export the model with a shorter loop, or pin what bounds it with --fixed-input or "
+                        "--input-shape.")
 
 
 def _numerics_outcome(

@@ -23,8 +23,9 @@ batch axis B, time on axis 1) becomes B × L copies, per batch element, stacked 
 
 When not: a data-dependent trip count or condition, more than ``MAX_TRIP_COUNT`` iterations
 or ``MAX_UNROLLED_NODES`` nodes, a Scan with a symbolic or zero length, or an opset-8 Scan whose
-``sequence_lens`` are not all its full length. The node is left alone, and ``refusals`` says
-why, for the importer's "No converter" message.
+``sequence_lens`` are not all its full length. The node is left alone: a Loop then runs as a
+recursive function (loop_function.py); for a Scan, ``refusals`` says why, for the importer's
+"No converter" message.
 
 Preserves: every output's name and value (prepare checks the numerics with onnxruntime).
 """
@@ -32,6 +33,7 @@ Preserves: every output's name and value (prepare checks the numerics with onnxr
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 import onnx
@@ -39,6 +41,7 @@ from onnx import helper, numpy_helper
 
 from amptool.errors import error_summary
 from amptool.frontend.graph import STANDARD_DOMAINS, Names, all_names, iter_nodes
+from amptool.frontend.loop_function import MAX_ITERATIONS
 from amptool.frontend.unroll_body import (
     BodyCopier,
     attr_graph,
@@ -54,6 +57,9 @@ log = logging.getLogger(__name__)
 MAX_TRIP_COUNT = 1024
 #: Most nodes one unrolled loop may add (live body nodes, nested ones included, × N).
 MAX_UNROLLED_NODES = 100_000
+#: Longest spent counting a loop's iterations past the unroll limit, to learn whether it ends within
+#: the run-time bound (onnx's reference evaluator: ~50 µs an iteration).
+_COUNTING_SECONDS = 5.0
 #: What a user can do when a loop depends on input values: pinned shapes and fixed inputs fold.
 _PIN = "pin it with --fixed-input or --input-shape"
 
@@ -63,8 +69,9 @@ class Refusal(Exception):
 
 
 class TooLong(Refusal):
-    """The loop's trip count is known and past the limit: onnxruntime, which prepare runs the model
-    with, would take as long (a constant 10**12 trips hung convert), so it is refused up front."""
+    """The loop is known to run past the run-time bound (``loop_function.MAX_ITERATIONS``), or for
+    ever: onnxruntime, which prepare runs the model with, would take as long (a constant 10**12 trips
+    hung convert), so it is refused up front."""
 
 
 def unroll_loops(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
@@ -236,15 +243,31 @@ def _loop_trip_count(node: onnx.NodeProto, known: dict[str, np.ndarray], model: 
             raise Refusal(f"its initial condition depends on input values; {_PIN}")
         cond = bool(np.asarray(known[cond_name]).reshape(-1)[0])
     evaluate = _ConditionEvaluator(node, known, model)
-    trips = 0
+    too_many = Refusal(f"it runs more than the unroll limit of {MAX_TRIP_COUNT} iterations")  # run time runs it
+    trips, start = 0, time.monotonic()
     while cond and (limit is None or trips < limit):
         if trips >= MAX_TRIP_COUNT:
-            if limit is None and evaluate.constant:
-                raise TooLong("it has no trip count and a condition that never turns false")
-            raise TooLong(f"it runs more than the unroll limit of {MAX_TRIP_COUNT} iterations")
+            if limit is not None and limit <= MAX_ITERATIONS:
+                raise too_many
+            if evaluate.unchanging:
+                raise TooLong("it has no trip count and a condition that never turns false" if limit is None
+                              else f"it runs {limit} iterations, past amptool's bound of {MAX_ITERATIONS}")
+            if trips >= MAX_ITERATIONS:
+                raise TooLong(f"its condition still holds after amptool's bound of {MAX_ITERATIONS} iterations")
+            if time.monotonic() - start > _COUNTING_SECONDS:
+                raise too_many  # (undecided: the run-time bound stops it)
         cond = evaluate(trips, cond)
         trips += 1
+    if trips > MAX_TRIP_COUNT:
+        raise too_many
     return trips
+
+
+def _passed_through(name: str, source: str, producers: dict[str, onnx.NodeProto]) -> bool:
+    """``name`` is ``source`` through Identity nodes only (a condition that never changes)."""
+    while name in producers and producers[name].op_type == "Identity":
+        name = producers[name].input[0]
+    return name == source
 
 
 class _ConditionEvaluator:
@@ -293,6 +316,7 @@ class _ConditionEvaluator:
             elif name not in (self.iter_name, self.cond_name):
                 raise Refusal(f"its continuation condition depends on input values; {_PIN}")
         self.constant = not cone and self.cond_out not in (self.iter_name, *carried_in)
+        self.unchanging = self.constant or _passed_through(self.cond_out, self.cond_name, producers)
         self.wanted = list(dict.fromkeys([self.cond_out, *self.next.values()]))
         self.session = None
         if cone:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from tvm.ir import GlobalVar
 from tvm.relax import Call, DataflowVar, SeqExpr, TensorType, Tuple, TupleGetItem, TupleType, Var
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
@@ -203,6 +204,9 @@ class MixedPrecisionMutator(PyExprMutator):
 
     def visit_var_binding_(self, binding: Any) -> None:
         value = binding.value
+        if isinstance(value, Call) and isinstance(value.op, GlobalVar):
+            self._call_function(binding)
+            return
         relax_op = _tvm.op_name(value) if isinstance(value, Call) else None
         if relax_op is None or relax_op == "relax.astype":
             super().visit_var_binding_(binding)
@@ -217,6 +221,16 @@ class MixedPrecisionMutator(PyExprMutator):
             # fp32-accumulated conv/matmul: consumers get the low cast (an output of a dataflow
             # block if the binding was one); the fp32 value stays cached for NEVER consumers.
             new_var = self._cast(new_var, self.low, output=not dataflow)
+        self.set_var_remap(binding.var, new_var)
+
+    def _call_function(self, binding: Any) -> None:
+        """A call of another Relax function (a run-time loop's): its arguments back in the dtypes its
+        signature names — each function is rewritten on its own, its signature kept."""
+        call = binding.value
+        orig_args = _tvm.array_items(call.args)
+        args = [self.visit_expr(arg) for arg in orig_args]
+        value = self._restore(call, args, orig_args, [_tvm.tensor_dtype(arg) for arg in orig_args])
+        new_var = self._emit_var(_tvm.var_name(binding.var), value, dataflow=isinstance(binding.var, DataflowVar))
         self.set_var_remap(binding.var, new_var)
 
     def _emit_var(self, name: str, value: Any, *, dataflow: bool) -> Any:

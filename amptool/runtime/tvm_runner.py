@@ -22,13 +22,14 @@ class CompiledModel:
     output_names: Sequence[str]
     device: str = "cpu"
     input_dtypes: Sequence[str] | None = None  # what the module takes (low under --low-precision-io)
+    deep_stack: bool = False  # holds run-time loops: one VM frame per iteration (_tvm.on_deep_stack)
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         arrays = [as_container(feeds[n]) for n in self.input_names]
         if self.input_dtypes is not None:
             arrays = [as_float_dtype(a, d) for a, d in zip(arrays, self.input_dtypes)]
         try:
-            outputs = _tvm.run_vm(self.vm, arrays, self.device)
+            outputs = _tvm.run_vm(self.vm, arrays, self.device, deep_stack=self.deep_stack)
         except Exception as err:
             refusal = model_raised(err)
             if refusal is None:

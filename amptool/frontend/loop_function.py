@@ -1,0 +1,370 @@
+"""``Loop`` nodes whose trip count or exit depends on run-time values, as a recursive Relax function.
+
+Why: prepare unrolls the loops whose iterations are known before run time (unroll.py); the rest —
+a ``while`` whose exit condition is computed from data (a decoder's "until end-of-sequence", an
+iterative refinement "until converged"), or a trip count read from an input's value — have no
+converter in TVM 0.27, whose Relax has no loop construct. Relax does have functions that call
+themselves under an ``If``, and the VM runs them: that is what a loop is.
+
+What: ``Loop(M, cond, v…)`` with body ``(i, cond_in, v_in…) → (cond_out, v_out…, scan…)`` becomes
+
+    def loop(i, M, cond, v…, captures…):
+        if i < M and cond:
+            (check i < MAX_ITERATIONS)       # a run-time refusal, not a stack overflow
+            return loop_step(i, M, cond, v…, captures…)
+        else:
+            return (v…, empty scans…)
+
+    def loop_step(i, M, cond, v…, captures…):
+        cond_out, v_out…, scan… = body(i, cond, v…)
+        (v_final…, scans…) = loop(i + 1, M, cond_out, v_out…, captures…)
+        return (v_final…, concat(scan[None], scans)…)
+
+and the node is ``loop(0, M, cond, v_initial…, captures…)``. The body is imported by the same
+importer (its converters, provenance, nested ``If``/``Loop``), with the outer values it reads passed
+in as parameters (``captures``) and constants kept as constants. Loop-carried values keep their
+static shape when the body keeps it; a dim the body changes becomes a symbolic one (the body is
+imported once more to learn that). Scan outputs are built on the way back from the recursion, so
+no level holds a partial stack; their first dim is named after the call (``detection.py`` style).
+
+When not: a carried value that is not a tensor (a sequence), one whose rank or dtype the body
+changes, or a scan output whose per-iteration shape is unknown: a user error naming the Loop.
+
+Run time: one VM frame per iteration. ``MAX_ITERATIONS`` bounds the depth; the runtime calls a module
+holding loops on a thread whose stack holds that depth (``_tvm.runtime.DEEP_STACK_BYTES``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+
+from amptool import _tvm
+from amptool.errors import LOOP_LIMIT_MARKER, UserError
+from amptool.frontend.graph import identifier, iter_nodes
+
+#: Most iterations a run-time loop may take: each is a frame of the VM's (~3.5 KB of stack).
+MAX_ITERATIONS = 100_000
+#: Name prefix of the functions loops become (the runtime looks for it: see ``has_loops``).
+FUNCTION_PREFIX = "amptool_loop_"
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+@dataclass
+class LoopFunctions:
+    """The loop functions made during one import, added to the module when it is complete."""
+
+    functions: list[tuple[Any, Any]] = field(default_factory=list)  # (GlobalVar, relax.Function)
+
+    def add_to(self, mod: Any) -> Any:
+        for gv, func in self.functions:
+            mod[gv] = func
+        return mod
+
+
+@dataclass
+class _Signature:
+    """What the loop function takes, and how the body sees it."""
+
+    params: list[Any]
+    carried: list[Any]  # the parameters of the loop-carried values (a slice of params)
+    scope: dict[str, Any]  # ONNX name → value, for the body: captures as parameters, constants as they are
+
+
+def convert_loop(importer: Any, node_name: str, inputs: list[Any], attrs: dict[str, Any],
+                 functions: LoopFunctions) -> Any:
+    """The Loop ``node_name`` as a call of a new recursive function; its output, or a relax.Tuple of them.
+    ``importer``: the running ONNX graph importer (its ``bb`` and ``_nodes`` are borrowed while the
+    body is imported)."""
+    from tvm import relax, tirx  # noqa: PLC0415
+
+    body: onnx.GraphProto = attrs["body"]
+    outer = importer.bb
+    carried = [outer.normalize(v) for v in inputs[2:]]
+    for k, value in enumerate(carried):
+        ty = getattr(value, "ty", None)
+        if not isinstance(ty, relax.TensorType) or ty.shape is None:  # (a known rank has named dims by now)
+            raise UserError(f"Loop '{node_name}' carries '{body.input[2 + k].name}', which is not a tensor of "
+                            "known rank (a sequence or an optional); amptool runs loops over tensors only",
+                            "Export the loop with tensors (torch: stack the list), or pin the trip count with "
+                            "--fixed-input so the loop unrolls.")
+    count = len(body.output) - 1 - len(carried)
+    m = _scalar(outer, inputs[0], "int64", _INT64_MAX)
+    cond = _scalar(outer, inputs[1], "bool", True)
+    captures = _captures(importer, body, outer)
+    types = [v.ty for v in carried]
+    for _ in range(3):  # the carried types the body keeps: a changed dim becomes symbolic
+        probe = _probe(importer, body, types, captures)
+        widened = [_join(node_name, body.input[2 + k].name, t, probe.carried[k]) for k, t in enumerate(types)]
+        if all(_same(a, b) for a, b in zip(widened, types)):
+            break
+        types = widened
+    else:
+        raise UserError(f"Loop '{node_name}': the shapes of its loop-carried values do not settle",
+                        "Pin the trip count with --fixed-input so the loop unrolls.")
+    scans = probe.scans
+    for k, ty in enumerate(scans):
+        if not isinstance(ty, relax.TensorType) or ty.shape is None:
+            name = body.output[1 + len(carried) + k].name
+            raise UserError(f"Loop '{node_name}': the shape of its scan output '{name}' is not known before run time",
+                            "Pin input shapes with --input-shape.")
+    gv = _function(importer, body, node_name, types, scans, captures, functions)
+    call = outer.emit(relax.Call(gv, [relax.const(0, "int64"), m, cond, *carried, *[v for _, v in captures]]),
+                      name_hint=identifier(node_name))
+    outputs = [outer.emit(relax.TupleGetItem(call, k)) for k in range(len(carried) + count)]
+    for k, ty in enumerate(types):  # a carried dim the loop changes: named, for the readers' converters
+        if any(_symbolic(d) for d in ty.shape.values):
+            outputs[k] = outer.match_cast(outputs[k], _fresh(ty))
+    for k, ty in enumerate(scans):  # a run-time length, named likewise
+        dims = [tirx.Var(f"{identifier(node_name)}_trips", "int64"), *ty.shape.values]
+        outputs[len(carried) + k] = outer.match_cast(outputs[len(carried) + k], relax.TensorType(dims, ty.dtype))
+    return outputs[0] if len(outputs) == 1 else relax.Tuple(outputs)  # (the importer takes a 1-tuple as one value)
+
+
+@dataclass
+class _Probe:
+    carried: list[Any]  # the types of the body's v_out
+    scans: list[Any]  # the types of one iteration's scan values
+
+
+def _probe(importer: Any, body: onnx.GraphProto, types: list[Any], captures: list[tuple[str, Any]]) -> _Probe:
+    """The types the body gives when the carried values have ``types`` (imported, then dropped)."""
+    from tvm import relax  # noqa: PLC0415
+
+    builder = relax.BlockBuilder()
+    signature = _signature(body, types, captures)
+    with builder.function("probe", params=signature.params, private=True):
+        outs = _import_body(importer, builder, body, signature)
+        builder.emit_func_output(relax.Tuple(outs))
+    count = len(types)
+    tys = [o.ty for o in outs]
+    return _Probe(carried=tys[1:1 + count], scans=tys[1 + count:])
+
+
+def _function(importer: Any, body: onnx.GraphProto, node_name: str, types: list[Any], scans: list[Any],
+              captures: list[tuple[str, Any]], functions: LoopFunctions) -> Any:
+    """The recursive pair running ``body``; the GlobalVar of its entry (the functions go to ``functions``).
+
+    Two functions: ``loop`` decides (``If``) and ``loop_step`` runs one iteration and recurses. Why
+    not one: TVM 0.27's memory planning of an ``If`` whose branch holds a symbolic-shape concat
+    crashed the VM (AllocTensor) whichever branch ran; a branch that only calls does not plan."""
+    from tvm import relax  # noqa: PLC0415
+    from tvm.relax.expr import _update_type  # noqa: PLC0415
+
+    name = f"{FUNCTION_PREFIX}{identifier(node_name)}"
+    loop, step = relax.GlobalVar(name), relax.GlobalVar(f"{name}_step")
+    for gv in (loop, step):
+        typed = _signature(body, types, captures)
+        _update_type(gv, relax.FuncType([p.ty for p in typed.params], relax.TupleType(_result_types(types, scans)),
+                                        purity=True))
+
+    signature = _signature(body, types, captures)
+    i, m, cond = signature.params[:3]
+    builder = relax.BlockBuilder()
+    with builder.function(name, params=signature.params, attrs={"relax.force_pure": True}, private=True):
+        go = builder.emit(relax.op.logical_and(relax.op.less(i, m), cond))
+        builder._begin_binding_block()
+        builder.emit(relax.op.assert_op(relax.op.less(i, relax.const(MAX_ITERATIONS, "int64")),
+                                        format=f"{LOOP_LIMIT_MARKER}: Loop '{node_name}' ran {MAX_ITERATIONS} "
+                                        "iterations"))
+        taken = builder.emit(relax.Call(step, list(signature.params)))
+        then = relax.SeqExpr([builder._end_block()], taken)
+        builder._begin_binding_block()
+        seed = builder.emit(relax.op.astype(i, "float32"))  # empty scans made from a run-time value: not folded
+        empties = [builder.emit(relax.op.broadcast_to(
+            relax.op.reshape(relax.op.astype(seed, t.dtype), [1] * (len(t.shape.values) + 1)),
+            [0, *t.shape.values])) for t in scans]
+        done = builder.emit(relax.Tuple([*signature.carried, *empties]))
+        otherwise = relax.SeqExpr([builder._end_block()], done)
+        builder.emit_func_output(builder.emit(relax.If(go, then, otherwise)))
+    functions.functions.append((loop, builder.get()[name]))
+    functions.functions.append((step, _step(importer, body, f"{name}_step", loop, types, scans, captures)))
+    return loop
+
+
+def _result_types(types: list[Any], scans: list[Any]) -> list[Any]:
+    """What a loop returns: each carried value's static type, or its rank alone where a dim changes
+    (its final size is the run's); each scan stacked, its length the run's."""
+    from tvm import relax  # noqa: PLC0415
+
+    carried = [t if not any(_symbolic(d) for d in t.shape.values) else relax.TensorType(ndim=t.ndim, dtype=t.dtype)
+               for t in types]
+    return [*carried, *[relax.TensorType(ndim=len(t.shape.values) + 1, dtype=t.dtype) for t in scans]]
+
+
+def _step(importer: Any, body: onnx.GraphProto, name: str, loop: Any, types: list[Any], scans: list[Any],
+          captures: list[tuple[str, Any]]) -> Any:
+    """One iteration: the body, then ``loop`` on its results, with this iteration's scan values
+    stacked in front of the later ones' (on the way back: no level holds a partial stack)."""
+    from tvm import relax, tirx  # noqa: PLC0415
+
+    signature = _signature(body, types, captures)
+    i, m = signature.params[:2]
+    builder = relax.BlockBuilder()
+    with builder.function(name, params=signature.params, attrs={"relax.force_pure": True}, private=True):
+        outs = _import_body(importer, builder, body, signature)
+        cond_out = builder.emit(relax.op.astype(relax.op.reshape(outs[0], []), "bool"))
+        v_out = [_as_type(builder, v, p.ty) for v, p in zip(outs[1:1 + len(types)], signature.carried)]
+        following = builder.emit(relax.op.add(i, relax.const(1, "int64")))
+        rest = builder.emit(relax.Call(loop, [following, m, cond_out, *v_out, *signature.params[3 + len(types):]]))
+        results = [builder.emit(relax.TupleGetItem(rest, k)) for k in range(len(types) + len(scans))]
+        for k, ty in enumerate(scans):  # (the later length named: TVM's concat needs every dim)
+            later = builder.match_cast(results[len(types) + k], relax.TensorType(
+                [tirx.Var("later_trips", "int64"), *ty.shape.values], ty.dtype))
+            here = builder.emit(relax.op.expand_dims(outs[1 + len(types) + k], [0]))
+            results[len(types) + k] = builder.emit(relax.op.concat([here, later], axis=0))
+        builder.emit_func_output(builder.emit(relax.Tuple(results)))
+    return builder.get()[name]
+
+
+def _signature(body: onnx.GraphProto, types: list[Any], captures: list[tuple[str, Any]]) -> _Signature:
+    """Fresh parameters: the counter, the trip count, the condition, the carried values (``types``)
+    and the captured outer values; the body's scope maps its inputs and the captures to them."""
+    from tvm import relax  # noqa: PLC0415
+
+    i = relax.Var("iteration", relax.TensorType([], "int64"))
+    m = relax.Var("trip_count", relax.TensorType([], "int64"))
+    cond = relax.Var("condition", relax.TensorType([], "bool"))
+    renamed: dict[Any, Any] = {}  # each function defines its own symbolic dims (TVM: a var per function)
+    carried = [relax.Var(identifier(body.input[2 + k].name), _own_dims(ty, renamed)) for k, ty in enumerate(types)]
+    captured = [relax.Var(identifier(name), _own_dims(value.ty, renamed)) for name, value in captures]
+    scope: dict[str, Any] = {name: value for name, value in captures}  # replaced below by the parameters
+    scope.update({name: param for (name, _), param in zip(captures, captured)})
+    scope[body.input[0].name] = i
+    if len(body.input) > 1:
+        scope[body.input[1].name] = cond
+    scope.update({body.input[2 + k].name: param for k, param in enumerate(carried)})
+    return _Signature([i, m, cond, *carried, *captured], carried, scope)
+
+
+def _own_dims(ty: Any, renamed: dict[Any, Any]) -> Any:
+    """``ty`` with each symbolic dim a fresh variable (the same one for the same dim in ``renamed``)."""
+    from tvm import relax, tirx  # noqa: PLC0415
+
+    if not isinstance(ty, relax.TensorType) or ty.shape is None or not isinstance(ty.shape, relax.ShapeExpr):
+        return ty
+    dims = []
+    for dim in ty.shape.values:
+        if _symbolic(dim):
+            key = dim if isinstance(dim, tirx.Var) else str(dim)
+            dim = renamed.setdefault(key, tirx.Var(dim.name if isinstance(dim, tirx.Var) else "dim", "int64"))
+        dims.append(dim)
+    return relax.TensorType(dims, ty.dtype)
+
+
+def _import_body(importer: Any, builder: Any, body: onnx.GraphProto, signature: _Signature) -> list[Any]:
+    """The body's outputs, imported into ``builder`` by ``importer`` with ``signature.scope`` in view."""
+    from tvm import relax  # noqa: PLC0415
+
+    saved_bb, saved_nodes = importer.bb, importer._nodes
+    constants = {name: value for name, value in saved_nodes.items() if _constant(value)}
+    importer.bb, importer._nodes = builder, {**constants, **signature.scope}
+    try:
+        for tensor in body.initializer:
+            importer._nodes[tensor.name] = relax.const(importer._parse_array(tensor))
+        importer._construct_nodes(body)
+        return [builder.normalize(importer._nodes[o.name]) for o in body.output]
+    finally:
+        importer.bb, importer._nodes = saved_bb, saved_nodes
+
+
+def _captures(importer: Any, body: onnx.GraphProto, outer: Any) -> list[tuple[str, Any]]:
+    """(ONNX name, value) of each outer value the body reads that is not a constant, as a Var."""
+    from tvm import relax  # noqa: PLC0415
+
+    read: set[str] = {o.name for o in body.output}
+    for node in iter_nodes(body):
+        read.update(name for name in node.input if name)
+    own = {i.name for i in body.input}
+    captures = []
+    for name in sorted(read - own):
+        value = importer._nodes.get(name)
+        if value is None or _constant(value):
+            continue
+        if not isinstance(value, relax.Var):
+            value = outer.emit(value)
+            importer._nodes[name] = value
+        captures.append((name, value))
+    return captures
+
+
+def _constant(value: Any) -> bool:
+    """A value the loop function can use as it is: a constant, or a shape of numbers."""
+    from tvm import relax, tirx  # noqa: PLC0415
+
+    if _tvm.is_constant(value):
+        return True
+    if isinstance(value, relax.ShapeExpr):
+        return all(isinstance(d, tirx.IntImm) for d in value.values)
+    return False
+
+
+def _scalar(builder: Any, value: Any, dtype: str, default: Any) -> Any:
+    """An optional Loop input (M, cond) as a 0-d ``dtype`` tensor."""
+    from tvm import relax  # noqa: PLC0415
+
+    if value is None:
+        return relax.const(default, dtype)
+    return builder.emit(relax.op.astype(relax.op.reshape(value, []), dtype))
+
+
+def _join(node_name: str, name: str, before: Any, after: Any) -> Any:
+    """A tensor type that holds both the value before an iteration and after it: the dims that
+    differ (or are unknown after) become symbolic."""
+    from tvm import relax, tirx  # noqa: PLC0415
+
+    if not isinstance(after, relax.TensorType) or str(after.dtype) != str(before.dtype) or after.ndim != before.ndim:
+        raise UserError(f"Loop '{node_name}' changes the type of its loop-carried value '{name}' "
+                        f"({_describe(before)} → {_describe(after)})",
+                        "Pin the trip count with --fixed-input so the loop unrolls.")
+    if after.shape is None:
+        return relax.TensorType([tirx.Var(f"{identifier(name)}_{k}", "int64") for k in range(before.ndim)],
+                                before.dtype)
+    dims = []
+    for k, (a, b) in enumerate(zip(before.shape.values, after.shape.values)):
+        same = isinstance(a, tirx.IntImm) and isinstance(b, tirx.IntImm) and int(a) == int(b)
+        dims.append(a if same or a.same_as(b) else tirx.Var(f"{identifier(name)}_{k}", "int64"))
+    return relax.TensorType(dims, before.dtype)
+
+
+def _same(a: Any, b: Any) -> bool:
+    from tvm import tirx  # noqa: PLC0415
+
+    def dim(d: Any) -> Any:
+        return int(d) if isinstance(d, tirx.IntImm) else "?"
+
+    return [dim(d) for d in a.shape.values] == [dim(d) for d in b.shape.values]
+
+
+def _as_type(builder: Any, value: Any, ty: Any) -> Any:
+    """``value`` typed as the parameter it is passed to (a run-time check where the shapes are symbolic)."""
+    from tvm import relax  # noqa: PLC0415
+
+    if str(value.ty.dtype) != str(ty.dtype):
+        value = builder.emit(relax.op.astype(value, ty.dtype))
+    if _same(value.ty, ty) and all(not _symbolic(d) for d in ty.shape.values):
+        return value
+    return builder.match_cast(value, _fresh(ty))
+
+
+def _symbolic(dim: Any) -> bool:
+    from tvm import tirx  # noqa: PLC0415
+
+    return not isinstance(dim, tirx.IntImm)
+
+
+def _fresh(ty: Any) -> Any:
+    """``ty`` with fresh symbolic dims in place of its symbolic ones (a match_cast binds new names)."""
+    from tvm import relax, tirx  # noqa: PLC0415
+
+    dims = [tirx.Var(f"{d.name}_next", "int64") if _symbolic(d) else d for d in ty.shape.values]
+    return relax.TensorType(dims, ty.dtype)
+
+
+def _describe(ty: Any) -> str:
+    shape = getattr(ty, "shape", None)
+    return f"{getattr(ty, 'dtype', '?')}{list(shape.values) if shape is not None else ''}"
+

@@ -1,0 +1,167 @@
+"""Loops decided at run time (frontend/loop_function.py): a recursive Relax function per Loop, judged
+against onnxruntime on the original model in float32, float16 and bfloat16."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from amptool.frontend import loop_function
+from tests.conftest import read_json, single_error
+from tests.test_unroll import data_dependent_loop
+
+F, I64, BOOL = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
+
+
+def _vi(name: str, dtype: int, shape: list[Any] | None) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, dtype, shape)
+
+
+def _save(tmp_path: Path, name: str, nodes: list, inputs: list, outputs: list, inits: list = ()) -> str:
+    model = helper.make_model(helper.make_graph(nodes, "g", inputs, outputs, list(inits)),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    path = str(tmp_path / name)
+    onnx.save(model, path)
+    return path
+
+
+def _weights(name: str, shape: tuple[int, ...], seed: int, scale: float = 0.3) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.random.default_rng(seed).normal(0, scale, shape).astype(np.float32), name)
+
+
+def refinement_loop(tmp_path: Path) -> str:
+    """A while loop over low-precision values: v ← v + 0.3·(tanh(v·W) + c) until sum(v²) ≥ limit or 40 steps
+    (M an input value), c and v₀ made by MatMuls outside the loop (float16 there: the call takes
+    them back in float32), each step's v·i stacked as a scan output."""
+    body = helper.make_graph([
+        helper.make_node("MatMul", ["v_in", "W"], ["t"]),
+        helper.make_node("Tanh", ["t"], ["t2"]),
+        helper.make_node("Add", ["t2", "c"], ["pull"]),
+        helper.make_node("Mul", ["pull", "rate"], ["move"]),
+        helper.make_node("Add", ["v_in", "move"], ["v_out"]),
+        helper.make_node("Mul", ["v_out", "v_out"], ["sq"]),
+        helper.make_node("ReduceSum", ["sq"], ["energy"], keepdims=0),
+        helper.make_node("Less", ["energy", "limit"], ["cond_out"]),
+        helper.make_node("Cast", ["i"], ["fi"], to=F),
+        helper.make_node("Mul", ["v_out", "fi"], ["scan"]),
+    ], "body", [_vi("i", I64, []), _vi("cond_in", BOOL, []), _vi("v_in", F, [2, 8])],
+        [_vi("cond_out", BOOL, []), _vi("v_out", F, [2, 8]), _vi("scan", F, [2, 8])],
+        [numpy_helper.from_array(np.array(0.3, np.float32), "rate")])
+    nodes = [
+        helper.make_node("MatMul", ["x", "W2"], ["v0"]),
+        helper.make_node("MatMul", ["x", "W"], ["c0"]),
+        helper.make_node("Sigmoid", ["c0"], ["c"]),
+        helper.make_node("ReduceMax", ["steps"], ["m"], keepdims=0),
+        helper.make_node("Loop", ["m", "", "v0"], ["v_final", "trace"], body=body, name="refine"),
+        helper.make_node("MatMul", ["v_final", "W2"], ["y"]),
+    ]
+    return _save(tmp_path, "refine.onnx", nodes,
+                 [_vi("x", F, [2, 8]), _vi("steps", I64, [3]), _vi("limit", F, [])],
+                 [_vi("y", F, [2, 8]), _vi("trace", F, ["n", 2, 8])],
+                 [_weights("W", (8, 8), 0), _weights("W2", (8, 8), 1)])
+
+
+def counter_loop(tmp_path: Path) -> str:
+    """v ← v + 1 for M = ReduceMax(n) iterations, M an input value."""
+    body = helper.make_graph([helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+                              helper.make_node("Add", ["v_in", "one"], ["v_out"])],
+                             "body", [_vi("i", I64, []), _vi("cond_in", BOOL, []), _vi("v_in", F, [1, 4])],
+                             [_vi("cond_out", BOOL, []), _vi("v_out", F, [1, 4])],
+                             [numpy_helper.from_array(np.ones([1, 4], np.float32), "one")])
+    nodes = [helper.make_node("ReduceMax", ["n"], ["m"], keepdims=0),
+             helper.make_node("Loop", ["m", "", "x"], ["y"], body=body, name="count")]
+    return _save(tmp_path, "count.onnx", nodes, [_vi("x", F, [1, 4]), _vi("n", I64, [1])], [_vi("y", F, [1, 4])])
+
+
+def growing_loop(tmp_path: Path) -> str:
+    """A loop-carried value that grows a row per iteration (Concat), while its mean stays below a limit."""
+    body = helper.make_graph([
+        helper.make_node("Concat", ["rows_in", "x"], ["rows_out"], axis=0),
+        helper.make_node("ReduceMean", ["rows_out"], ["mean"], keepdims=0),
+        helper.make_node("Less", ["mean", "limit"], ["cond_out"]),
+    ], "body", [_vi("i", I64, []), _vi("cond_in", BOOL, []), _vi("rows_in", F, ["r", 4])],
+        [_vi("cond_out", BOOL, []), _vi("rows_out", F, ["r2", 4])])
+    nodes = [helper.make_node("Loop", ["max_trips", "", "x"], ["rows"], body=body, name="grow"),
+             helper.make_node("ReduceSum", ["rows"], ["total"], axes=None, keepdims=1)]
+    return _save(tmp_path, "grow.onnx", nodes, [_vi("x", F, [1, 4]), _vi("limit", F, [])],
+                 [_vi("rows", F, ["n", 4])], [numpy_helper.from_array(np.array(50, np.int64), "max_trips")])
+
+
+def _feeds(tmp_path: Path, **arrays: np.ndarray) -> str:
+    path = str(tmp_path / "feeds.npz")
+    np.savez(path, **arrays)
+    return path
+
+
+def _passed(result: Any) -> str:
+    assert result.exit_code == 0, result.output
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith("PASSED"), result.output
+    return last
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_a_while_loop_with_a_data_dependent_exit_matches_onnxruntime(run_cli, tmp_path, dtype):
+    model = refinement_loop(tmp_path)
+    feeds = _feeds(tmp_path, x=np.random.default_rng(3).standard_normal((2, 8)).astype(np.float32),
+                   steps=np.array([5, 40, 12], np.int64), limit=np.array(60.0, np.float32))
+    report = tmp_path / "diff.json"
+    _passed(run_cli("diff", model, "--dtype", dtype, "--inputs", feeds, "--json", str(report)))
+    outputs = {o["name"]: o for o in read_json(report)["outputs"]}
+    trips = outputs["trace"]["shape"][0]
+    assert 1 < trips < 40, "the exit is the data's, not the trip count's"
+    assert read_json(report)["build"]["run_time_loops"] == 1 if "build" in read_json(report) else True
+
+
+def test_the_manifest_counts_run_time_loops_and_static_loops_still_unroll(run_cli, tmp_path):
+    from tests.test_unroll import counting_loop
+
+    out = tmp_path / "out"
+    result = run_cli("convert", refinement_loop(tmp_path), "-o", str(out))
+    assert result.exit_code == 0, result.output
+    assert read_json(out / "manifest.json")["run_time_loops"] == 1
+    static = tmp_path / "static.onnx"
+    onnx.save(counting_loop(), static)
+    result = run_cli("convert", str(static), "-o", str(tmp_path / "static_out"))
+    assert result.exit_code == 0, result.output
+    assert read_json(tmp_path / "static_out" / "manifest.json")["run_time_loops"] == 0
+
+
+@pytest.mark.parametrize("trip_count_input", [False, True], ids=["condition", "trip-count"])
+def test_loops_prepare_cannot_unroll_now_run(run_cli, tmp_path, trip_count_input):
+    """The loops that were a "No converter … not unrolled" refusal."""
+    path = tmp_path / "while.onnx"
+    onnx.save(data_dependent_loop(trip_count_input), path)
+    arrays = {"x": np.array([0.5, 1.0, 1.5], np.float32), "limit": np.array(100.0, np.float32)}
+    if trip_count_input:
+        arrays["n"] = np.array(4, np.int64)
+    _passed(run_cli("diff", str(path), "--dtype", "float16", "--inputs", _feeds(tmp_path, **arrays)))
+
+
+def test_thousands_of_iterations_run_on_a_deep_stack(run_cli, tmp_path):
+    """6,000 iterations: on the main thread's 8 MB stack the VM's recursion segfaulted near 2,500."""
+    feeds = _feeds(tmp_path, x=np.zeros((1, 4), np.float32), n=np.array([6000], np.int64))
+    _passed(run_cli("diff", counter_loop(tmp_path), "--dtype", "float32", "--inputs", feeds))
+
+
+def test_a_loop_past_the_run_time_bound_is_a_one_line_refusal(run_cli, tmp_path, monkeypatch):
+    monkeypatch.setattr(loop_function, "MAX_ITERATIONS", 50)
+    feeds = _feeds(tmp_path, x=np.zeros((1, 4), np.float32), n=np.array([80], np.int64))
+    result = run_cli("diff", counter_loop(tmp_path), "--inputs", feeds)
+    assert result.exit_code == 2, result.output
+    assert single_error(result.output) and "Traceback" not in result.output
+    assert "Loop 'count' ran 50 iterations" in result.output
+
+
+def test_a_loop_carried_value_that_grows_gets_a_symbolic_dim(run_cli, tmp_path):
+    feeds = _feeds(tmp_path, x=np.array([[1.0, 2.0, 3.0, 4.0]], np.float32), limit=np.array(3.0, np.float32))
+    report = tmp_path / "diff.json"
+    _passed(run_cli("diff", growing_loop(tmp_path), "--dtype", "float16", "--inputs", feeds, "--json", str(report)))
+    assert read_json(report)["outputs"][0]["shape"] == [1 + 50, 4]  # the mean never reaches 3: all 50 trips
