@@ -165,3 +165,51 @@ def test_a_loop_carried_value_that_grows_gets_a_symbolic_dim(run_cli, tmp_path):
     report = tmp_path / "diff.json"
     _passed(run_cli("diff", growing_loop(tmp_path), "--dtype", "float16", "--inputs", feeds, "--json", str(report)))
     assert read_json(report)["outputs"][0]["shape"] == [1 + 50, 4]  # the mean never reaches 3: all 50 trips
+
+
+def scripted_while(tmp_path: Path) -> str:
+    """torch.jit.script's ``while mean(h²) < tol and i < 50`` as its exporter writes it: the
+    condition's second half in an If inside the body (whose branches the importer caches)."""
+    fifty = numpy_helper.from_array(np.array(50, np.int64), "fifty")
+    then_branch = helper.make_graph([helper.make_node("Less", ["i_out", "fifty"], ["go_on"])], "then", [],
+                                    [_vi("go_on", BOOL, [])], [fifty])
+    else_branch = helper.make_graph([helper.make_node("Identity", ["false"], ["stop"])], "else", [],
+                                    [_vi("stop", BOOL, [])])
+    body = helper.make_graph([
+        helper.make_node("Gemm", ["h", "W", "b"], ["pre"], transB=1),
+        helper.make_node("Tanh", ["pre"], ["act"]),
+        helper.make_node("Mul", ["act", "rate"], ["move"]),
+        helper.make_node("Add", ["h", "move"], ["h_out"]),
+        helper.make_node("Add", ["i_in", "one"], ["i_out"]),
+        helper.make_node("Mul", ["h_out", "h_out"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq"], ["energy"], keepdims=0),
+        helper.make_node("Less", ["energy", "tol"], ["low"]),
+        helper.make_node("If", ["low"], ["cond_out"], then_branch=then_branch, else_branch=else_branch, name="and"),
+    ], "body", [_vi("iter", I64, []), _vi("cond", BOOL, []), _vi("h", F, [1, 16]), _vi("i_in", I64, [])],
+        [_vi("cond_out", BOOL, []), _vi("h_out", F, [1, 16]), _vi("i_out", I64, [])],
+        [numpy_helper.from_array(np.array(0.2, np.float32), "rate"),
+         numpy_helper.from_array(np.array(1, np.int64), "one")])
+    nodes = [
+        helper.make_node("Mul", ["x", "x"], ["x2"]),
+        helper.make_node("ReduceMean", ["x2"], ["e0"], keepdims=0),
+        helper.make_node("Less", ["e0", "tol"], ["c0"]),
+        helper.make_node("Loop", ["big", "c0", "x", "zero"], ["h_final", "steps"], body=body, name="while"),
+        helper.make_node("Gemm", ["h_final", "W2", "b2"], ["y"], transB=1),
+    ]
+    inits = [_weights("W", (16, 16), 2), _weights("b", (16,), 3), _weights("W2", (4, 16), 4), _weights("b2", (4,), 5),
+             numpy_helper.from_array(np.array(np.iinfo(np.int64).max, np.int64), "big"),
+             numpy_helper.from_array(np.array(0, np.int64), "zero"), numpy_helper.from_array(np.array(False), "false")]
+    return _save(tmp_path, "scripted.onnx", nodes, [_vi("x", F, [1, 16]), _vi("tol", F, [])],
+                 [_vi("y", F, [1, 4]), _vi("steps", I64, [])], inits)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_a_scripted_while_with_an_if_in_its_body(run_cli, tmp_path, dtype):
+    """The If's branches were cached from the first (trial) import of the body and reused in the
+    loop's own function: "Var … is not defined" (exit 70)."""
+    feeds = _feeds(tmp_path, x=np.random.default_rng(0).standard_normal((1, 16)).astype(np.float32) * 0.3,
+                   tol=np.array(3.0, np.float32))
+    report = tmp_path / "diff.json"
+    _passed(run_cli("diff", scripted_while(tmp_path), "--dtype", dtype, "--inputs", feeds, "--json", str(report)))
+    steps = next(o for o in read_json(report)["outputs"] if o["name"] == "steps")
+    assert steps["max_abs"] == 0

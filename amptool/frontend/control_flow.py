@@ -13,8 +13,9 @@ inputs its condition depends on. When both branches fail, the import fails as be
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,6 +84,20 @@ class BranchImporter:
         if owner is not None:
             self._done[(owner[0].name, owner[1])] = result
         return result
+
+    @contextlib.contextmanager
+    def scope(self, keep_warnings: bool = True) -> Iterator[None]:
+        """Branches converted inside are reused only inside: a Loop body is imported once per
+        function it goes into (loop_function.py), each with its own variables. ``keep_warnings``
+        False: the warnings of a trial import are dropped with it."""
+        done, warned = self._done, len(self.warnings)
+        self._done = {}
+        try:
+            yield
+        finally:
+            self._done = done
+            if not keep_warnings:
+                del self.warnings[warned:]
 
     def _done_for(self, node: _IfNode) -> dict[str, Any]:
         return {branch: value for (name, branch), value in self._done.items() if name == node.name}

@@ -137,7 +137,7 @@ def _probe(importer: Any, body: onnx.GraphProto, types: list[Any], captures: lis
     builder = relax.BlockBuilder()
     signature = _signature(body, types, captures)
     with builder.function("probe", params=signature.params, private=True):
-        outs = _import_body(importer, builder, body, signature)
+        outs = _import_body(importer, builder, body, signature, trial=True)
         builder.emit_func_output(relax.Tuple(outs))
     count = len(types)
     tys = [o.ty for o in outs]
@@ -255,18 +255,21 @@ def _own_dims(ty: Any, renamed: dict[Any, Any]) -> Any:
     return relax.TensorType(dims, ty.dtype)
 
 
-def _import_body(importer: Any, builder: Any, body: onnx.GraphProto, signature: _Signature) -> list[Any]:
-    """The body's outputs, imported into ``builder`` by ``importer`` with ``signature.scope`` in view."""
+def _import_body(importer: Any, builder: Any, body: onnx.GraphProto, signature: _Signature,
+                 trial: bool = False) -> list[Any]:
+    """The body's outputs, imported into ``builder`` by ``importer`` with ``signature.scope`` in view
+    (``trial``: an import whose warnings are dropped with it)."""
     from tvm import relax  # noqa: PLC0415
 
     saved_bb, saved_nodes = importer.bb, importer._nodes
     constants = {name: value for name, value in saved_nodes.items() if _constant(value)}
     importer.bb, importer._nodes = builder, {**constants, **signature.scope}
     try:
-        for tensor in body.initializer:
-            importer._nodes[tensor.name] = relax.const(importer._parse_array(tensor))
-        importer._construct_nodes(body)
-        return [builder.normalize(importer._nodes[o.name]) for o in body.output]
+        with importer._branches.scope(keep_warnings=not trial):  # its Ifs' branches: this function's own
+            for tensor in body.initializer:
+                importer._nodes[tensor.name] = relax.const(importer._parse_array(tensor))
+            importer._construct_nodes(body)
+            return [builder.normalize(importer._nodes[o.name]) for o in body.output]
     finally:
         importer.bb, importer._nodes = saved_bb, saved_nodes
 
