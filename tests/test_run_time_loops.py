@@ -213,3 +213,27 @@ def test_a_scripted_while_with_an_if_in_its_body(run_cli, tmp_path, dtype):
     _passed(run_cli("diff", scripted_while(tmp_path), "--dtype", dtype, "--inputs", feeds, "--json", str(report)))
     steps = next(o for o in read_json(report)["outputs"] if o["name"] == "steps")
     assert steps["max_abs"] == 0
+
+
+def test_nested_loops_both_decided_at_run_time(run_cli, tmp_path):
+    """An outer loop of M (an input's value) trips, each running an inner loop i + 1 times."""
+    inner = helper.make_graph(
+        [helper.make_node("Add", ["inner_acc", "x"], ["inner_new"])],
+        "inner", [_vi("j", I64, []), _vi("inner_cond", BOOL, []), _vi("inner_acc", F, [2])],
+        [_vi("inner_cond", BOOL, []), _vi("inner_new", F, [2])])
+    outer = helper.make_graph(
+        [helper.make_node("Add", ["i", "one"], ["count"]),
+         helper.make_node("Loop", ["count", "", "acc"], ["acc_new"], name="inner_loop", body=inner)],
+        "outer", [_vi("i", I64, []), _vi("cond_in", BOOL, []), _vi("acc", F, [2])],
+        [_vi("cond_in", BOOL, []), _vi("acc_new", F, [2])], [numpy_helper.from_array(np.array(1, np.int64), "one")])
+    path = _save(tmp_path, "nested.onnx",
+                 [helper.make_node("ReduceMax", ["n"], ["m"], keepdims=0),
+                  helper.make_node("Loop", ["m", "", "x"], ["y"], name="outer_loop", body=outer)],
+                 [_vi("x", F, [2]), _vi("n", I64, [1])], [_vi("y", F, [2])])
+    feeds = _feeds(tmp_path, x=np.array([0.25, -1.0], np.float32), n=np.array([5], np.int64))
+    out = tmp_path / "out"
+    assert run_cli("convert", path, "-o", str(out)).exit_code == 0
+    assert read_json(out / "manifest.json")["run_time_loops"] == 2
+    report = tmp_path / "diff.json"
+    _passed(run_cli("diff", path, "--inputs", feeds, "--json", str(report)))
+    assert read_json(report)["outputs"][0]["max_abs"] == 0  # x · (1 + 1 + 2 + 3 + 4 + 5) in float16: exact

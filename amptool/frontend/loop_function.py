@@ -36,6 +36,8 @@ holding loops on a thread whose stack holds that depth (``_tvm.runtime.DEEP_STAC
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +65,24 @@ class LoopFunctions:
         for gv, func in self.functions:
             mod[gv] = func
         return mod
+
+    def fresh_name(self, base: str) -> str:
+        """``base``, or ``base_2``…: two Loops whose names sanitise alike get functions of their own."""
+        taken = {gv.name_hint for gv, _func in self.functions}
+        name, k = base, 1
+        while name in taken or f"{name}_step" in taken:
+            k += 1
+            name = f"{base}_{k}"
+        return name
+
+    @contextlib.contextmanager
+    def trial(self) -> Iterator[None]:
+        """Functions made inside are dropped (nested Loops of a body imported only for its types)."""
+        made = len(self.functions)
+        try:
+            yield
+        finally:
+            del self.functions[made:]
 
 
 @dataclass
@@ -154,7 +174,7 @@ def _function(importer: Any, body: onnx.GraphProto, node_name: str, types: list[
     from tvm import relax  # noqa: PLC0415
     from tvm.relax.expr import _update_type  # noqa: PLC0415
 
-    name = f"{FUNCTION_PREFIX}{identifier(node_name)}"
+    name = functions.fresh_name(f"{FUNCTION_PREFIX}{identifier(node_name)}")
     loop, step = relax.GlobalVar(name), relax.GlobalVar(f"{name}_step")
     for gv in (loop, step):
         typed = _signature(body, types, captures)
@@ -165,7 +185,8 @@ def _function(importer: Any, body: onnx.GraphProto, node_name: str, types: list[
     i, m, cond = signature.params[:3]
     builder = relax.BlockBuilder()
     with builder.function(name, params=signature.params, attrs={"relax.force_pure": True}, private=True):
-        go = builder.emit(relax.op.logical_and(relax.op.less(i, m), cond))
+        with builder.dataflow():  # (one fused kernel)
+            go = builder.emit_output(relax.op.logical_and(relax.op.less(i, m), cond))
         builder._begin_binding_block()
         builder.emit(relax.op.assert_op(relax.op.less(i, relax.const(MAX_ITERATIONS, "int64")),
                                         format=f"{LOOP_LIMIT_MARKER}: Loop '{node_name}' ran {MAX_ITERATIONS} "
@@ -204,19 +225,26 @@ def _step(importer: Any, body: onnx.GraphProto, name: str, loop: Any, types: lis
     signature = _signature(body, types, captures)
     i, m = signature.params[:2]
     builder = relax.BlockBuilder()
+    # A dataflow block, so TVM fuses the body's kernels (it fuses nothing outside one); not where an
+    # If is imported into the block (an If cannot sit in a dataflow block).
+    flow = contextlib.nullcontext() if any(n.op_type == "If" for n in iter_nodes(body)) else builder.dataflow()
     with builder.function(name, params=signature.params, attrs={"relax.force_pure": True}, private=True):
-        outs = _import_body(importer, builder, body, signature)
-        cond_out = builder.emit(relax.op.astype(relax.op.reshape(outs[0], []), "bool"))
-        v_out = [_as_type(builder, v, p.ty) for v, p in zip(outs[1:1 + len(types)], signature.carried)]
-        following = builder.emit(relax.op.add(i, relax.const(1, "int64")))
-        rest = builder.emit(relax.Call(loop, [following, m, cond_out, *v_out, *signature.params[3 + len(types):]]))
-        results = [builder.emit(relax.TupleGetItem(rest, k)) for k in range(len(types) + len(scans))]
-        for k, ty in enumerate(scans):  # (the later length named: TVM's concat needs every dim)
-            later = builder.match_cast(results[len(types) + k], relax.TensorType(
-                [tirx.Var("later_trips", "int64"), *ty.shape.values], ty.dtype))
-            here = builder.emit(relax.op.expand_dims(outs[1 + len(types) + k], [0]))
-            results[len(types) + k] = builder.emit(relax.op.concat([here, later], axis=0))
-        builder.emit_func_output(builder.emit(relax.Tuple(results)))
+        with flow:
+            outs = _import_body(importer, builder, body, signature)
+            cond_out = builder.emit(relax.op.astype(relax.op.reshape(outs[0], []), "bool"))
+            v_out = [_as_type(builder, v, p.ty) for v, p in zip(outs[1:1 + len(types)], signature.carried)]
+            following = builder.emit(relax.op.add(i, relax.const(1, "int64")))
+            rest = builder.emit(relax.Call(loop, [following, m, cond_out, *v_out, *signature.params[3 + len(types):]]))
+            results = [builder.emit(relax.TupleGetItem(rest, k)) for k in range(len(types) + len(scans))]
+            for k, ty in enumerate(scans):  # (the later length named: TVM's concat needs every dim)
+                later = builder.match_cast(results[len(types) + k], relax.TensorType(
+                    [tirx.Var("later_trips", "int64"), *ty.shape.values], ty.dtype))
+                here = builder.emit(relax.op.expand_dims(outs[1 + len(types) + k], [0]))
+                results[len(types) + k] = builder.emit(relax.op.concat([here, later], axis=0))
+            result = builder.emit(relax.Tuple(results))
+            if builder.current_block_is_dataflow():
+                result = builder.emit_output(result)
+        builder.emit_func_output(result)
     return builder.get()[name]
 
 
@@ -258,14 +286,17 @@ def _own_dims(ty: Any, renamed: dict[Any, Any]) -> Any:
 def _import_body(importer: Any, builder: Any, body: onnx.GraphProto, signature: _Signature,
                  trial: bool = False) -> list[Any]:
     """The body's outputs, imported into ``builder`` by ``importer`` with ``signature.scope`` in view
-    (``trial``: an import whose warnings are dropped with it)."""
+    (``trial``: an import whose warnings and nested loops' functions are dropped with it)."""
     from tvm import relax  # noqa: PLC0415
 
     saved_bb, saved_nodes = importer.bb, importer._nodes
     constants = {name: value for name, value in saved_nodes.items() if _constant(value)}
     importer.bb, importer._nodes = builder, {**constants, **signature.scope}
     try:
-        with importer._branches.scope(keep_warnings=not trial):  # its Ifs' branches: this function's own
+        with contextlib.ExitStack() as scope:
+            scope.enter_context(importer._branches.scope(keep_warnings=not trial))  # its Ifs: this function's own
+            if trial:
+                scope.enter_context(importer._loops.trial())
             for tensor in body.initializer:
                 importer._nodes[tensor.name] = relax.const(importer._parse_array(tensor))
             importer._construct_nodes(body)
