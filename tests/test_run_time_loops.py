@@ -237,3 +237,44 @@ def test_nested_loops_both_decided_at_run_time(run_cli, tmp_path):
     report = tmp_path / "diff.json"
     _passed(run_cli("diff", path, "--inputs", feeds, "--json", str(report)))
     assert read_json(report)["outputs"][0]["max_abs"] == 0  # x · (1 + 1 + 2 + 3 + 4 + 5) in float16: exact
+
+
+def appending_loop(tmp_path: Path, axis: int, new_axis: int, read_inside: bool = False) -> str:
+    """torch.jit.script's ``outs.append(v)`` in a while loop, then ``torch.stack``/``torch.cat``:
+    a carried sequence (SequenceEmpty → SequenceInsert → ConcatFromSequence)."""
+    nodes = [helper.make_node("MatMul", ["v_in", "W"], ["t"]), helper.make_node("Tanh", ["t"], ["v_out"]),
+             helper.make_node("SequenceInsert", ["seq_in", "v_out"], ["seq_out"]),
+             helper.make_node("ReduceSum", ["v_out"], ["s"], keepdims=0),
+             helper.make_node("Less", ["s", "limit"], ["cond_out"])]
+    if read_inside:  # the list read in the body: not a plain append any more
+        nodes.append(helper.make_node("SequenceLength", ["seq_out"], ["length"]))
+    body = helper.make_graph(
+        nodes, "body",
+        [_vi("i", I64, []), _vi("cond_in", BOOL, []), _vi("v_in", F, [2, 3]),
+         helper.make_tensor_sequence_value_info("seq_in", F, None)],
+        [_vi("cond_out", BOOL, []), _vi("v_out", F, [2, 3]),
+         helper.make_tensor_sequence_value_info("seq_out", F, None)])
+    main = [helper.make_node("SequenceEmpty", [], ["empty"], dtype=F),
+            helper.make_node("Loop", ["max_trips", "", "x", "empty"], ["v_final", "seq"], body=body, name="loop"),
+            helper.make_node("ConcatFromSequence", ["seq"], ["stacked"], axis=axis, new_axis=new_axis)]
+    weights = numpy_helper.from_array(np.eye(3, dtype=np.float32) * 1.3, "W")
+    return _save(tmp_path, "append.onnx", main, [_vi("x", F, [2, 3]), _vi("limit", F, [])],
+                 [_vi("v_final", F, [2, 3]), _vi("stacked", F, ["a", "b", "c"][:3 - (new_axis == 0)])],
+                 [weights, numpy_helper.from_array(np.array(30, np.int64), "max_trips")])
+
+
+@pytest.mark.parametrize(("axis", "new_axis", "shape"), [
+    (0, 1, [5, 2, 3]), (2, 1, [2, 3, 5]), (-1, 1, [2, 3, 5]), (0, 0, [10, 3]), (1, 0, [2, 15])])
+def test_a_list_appended_in_a_while_loop_becomes_its_scan_output(run_cli, tmp_path, axis, new_axis, shape):
+    feeds = _feeds(tmp_path, x=np.full((2, 3), 0.5, np.float32), limit=np.array(4.3, np.float32))  # 5 trips
+    report = tmp_path / "diff.json"
+    result = run_cli("diff", appending_loop(tmp_path, axis, new_axis), "--dtype", "float16", "--inputs", feeds,
+                     "--json", str(report))
+    _passed(result)
+    assert next(o for o in read_json(report)["outputs"] if o["name"] == "stacked")["shape"] == shape
+
+
+def test_a_list_read_inside_the_loop_is_still_refused_by_name(run_cli, tmp_path):
+    result = run_cli("convert", appending_loop(tmp_path, 0, 1, read_inside=True), "-o", str(tmp_path / "out"))
+    assert result.exit_code == 2, result.output
+    assert single_error(result.output) and "Loop 'loop' carries 'seq_in', which is not a tensor" in result.output

@@ -31,6 +31,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from amptool.frontend.graph import STANDARD_DOMAINS, iter_nodes
+from amptool.frontend.sequence_loops import appends_as_scans
 from amptool.frontend.unroll import unroll_loops
 from amptool.frontend.unroll_body import constant_value
 
@@ -53,10 +54,11 @@ class FoldStats:
     shapes: int = 0
     ifs_inlined: int = 0
     loops_unrolled: int = 0
+    lists_stacked: int = 0  # lists appended to in a Loop, made its scan outputs (sequence_loops.py)
 
     @property
     def changed(self) -> bool:
-        return bool(self.folded or self.shapes or self.ifs_inlined or self.loops_unrolled)
+        return bool(self.folded or self.shapes or self.ifs_inlined or self.loops_unrolled or self.lists_stacked)
 
 
 def fold_model(model: onnx.ModelProto, max_rounds: int = 8) -> tuple[onnx.ModelProto, FoldStats]:
@@ -70,7 +72,10 @@ def fold_model(model: onnx.ModelProto, max_rounds: int = 8) -> tuple[onnx.ModelP
     for round_index in range(max_rounds):
         # The first round folds a copy; later ones fold that copy in place (BERT-base: 0.3 s a copy).
         model, stats = _fold_once(model, copy=round_index == 0)
+        model, appended = appends_as_scans(model)
         model, stats.loops_unrolled = unroll_loops(model)
+        stats.lists_stacked = appended
+        total.lists_stacked += appended
         total.folded += stats.folded
         total.shapes += stats.shapes
         total.ifs_inlined += stats.ifs_inlined

@@ -457,6 +457,7 @@ def _fold_everywhere(model: onnx.ModelProto, notes: list[str], step: str = "fold
         f"{step}: {stats.folded} node(s) and {stats.shapes} Shape(s) folded, "
         f"{stats.ifs_inlined} If(s) with a constant condition inlined, "
         f"{stats.loops_unrolled} Loop/Scan(s) with a known trip count unrolled"
+        + (f", {stats.lists_stacked} list(s) appended to in a Loop made scan outputs" if stats.lists_stacked else "")
     )
     return folded
 
