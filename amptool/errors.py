@@ -57,16 +57,18 @@ class TargetUnavailableError(UserError):
 #: raises because it does not type at the pinned shapes (frontend/control_flow.py). The runtime turns
 #: it into a one-line refusal, as onnxruntime refuses a model that fails at run time.
 BRANCH_RAISE_MARKER = "the model took an If branch that cannot run at these input shapes"
-#: Start of the message of a loop that ran past amptool's run-time bound (frontend/loop_function.py).
-LOOP_LIMIT_MARKER = "the model ran a loop past amptool's bound"
+#: Most iterations a Loop that runs at run time may take (frontend/loop_function.py: the VM takes a
+#: stack frame per iteration), and the code its decision kernel writes for the VM to check — one
+#: more past the bound, and the VM's error then names ``R.Shape([4279632])`` ("AMP" in hex).
+LOOP_BOUND = 100_000
+LOOP_BOUND_CODE = 0x414D50
 
 
 def model_raised(err: BaseException) -> UserError | None:
     """The refusal for a run-time failure the model itself raised, or None for any other error."""
     text = str(err)
-    if LOOP_LIMIT_MARKER in text:
-        detail = text[text.index(LOOP_LIMIT_MARKER):].splitlines()[0]
-        return UserError(f"The model failed at run time: {detail[:400]}",
+    if f"R.Shape([{LOOP_BOUND_CODE}])" in text:
+        return UserError(f"The model failed at run time: a Loop ran past amptool's bound of {LOOP_BOUND:,} iterations",
                          "Check the inputs that decide the loop's exit (it may never end on them); a loop "
                          "whose trip count is fixed by --fixed-input or --input-shape unrolls instead.")
     if BRANCH_RAISE_MARKER not in text:

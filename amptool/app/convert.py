@@ -431,9 +431,9 @@ def compile_rewritten(
 
 
 def count_loops(mod: Any) -> int:
-    """How many Loops of ``mod`` run at run time (loop_function.py's functions, one entry each)."""
-    names = {gv.name_hint for gv, _func in _tvm.relax_functions(mod)} if mod is not None else set()
-    return sum(1 for name in names if name.startswith(LOOP_FUNCTION_PREFIX) and f"{name}_step" in names)
+    """How many Loops of ``mod`` run at run time (loop_function.py's functions, one each)."""
+    names = [gv.name_hint for gv, _func in _tvm.relax_functions(mod)] if mod is not None else []
+    return sum(1 for name in names if name.startswith(LOOP_FUNCTION_PREFIX))
 
 
 def resolve(config: ConvertConfig, *, lower_only: bool = False) -> ResolvedTarget:

@@ -9,16 +9,14 @@ themselves under an ``If``, and the VM runs them: that is what a loop is.
 What: ``Loop(M, cond, v…)`` with body ``(i, cond_in, v_in…) → (cond_out, v_out…, scan…)`` becomes
 
     def loop(i, M, cond, v…, captures…):
+        empties = (an empty tensor per scan output)
         if i < M and cond:
             (check i < MAX_ITERATIONS)       # a run-time refusal, not a stack overflow
-            return loop_step(i, M, cond, v…, captures…)
+            cond_out, v_out…, scan… = body(i, cond, v…)
+            (v_final…, scans…) = loop(i + 1, M, cond_out, v_out…, captures…)
+            return (v_final…, concat(scan[None], scans)…)
         else:
-            return (v…, empty scans…)
-
-    def loop_step(i, M, cond, v…, captures…):
-        cond_out, v_out…, scan… = body(i, cond, v…)
-        (v_final…, scans…) = loop(i + 1, M, cond_out, v_out…, captures…)
-        return (v_final…, concat(scan[None], scans)…)
+            return (v…, empties…)
 
 and the node is ``loop(0, M, cond, v_initial…, captures…)``. The body is imported by the same
 importer (its converters, provenance, nested ``If``/``Loop``), with the outer values it reads passed
@@ -37,6 +35,7 @@ holding loops on a thread whose stack holds that depth (``_tvm.runtime.DEEP_STAC
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,11 +44,11 @@ import numpy as np
 import onnx
 
 from amptool import _tvm
-from amptool.errors import LOOP_LIMIT_MARKER, UserError
+from amptool.errors import LOOP_BOUND, LOOP_BOUND_CODE, UserError
 from amptool.frontend.graph import identifier, iter_nodes
 
 #: Most iterations a run-time loop may take: each is a frame of the VM's (~3.5 KB of stack).
-MAX_ITERATIONS = 100_000
+MAX_ITERATIONS = LOOP_BOUND
 #: Name prefix of the functions loops become (the runtime looks for it: see ``has_loops``).
 FUNCTION_PREFIX = "amptool_loop_"
 _INT64_MAX = np.iinfo(np.int64).max
@@ -70,7 +69,7 @@ class LoopFunctions:
         """``base``, or ``base_2``…: two Loops whose names sanitise alike get functions of their own."""
         taken = {gv.name_hint for gv, _func in self.functions}
         name, k = base, 1
-        while name in taken or f"{name}_step" in taken:
+        while name in taken:
             k += 1
             name = f"{base}_{k}"
         return name
@@ -166,44 +165,93 @@ def _probe(importer: Any, body: onnx.GraphProto, types: list[Any], captures: lis
 
 def _function(importer: Any, body: onnx.GraphProto, node_name: str, types: list[Any], scans: list[Any],
               captures: list[tuple[str, Any]], functions: LoopFunctions) -> Any:
-    """The recursive pair running ``body``; the GlobalVar of its entry (the functions go to ``functions``).
+    """The recursive function running ``body``; its GlobalVar (the function goes to ``functions``).
 
-    Two functions: ``loop`` decides (``If``) and ``loop_step`` runs one iteration and recurses. Why
-    not one: TVM 0.27's memory planning of an ``If`` whose branch holds a symbolic-shape concat
-    crashed the VM (AllocTensor) whichever branch ran; a branch that only calls does not plan."""
-    from tvm import relax  # noqa: PLC0415
+    Its ``If``'s else branch allocates nothing — the empty scans are made before the ``If``: TVM
+    0.27's memory planning crashed the VM (AllocTensor) when one branch allocated and the other
+    held a symbolic-shape concat. One function, not a deciding one calling a step: each VM call
+    checks every parameter (24 µs an iteration with two, 7 µs with one, a bare counter loop)."""
+    from tvm import relax, tirx  # noqa: PLC0415
     from tvm.relax.expr import _update_type  # noqa: PLC0415
 
     name = functions.fresh_name(f"{FUNCTION_PREFIX}{identifier(node_name)}")
-    loop, step = relax.GlobalVar(name), relax.GlobalVar(f"{name}_step")
-    for gv in (loop, step):
-        typed = _signature(body, types, captures)
-        _update_type(gv, relax.FuncType([p.ty for p in typed.params], relax.TupleType(_result_types(types, scans)),
-                                        purity=True))
-
+    loop = relax.GlobalVar(name)
+    typed = _signature(body, types, captures)
+    _update_type(loop, relax.FuncType([p.ty for p in typed.params], relax.TupleType(_result_types(types, scans)),
+                                      purity=True))
     signature = _signature(body, types, captures)
     i, m, cond = signature.params[:3]
     builder = relax.BlockBuilder()
-    with builder.function(name, params=signature.params, attrs={"relax.force_pure": True}, private=True):
-        with builder.dataflow():  # (one fused kernel)
-            go = builder.emit_output(relax.op.logical_and(relax.op.less(i, m), cond))
-        builder._begin_binding_block()
-        builder.emit(relax.op.assert_op(relax.op.less(i, relax.const(MAX_ITERATIONS, "int64")),
-                                        format=f"{LOOP_LIMIT_MARKER}: Loop '{node_name}' ran {MAX_ITERATIONS} "
-                                        "iterations"))
-        taken = builder.emit(relax.Call(step, list(signature.params)))
+    decision = _decision(MAX_ITERATIONS)
+    decide = builder.add_func(decision, f"{name}_decide")  # (typed for call_tir by the builder)
+    functions.functions.append((decide, decision))
+    with builder.function(name, params=signature.params, private=True):
+        with builder.dataflow():  # (the empty scans made from a run-time value: not folded)
+            decided = builder.emit(relax.call_tir(decide, [i, m, cond], [
+                relax.TensorType([], "bool"), relax.TensorType([1], "int64"), relax.TensorType([], "int64")]))
+            go = builder.emit_output(relax.TupleGetItem(decided, 0))
+            code = builder.emit_output(relax.op.tensor_to_shape(relax.TupleGetItem(decided, 1)))
+            following = builder.emit_output(relax.TupleGetItem(decided, 2))
+            empties = [builder.emit_output(relax.op.broadcast_to(
+                relax.op.reshape(relax.op.astype(i, t.dtype), [1] * (len(t.shape.values) + 1)),
+                [0, *t.shape.values])) for t in scans]
+        builder.match_cast(code, relax.ShapeType([LOOP_BOUND_CODE]))  # the VM stops the run past the bound
+        # A dataflow block, so TVM fuses the body's kernels (it fuses nothing outside one); not where
+        # an If is imported into the block (an If cannot sit in a dataflow block).
+        flow = not any(n.op_type == "If" for n in iter_nodes(body))
+        builder._begin_dataflow_block() if flow else builder._begin_binding_block()
+        outs = _import_body(importer, builder, body, signature)
+        cond_out = _scalar(builder, outs[0], "bool", True)
+        v_out = [_as_type(builder, v, p.ty) for v, p in zip(outs[1:1 + len(types)], signature.carried)]
+        rest = builder.emit(relax.Call(loop, [following, m, cond_out, *v_out, *signature.params[3 + len(types):]]))
+        results = [builder.emit(relax.TupleGetItem(rest, k)) for k in range(len(types) + len(scans))]
+        for k, ty in enumerate(scans):  # this iteration's in front of the later ones' (the later length named)
+            later = builder.match_cast(results[len(types) + k], relax.TensorType(
+                [tirx.Var("later_trips", "int64"), *ty.shape.values], ty.dtype))
+            here = builder.emit(relax.op.expand_dims(outs[1 + len(types) + k], [0]))
+            results[len(types) + k] = builder.emit(relax.op.concat([here, later], axis=0))
+        taken = builder.emit(relax.Tuple(results))
+        if flow:
+            taken = builder.emit_output(taken)
         then = relax.SeqExpr([builder._end_block()], taken)
-        builder._begin_binding_block()
-        seed = builder.emit(relax.op.astype(i, "float32"))  # empty scans made from a run-time value: not folded
-        empties = [builder.emit(relax.op.broadcast_to(
-            relax.op.reshape(relax.op.astype(seed, t.dtype), [1] * (len(t.shape.values) + 1)),
-            [0, *t.shape.values])) for t in scans]
-        done = builder.emit(relax.Tuple([*signature.carried, *empties]))
-        otherwise = relax.SeqExpr([builder._end_block()], done)
+        otherwise = relax.SeqExpr([], relax.Tuple([*signature.carried, *empties]))
         builder.emit_func_output(builder.emit(relax.If(go, then, otherwise)))
     functions.functions.append((loop, builder.get()[name]))
-    functions.functions.append((step, _step(importer, body, f"{name}_step", loop, types, scans, captures)))
     return loop
+
+
+@functools.cache
+def _decision(bound: int) -> Any:
+    """A kernel deciding whether the loop goes on (``i < M and cond``), writing ``LOOP_BOUND_CODE + 1``
+    instead of ``LOOP_BOUND_CODE`` where it would go on past ``bound`` iterations, and ``i + 1``
+    (one kernel an iteration for the loop's own arithmetic); parsed once per process.
+
+    Why not an assertion: TVM's ``assert_op`` calls back into Python (several µs an iteration, and
+    no Python under a runtime-only deployment), and amptool compiles kernels without their TIR
+    assertions (``cpu._without_kernel_asserts``). A VM shape check of the code stops the run in
+    compiled code, and ``errors.model_raised`` recognises it by the code."""
+    from tvm.script import tirx as T  # noqa: PLC0415
+
+    from amptool._tvm.script import cheap_frame_stack  # noqa: PLC0415
+
+    with cheap_frame_stack():
+
+        @T.prim_func(private=True)
+        def decide(var_i: T.handle, var_m: T.handle, var_c: T.handle, var_go: T.handle, var_code: T.handle,
+                   var_following: T.handle) -> None:
+            T.func_attr({"tirx.noalias": True})
+            i = T.match_buffer(var_i, (), "int64")
+            m = T.match_buffer(var_m, (), "int64")
+            c = T.match_buffer(var_c, (), "bool")
+            go = T.match_buffer(var_go, (), "bool")
+            code = T.match_buffer(var_code, (1,), "int64")
+            following = T.match_buffer(var_following, (), "int64")
+            on = T.bind(i[()] < m[()] and c[()])
+            go[()] = on
+            code[0] = T.int64(LOOP_BOUND_CODE) + T.Cast("int64", on and i[()] >= T.int64(bound))
+            following[()] = i[()] + T.int64(1)
+
+    return decide
 
 
 def _result_types(types: list[Any], scans: list[Any]) -> list[Any]:
@@ -214,38 +262,6 @@ def _result_types(types: list[Any], scans: list[Any]) -> list[Any]:
     carried = [t if not any(_symbolic(d) for d in t.shape.values) else relax.TensorType(ndim=t.ndim, dtype=t.dtype)
                for t in types]
     return [*carried, *[relax.TensorType(ndim=len(t.shape.values) + 1, dtype=t.dtype) for t in scans]]
-
-
-def _step(importer: Any, body: onnx.GraphProto, name: str, loop: Any, types: list[Any], scans: list[Any],
-          captures: list[tuple[str, Any]]) -> Any:
-    """One iteration: the body, then ``loop`` on its results, with this iteration's scan values
-    stacked in front of the later ones' (on the way back: no level holds a partial stack)."""
-    from tvm import relax, tirx  # noqa: PLC0415
-
-    signature = _signature(body, types, captures)
-    i, m = signature.params[:2]
-    builder = relax.BlockBuilder()
-    # A dataflow block, so TVM fuses the body's kernels (it fuses nothing outside one); not where an
-    # If is imported into the block (an If cannot sit in a dataflow block).
-    flow = contextlib.nullcontext() if any(n.op_type == "If" for n in iter_nodes(body)) else builder.dataflow()
-    with builder.function(name, params=signature.params, attrs={"relax.force_pure": True}, private=True):
-        with flow:
-            outs = _import_body(importer, builder, body, signature)
-            cond_out = builder.emit(relax.op.astype(relax.op.reshape(outs[0], []), "bool"))
-            v_out = [_as_type(builder, v, p.ty) for v, p in zip(outs[1:1 + len(types)], signature.carried)]
-            following = builder.emit(relax.op.add(i, relax.const(1, "int64")))
-            rest = builder.emit(relax.Call(loop, [following, m, cond_out, *v_out, *signature.params[3 + len(types):]]))
-            results = [builder.emit(relax.TupleGetItem(rest, k)) for k in range(len(types) + len(scans))]
-            for k, ty in enumerate(scans):  # (the later length named: TVM's concat needs every dim)
-                later = builder.match_cast(results[len(types) + k], relax.TensorType(
-                    [tirx.Var("later_trips", "int64"), *ty.shape.values], ty.dtype))
-                here = builder.emit(relax.op.expand_dims(outs[1 + len(types) + k], [0]))
-                results[len(types) + k] = builder.emit(relax.op.concat([here, later], axis=0))
-            result = builder.emit(relax.Tuple(results))
-            if builder.current_block_is_dataflow():
-                result = builder.emit_output(result)
-        builder.emit_func_output(result)
-    return builder.get()[name]
 
 
 def _signature(body: onnx.GraphProto, types: list[Any], captures: list[tuple[str, Any]]) -> _Signature:
@@ -337,11 +353,13 @@ def _constant(value: Any) -> bool:
 
 
 def _scalar(builder: Any, value: Any, dtype: str, default: Any) -> Any:
-    """An optional Loop input (M, cond) as a 0-d ``dtype`` tensor."""
+    """An optional Loop input (M, cond) or the body's cond_out as a 0-d ``dtype`` tensor."""
     from tvm import relax  # noqa: PLC0415
 
     if value is None:
         return relax.const(default, dtype)
+    if isinstance(value.ty, relax.TensorType) and value.ty.ndim == 0 and str(value.ty.dtype) == dtype:
+        return value  # (no kernel: a loop's condition is one an iteration)
     return builder.emit(relax.op.astype(relax.op.reshape(value, []), dtype))
 
 
