@@ -9,9 +9,10 @@ themselves under an ``If``, and the VM runs them: that is what a loop is.
 What: ``Loop(M, cond, v…)`` with body ``(i, cond_in, v_in…) → (cond_out, v_out…, scan…)`` becomes
 
     def loop(i, M, cond, v…, captures…):
+        go = i < M and cond                  # (fused with a code the VM checks: going on past
+                                             # MAX_ITERATIONS stops the run, not a stack overflow)
         empties = (an empty tensor per scan output)
-        if i < M and cond:
-            (check i < MAX_ITERATIONS)       # a run-time refusal, not a stack overflow
+        if go:
             cond_out, v_out…, scan… = body(i, cond, v…)
             (v_final…, scans…) = loop(i + 1, M, cond_out, v_out…, captures…)
             return (v_final…, concat(scan[None], scans)…)
@@ -35,7 +36,6 @@ holding loops on a thread whose stack holds that depth (``_tvm.runtime.DEEP_STAC
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,7 +49,7 @@ from amptool.frontend.graph import identifier, iter_nodes
 
 #: Most iterations a run-time loop may take: each is a frame of the VM's (~3.5 KB of stack).
 MAX_ITERATIONS = LOOP_BOUND
-#: Name prefix of the functions loops become (the runtime looks for it: see ``has_loops``).
+#: Name prefix of the functions loops become (``app.convert.count_loops`` counts them for the manifest).
 FUNCTION_PREFIX = "amptool_loop_"
 _INT64_MAX = np.iinfo(np.int64).max
 
@@ -170,7 +170,7 @@ def _function(importer: Any, body: onnx.GraphProto, node_name: str, types: list[
     Its ``If``'s else branch allocates nothing — the empty scans are made before the ``If``: TVM
     0.27's memory planning crashed the VM (AllocTensor) when one branch allocated and the other
     held a symbolic-shape concat. One function, not a deciding one calling a step: each VM call
-    checks every parameter (24 µs an iteration with two, 7 µs with one, a bare counter loop)."""
+    checks every parameter (benchmarks/README.md, "Thirty-second session")."""
     from tvm import relax, tirx  # noqa: PLC0415
     from tvm.relax.expr import _update_type  # noqa: PLC0415
 
@@ -182,16 +182,11 @@ def _function(importer: Any, body: onnx.GraphProto, node_name: str, types: list[
     signature = _signature(body, types, captures)
     i, m, cond = signature.params[:3]
     builder = relax.BlockBuilder()
-    decision = _decision(MAX_ITERATIONS)
-    decide = builder.add_func(decision, f"{name}_decide")  # (typed for call_tir by the builder)
-    functions.functions.append((decide, decision))
     with builder.function(name, params=signature.params, private=True):
-        with builder.dataflow():  # (the empty scans made from a run-time value: not folded)
-            decided = builder.emit(relax.call_tir(decide, [i, m, cond], [
-                relax.TensorType([], "bool"), relax.TensorType([1], "int64"), relax.TensorType([], "int64")]))
-            go = builder.emit_output(relax.TupleGetItem(decided, 0))
-            code = builder.emit_output(relax.op.tensor_to_shape(relax.TupleGetItem(decided, 1)))
-            following = builder.emit_output(relax.TupleGetItem(decided, 2))
+        with builder.dataflow():  # (fused; the empty scans made from a run-time value: not folded)
+            go = builder.emit_output(relax.op.logical_and(relax.op.less(i, m), cond))
+            code = builder.emit_output(relax.op.tensor_to_shape(_bound_code(go, i)))
+            following = builder.emit_output(relax.op.add(i, relax.const(1, "int64")))
             empties = [builder.emit_output(relax.op.broadcast_to(
                 relax.op.reshape(relax.op.astype(i, t.dtype), [1] * (len(t.shape.values) + 1)),
                 [0, *t.shape.values])) for t in scans]
@@ -220,38 +215,19 @@ def _function(importer: Any, body: onnx.GraphProto, node_name: str, types: list[
     return loop
 
 
-@functools.cache
-def _decision(bound: int) -> Any:
-    """A kernel deciding whether the loop goes on (``i < M and cond``), writing ``LOOP_BOUND_CODE + 1``
-    instead of ``LOOP_BOUND_CODE`` where it would go on past ``bound`` iterations, and ``i + 1``
-    (one kernel an iteration for the loop's own arithmetic); parsed once per process.
+def _bound_code(go: Any, i: Any) -> Any:
+    """``[LOOP_BOUND_CODE]``, or ``[LOOP_BOUND_CODE + 1]`` where the loop would go on past
+    ``MAX_ITERATIONS`` iterations: a value the VM's shape check of it stops the run on.
 
     Why not an assertion: TVM's ``assert_op`` calls back into Python (several µs an iteration, and
     no Python under a runtime-only deployment), and amptool compiles kernels without their TIR
-    assertions (``cpu._without_kernel_asserts``). A VM shape check of the code stops the run in
-    compiled code, and ``errors.model_raised`` recognises it by the code."""
-    from tvm.script import tirx as T  # noqa: PLC0415
+    assertions (``cpu._without_kernel_asserts``). A VM shape check stops the run in compiled code on
+    any target, and ``errors.model_raised`` recognises it by the code."""
+    from tvm import relax  # noqa: PLC0415
 
-    from amptool._tvm.script import cheap_frame_stack  # noqa: PLC0415
-
-    with cheap_frame_stack():
-
-        @T.prim_func(private=True)
-        def decide(var_i: T.handle, var_m: T.handle, var_c: T.handle, var_go: T.handle, var_code: T.handle,
-                   var_following: T.handle) -> None:
-            T.func_attr({"tirx.noalias": True})
-            i = T.match_buffer(var_i, (), "int64")
-            m = T.match_buffer(var_m, (), "int64")
-            c = T.match_buffer(var_c, (), "bool")
-            go = T.match_buffer(var_go, (), "bool")
-            code = T.match_buffer(var_code, (1,), "int64")
-            following = T.match_buffer(var_following, (), "int64")
-            on = T.bind(i[()] < m[()] and c[()])
-            go[()] = on
-            code[0] = T.int64(LOOP_BOUND_CODE) + T.Cast("int64", on and i[()] >= T.int64(bound))
-            following[()] = i[()] + T.int64(1)
-
-    return decide
+    op = relax.op
+    past = op.logical_and(go, op.greater_equal(i, relax.const(MAX_ITERATIONS, "int64")))
+    return op.reshape(op.add(op.astype(past, "int64"), relax.const(LOOP_BOUND_CODE, "int64")), [1])
 
 
 def _result_types(types: list[Any], scans: list[Any]) -> list[Any]:
@@ -275,8 +251,7 @@ def _signature(body: onnx.GraphProto, types: list[Any], captures: list[tuple[str
     renamed: dict[Any, Any] = {}  # each function defines its own symbolic dims (TVM: a var per function)
     carried = [relax.Var(identifier(body.input[2 + k].name), _own_dims(ty, renamed)) for k, ty in enumerate(types)]
     captured = [relax.Var(identifier(name), _own_dims(value.ty, renamed)) for name, value in captures]
-    scope: dict[str, Any] = {name: value for name, value in captures}  # replaced below by the parameters
-    scope.update({name: param for (name, _), param in zip(captures, captured)})
+    scope: dict[str, Any] = {name: param for (name, _), param in zip(captures, captured)}
     scope[body.input[0].name] = i
     if len(body.input) > 1:
         scope[body.input[1].name] = cond
