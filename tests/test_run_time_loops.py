@@ -278,3 +278,13 @@ def test_a_list_read_inside_the_loop_is_still_refused_by_name(run_cli, tmp_path)
     result = run_cli("convert", appending_loop(tmp_path, 0, 1, read_inside=True), "-o", str(tmp_path / "out"))
     assert result.exit_code == 2, result.output
     assert single_error(result.output) and "Loop 'loop' carries 'seq_in', which is not a tensor" in result.output
+
+
+def test_a_run_time_loop_lowers_for_cuda(run_cli, tmp_path):
+    """No GPU needed: --lower-only schedules every kernel for the target. A hand-written scalar
+    kernel for the loop's decision had no root block, which the CUDA schedules require."""
+    out = tmp_path / "cuda"
+    result = run_cli("convert", refinement_loop(tmp_path), "--target", "cuda", "--cuda-arch", "sm_90", "--lower-only",
+                     "-o", str(out))
+    assert result.exit_code == 0, result.output
+    assert read_json(out / "manifest.json")["run_time_loops"] == 1

@@ -16,7 +16,7 @@ from typing import Any
 
 from amptool import _tvm, compiler
 from amptool.app.artifact import write_artifact, write_manifest
-from amptool.app.convert import BuildResult, ConvertConfig, Rewritten, _io_specs, resolve, rewrite_model
+from amptool.app.convert import BuildResult, ConvertConfig, Rewritten, _io_specs, count_loops, resolve, rewrite_model
 from amptool.frontend.signature import graph_outputs
 
 LOWERED_NAME = "lowered.py"
@@ -42,6 +42,7 @@ def lower_model(config: ConvertConfig, output_dir: str,
         fixed_inputs=rewritten.fixed_inputs, prepare_steps=rewritten.prepare_steps,
         prepare_notes=rewritten.prepare_notes, calibration=rewritten.calibration, timings_s=rewritten.timings_s,
         prepared=rewritten.prepared, arch=target.arch, unmatched_node_rules=rewritten.unmatched_node_rules,
+        run_time_loops=count_loops(rewritten.passes.mod),
     )
     notify("export")
     script = _tvm.module_script(lowered)
