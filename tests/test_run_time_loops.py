@@ -288,3 +288,30 @@ def test_a_run_time_loop_lowers_for_cuda(run_cli, tmp_path):
                      "-o", str(out))
     assert result.exit_code == 0, result.output
     assert read_json(out / "manifest.json")["run_time_loops"] == 1
+
+
+def test_an_if_branch_that_does_not_type_inside_a_run_time_loop(run_cli, tmp_path):
+    """The branch raises at run time (control_flow.py's assert_op) inside the loop's function, which
+    main calls from a dataflow block: the loop function is marked pure for it."""
+    shapes = {"good": [2, 8], "bad": [3, 5]}  # 16 values: the bad shape cannot hold them
+    branches = {name: helper.make_graph(
+        [helper.make_node("Reshape", ["v_in", f"{name}_shape"], [f"{name}_out"])], name, [],
+        [_vi(f"{name}_out", F, shape)], [numpy_helper.from_array(np.array(shape, np.int64), f"{name}_shape")])
+        for name, shape in shapes.items()}
+    body = helper.make_graph([
+        helper.make_node("Less", ["i", "big"], ["early"]),
+        helper.make_node("If", ["early"], ["picked"], then_branch=branches["good"], else_branch=branches["bad"],
+                         name="pick"),
+        helper.make_node("Tanh", ["picked"], ["v_out"]),
+        helper.make_node("ReduceSum", ["v_out"], ["s"], keepdims=0),
+        helper.make_node("Greater", ["s", "limit"], ["cond_out"]),  # v ← tanh(v) shrinks: ~230 trips
+    ], "body", [_vi("i", I64, []), _vi("cond_in", BOOL, []), _vi("v_in", F, [2, 8])],
+        [_vi("cond_out", BOOL, []), _vi("v_out", F, [2, 8])],
+        [numpy_helper.from_array(np.array(1000, np.int64), "big")])
+    path = _save(tmp_path, "if_in_loop.onnx",
+                 [helper.make_node("Loop", ["", "", "x"], ["y"], body=body, name="loop")],
+                 [_vi("x", F, [2, 8]), _vi("limit", F, [])], [_vi("y", F, [2, 8])])
+    feeds = _feeds(tmp_path, x=np.full((2, 8), 0.1, np.float32), limit=np.array(1.0, np.float32))
+    result = run_cli("diff", path, "--inputs", feeds)
+    _passed(result)
+    assert result.output.count("If 'pick': its else branch does not type") == 1, "warned once, not per import"

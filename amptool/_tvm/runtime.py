@@ -247,7 +247,7 @@ def prepared_call(vm: Any, arrays: list[np.ndarray], device: str = "cpu", deep_s
 
 
 #: Stack of the thread that runs modules holding run-time loops: the VM recurses once per iteration
-#: (~3.5 KB a level for a loop and its step), and frontend/loop_function.py bounds loops at 100,000.
+#: (a few KB a level), and frontend/loop_function.py bounds loops at 100,000 iterations.
 DEEP_STACK_BYTES = 1 << 30
 _DEEP_STACK: list[concurrent.futures.ThreadPoolExecutor] = []
 

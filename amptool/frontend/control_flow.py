@@ -43,6 +43,7 @@ class BranchImporter:
     warnings: list[str] = field(default_factory=list)
     _ifs: list[_IfNode] = field(default_factory=list)
     _done: dict[tuple[str, str], Any] = field(default_factory=dict)
+    _trial: bool = False  # inside a trial import (scope): warnings are neither logged nor kept
 
     def __post_init__(self) -> None:
         self._ifs = list(_if_nodes(self.model))
@@ -78,7 +79,8 @@ class BranchImporter:
                 f"{_names(node.deciding_inputs)}."
             )
             self.warnings.append(warning)
-            log.warning("%s", warning)
+            if not self._trial:
+                log.warning("%s", warning)
             result = raising_branch(sibling, f"{BRANCH_RAISE_MARKER}: If '{node.name}' {branch.split('_')[0]} branch "
                                              f"({reason[:200]})")
         if owner is not None:
@@ -90,12 +92,12 @@ class BranchImporter:
         """Branches converted inside are reused only inside: a Loop body is imported once per
         function it goes into (loop_function.py), each with its own variables. ``keep_warnings``
         False: the warnings of a trial import are dropped with it."""
-        done, warned = self._done, len(self.warnings)
-        self._done = {}
+        done, warned, trial = self._done, len(self.warnings), self._trial
+        self._done, self._trial = {}, trial or not keep_warnings
         try:
             yield
         finally:
-            self._done = done
+            self._done, self._trial = done, trial
             if not keep_warnings:
                 del self.warnings[warned:]
 

@@ -182,7 +182,8 @@ def _function(importer: Any, body: onnx.GraphProto, node_name: str, types: list[
     signature = _signature(body, types, captures)
     i, m, cond = signature.params[:3]
     builder = relax.BlockBuilder()
-    with builder.function(name, params=signature.params, private=True):
+    # (force_pure: an If branch in the body that does not type raises through assert_op, control_flow.py)
+    with builder.function(name, params=signature.params, attrs={"relax.force_pure": True}, private=True):
         with builder.dataflow():  # (fused; the empty scans made from a run-time value: not folded)
             go = builder.emit_output(relax.op.logical_and(relax.op.less(i, m), cond))
             code = builder.emit_output(relax.op.tensor_to_shape(_bound_code(go, i)))
