@@ -14,6 +14,8 @@ Exit codes (an interface: CI scripts depend on them):
 
 from __future__ import annotations
 
+import re
+
 EXIT_OK = 0
 EXIT_ACCURACY_FAILED = 1
 EXIT_USER_ERROR = 2
@@ -58,8 +60,9 @@ class TargetUnavailableError(UserError):
 #: it into a one-line refusal, as onnxruntime refuses a model that fails at run time.
 BRANCH_RAISE_MARKER = "the model took an If branch that cannot run at these input shapes"
 #: Most iterations a Loop that runs at run time may take (frontend/loop_function.py: the VM takes a
-#: stack frame per iteration), and the code its decision kernel writes for the VM to check — one
-#: more past the bound, and the VM's error then names ``R.Shape([4279632])`` ("AMP" in hex).
+#: stack frame per iteration), and the code the loop computes for the VM to check — plus its bound
+#: past the bound, and the VM's error then reads "(<code + bound> vs. 4279632) … R.Shape([4279632])"
+#: ("AMP" in hex).
 LOOP_BOUND = 100_000
 LOOP_BOUND_CODE = 0x414D50
 
@@ -68,7 +71,10 @@ def model_raised(err: BaseException) -> UserError | None:
     """The refusal for a run-time failure the model itself raised, or None for any other error."""
     text = str(err)
     if f"R.Shape([{LOOP_BOUND_CODE}])" in text:
-        return UserError(f"The model failed at run time: a Loop ran past amptool's bound of {LOOP_BOUND:,} iterations",
+        found = re.search(rf"\((\d+) vs\. {LOOP_BOUND_CODE}\)", text)
+        bound = int(found.group(1)) - LOOP_BOUND_CODE if found else LOOP_BOUND
+        return UserError(f"The model failed at run time: a Loop ran past amptool's bound of {bound:,} iterations "
+                         "(each holds the values it passes on until the loop ends)",
                          "Check the inputs that decide the loop's exit (it may never end on them); a loop "
                          "whose trip count is fixed by --fixed-input or --input-shape unrolls instead.")
     if BRANCH_RAISE_MARKER not in text:

@@ -315,3 +315,25 @@ def test_an_if_branch_that_does_not_type_inside_a_run_time_loop(run_cli, tmp_pat
     result = run_cli("diff", path, "--inputs", feeds)
     _passed(result)
     assert result.output.count("If 'pick': its else branch does not type") == 1, "warned once, not per import"
+
+
+def test_a_loop_of_large_values_is_bounded_by_what_its_frames_hold(run_cli, tmp_path, monkeypatch):
+    """Each iteration's frame holds the 1 MB state it passes on until the loop ends (1,000 iterations
+    held 1 GB): the bound comes down to what the budget allows, named in the one-line error."""
+    monkeypatch.setattr(loop_function, "MEMORY_BUDGET_BYTES", 64 << 20)
+    monkeypatch.setattr(loop_function, "MIN_ITERATIONS", 16)
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]), helper.make_node("Add", ["v_in", "one"], ["v_out"])],
+        "body", [_vi("i", I64, []), _vi("cond_in", BOOL, []), _vi("v_in", F, [256, 1024])],
+        [_vi("cond_out", BOOL, []), _vi("v_out", F, [256, 1024])],
+        [numpy_helper.from_array(np.ones([1, 1], np.float32), "one")])
+    path = _save(tmp_path, "big.onnx", [helper.make_node("ReduceMax", ["n"], ["m"], keepdims=0),
+                                        helper.make_node("Loop", ["m", "", "x"], ["y"], body=body, name="count")],
+                 [_vi("x", F, [256, 1024]), _vi("n", I64, [1])], [_vi("y", F, [256, 1024])])
+    out = tmp_path / "out"
+    assert run_cli("convert", path, "-o", str(out)).exit_code == 0
+    for trips, bounded in ((60, False), (70, True)):  # 64 MB / 1 MB: 64 iterations
+        arrays = _feeds(tmp_path, x=np.zeros((256, 1024), np.float32), n=np.array([trips], np.int64))
+        result = run_cli("run", str(out), "--inputs", arrays, "-o", str(tmp_path / "y.npz"))
+        assert result.exit_code == (2 if bounded else 0), result.output
+        assert ("a Loop ran past amptool's bound of 64 iterations" in result.output) is bounded

@@ -9,8 +9,8 @@ themselves under an ``If``, and the VM runs them: that is what a loop is.
 What: ``Loop(M, cond, v…)`` with body ``(i, cond_in, v_in…) → (cond_out, v_out…, scan…)`` becomes
 
     def loop(i, M, cond, v…, captures…):
-        go = i < M and cond                  # (fused with a code the VM checks: going on past
-                                             # MAX_ITERATIONS stops the run, not a stack overflow)
+        go = i < M and cond                  # (fused with a code the VM checks: going on past the
+                                             # bound stops the run, not a stack overflow or the memory)
         empties = (an empty tensor per scan output)
         if go:
             cond_out, v_out…, scan… = body(i, cond, v…)
@@ -29,8 +29,10 @@ no level holds a partial stack; their first dim is named after the call (``detec
 When not: a carried value that is not a tensor (a sequence), one whose rank or dtype the body
 changes, or a scan output whose per-iteration shape is unknown: a user error naming the Loop.
 
-Run time: one VM frame per iteration. ``MAX_ITERATIONS`` bounds the depth; the runtime calls a module
-holding loops on a thread whose stack holds that depth (``_tvm.runtime.DEEP_STACK_BYTES``).
+Run time: one VM frame per iteration, holding the values it passes on until the loop ends.
+``MAX_ITERATIONS`` bounds the depth, lower for large values (``MEMORY_BUDGET_BYTES``); the runtime
+calls a module holding loops on a thread whose stack holds that depth
+(``_tvm.runtime.DEEP_STACK_BYTES``).
 """
 
 from __future__ import annotations
@@ -49,6 +51,12 @@ from amptool.frontend.graph import identifier, iter_nodes
 
 #: Most iterations a run-time loop may take: each is a frame of the VM's (~3.5 KB of stack).
 MAX_ITERATIONS = LOOP_BOUND
+#: What a loop's frames may hold: each keeps the values it passes on (its carried values and scan
+#: slice) until the loop ends — a [256, 1024] float32 state over 1,000 iterations held 1 GB — so a
+#: loop of large values is bounded lower (a one-line error, not the machine out of memory).
+MEMORY_BUDGET_BYTES = 8 << 30
+#: The lowest bound that budget sets.
+MIN_ITERATIONS = 256
 #: Name prefix of the functions loops become (``app.convert.count_loops`` counts them for the manifest).
 FUNCTION_PREFIX = "amptool_loop_"
 _INT64_MAX = np.iinfo(np.int64).max
@@ -186,7 +194,7 @@ def _function(importer: Any, body: onnx.GraphProto, node_name: str, types: list[
     with builder.function(name, params=signature.params, attrs={"relax.force_pure": True}, private=True):
         with builder.dataflow():  # (fused; the empty scans made from a run-time value: not folded)
             go = builder.emit_output(relax.op.logical_and(relax.op.less(i, m), cond))
-            code = builder.emit_output(relax.op.tensor_to_shape(_bound_code(go, i)))
+            code = builder.emit_output(relax.op.tensor_to_shape(_bound_code(go, i, _iteration_bound(types, scans))))
             following = builder.emit_output(relax.op.add(i, relax.const(1, "int64")))
             empties = [builder.emit_output(relax.op.broadcast_to(
                 relax.op.reshape(relax.op.astype(i, t.dtype), [1] * (len(t.shape.values) + 1)),
@@ -216,9 +224,25 @@ def _function(importer: Any, body: onnx.GraphProto, node_name: str, types: list[
     return loop
 
 
-def _bound_code(go: Any, i: Any) -> Any:
-    """``[LOOP_BOUND_CODE]``, or ``[LOOP_BOUND_CODE + 1]`` where the loop would go on past
-    ``MAX_ITERATIONS`` iterations: a value the VM's shape check of it stops the run on.
+def _iteration_bound(types: list[Any], scans: list[Any]) -> int:
+    """How many iterations the loop may run: ``MAX_ITERATIONS``, lower where its frames would hold
+    more than ``MEMORY_BUDGET_BYTES`` (static dims counted; a symbolic one as 1)."""
+    from tvm import tirx  # noqa: PLC0415
+
+    held = 0
+    for ty in [*types, *scans]:
+        elements = int(np.prod([int(d) if isinstance(d, tirx.IntImm) else 1 for d in ty.shape.values]))
+        held += elements * np.dtype(_numpy_dtype(str(ty.dtype))).itemsize
+    return MAX_ITERATIONS if not held else min(MAX_ITERATIONS, max(MIN_ITERATIONS, MEMORY_BUDGET_BYTES // held))
+
+
+def _numpy_dtype(dtype: str) -> str:
+    return "float16" if dtype == "bfloat16" else dtype  # (two bytes either way; numpy has no bfloat16)
+
+
+def _bound_code(go: Any, i: Any, bound: int) -> Any:
+    """``[LOOP_BOUND_CODE]``, or ``[LOOP_BOUND_CODE + bound]`` where the loop would go on past
+    ``bound`` iterations: a value the VM's shape check of it stops the run on (and its error names).
 
     Why not an assertion: TVM's ``assert_op`` calls back into Python (several µs an iteration, and
     no Python under a runtime-only deployment), and amptool compiles kernels without their TIR
@@ -227,8 +251,9 @@ def _bound_code(go: Any, i: Any) -> Any:
     from tvm import relax  # noqa: PLC0415
 
     op = relax.op
-    past = op.logical_and(go, op.greater_equal(i, relax.const(MAX_ITERATIONS, "int64")))
-    return op.reshape(op.add(op.astype(past, "int64"), relax.const(LOOP_BOUND_CODE, "int64")), [1])
+    past = op.logical_and(go, op.greater_equal(i, relax.const(bound, "int64")))
+    excess = op.multiply(op.astype(past, "int64"), relax.const(bound, "int64"))
+    return op.reshape(op.add(excess, relax.const(LOOP_BOUND_CODE, "int64")), [1])
 
 
 def _result_types(types: list[Any], scans: list[Any]) -> list[Any]:
