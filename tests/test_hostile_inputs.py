@@ -166,3 +166,14 @@ def test_an_opset_newer_than_onnx_is_refused(run_cli, tmp_path):
                  [("y", T.FLOAT, [1, 4])], opset=newest + 71)
     _refused(run_cli("convert", path, "-o", str(tmp_path / "out")), f"opset {newest + 71}", f"at most {newest}")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_constant_larger_than_any_memory_is_an_out_of_memory_refusal(run_cli, tmp_path):
+    """ConstantOfShape [10**6, 10**6] (4 TB): TVM's folding died on std::bad_alloc (exit 70)."""
+    shape = numpy_helper.from_array(np.array([10**6, 10**6], np.int64), "shp")
+    path = _save(tmp_path / "huge.onnx",
+                 [helper.make_node("ConstantOfShape", ["shp"], ["c"]), helper.make_node("Add", ["x", "c"], ["y"])],
+                 [("x", T.FLOAT, [1, 1])], [("y", T.FLOAT, [10**6, 10**6])], [shape])
+    result = run_cli("convert", path, "-o", str(tmp_path / "out"))
+    _refused(result, "Out of memory")
+    assert single_error(result.output) and not (tmp_path / "out").exists()

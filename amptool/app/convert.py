@@ -370,6 +370,8 @@ def build_model(
     except (UserError, TargetUnavailableError, MemoryError):
         raise
     except Exception as err:
+        if "std::bad_alloc" in str(err):  # TVM's C++ side out of memory (folding a 40 GB ConstantOfShape)
+            raise MemoryError("TVM could not allocate what the model needs while building it") from err
         # An invalid model (Tile repeats of -1, a dilation of 10**6) that the load let through because
         # onnxruntime opened it fails somewhere in TVM: the user's problem, said as the checker says it.
         invalid = checker_failure(config.model)
