@@ -337,3 +337,18 @@ def test_a_loop_of_large_values_is_bounded_by_what_its_frames_hold(run_cli, tmp_
         result = run_cli("run", str(out), "--inputs", arrays, "-o", str(tmp_path / "y.npz"))
         assert result.exit_code == (2 if bounded else 0), result.output
         assert ("a Loop ran past amptool's bound of 64 iterations" in result.output) is bounded
+
+
+def test_a_scan_past_the_unroll_limit_runs_as_a_run_time_loop(run_cli, tmp_path):
+    """1,500 steps, inputs read forward and backward along axes 0 and 1, outputs stacked on both
+    axes, one reversed: the Scan was refused ("exceeds the unroll limit"); now a Loop."""
+    from tests.test_unroll import scan_model
+
+    path = tmp_path / "scan.onnx"
+    onnx.save(scan_model(1500), path)
+    out = tmp_path / "out"
+    assert run_cli("convert", str(path), "-o", str(out)).exit_code == 0
+    manifest = read_json(out / "manifest.json")
+    assert manifest["run_time_loops"] == 1
+    assert any("1 Scan(s) made run-time Loops" in note for note in manifest["prepare_notes"])
+    _passed(run_cli("diff", str(path), "--dtype", "float16"))

@@ -310,7 +310,7 @@ def test_nested_loops_unroll_over_rounds() -> None:
         (data_dependent_loop(trip_count_input=True), "its trip count depends on input values"),
         (counting_loop(MAX_TRIP_COUNT + 1), f"unroll limit of {MAX_TRIP_COUNT}"),
         (tf2onnx_rnn_loop(), "its initial condition depends on input values"),  # T unknown until pinned
-        (scan_model("L"), "its sequence length is not static"),
+        (scan_model("L"), "its trip count depends on input values"),  # made a Loop (scan_loops.py), run at run time
     ],
     ids=["condition", "trip-count", "too-long", "unpinned-shape", "scan-unpinned"],
 )

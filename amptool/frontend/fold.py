@@ -31,6 +31,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from amptool.frontend.graph import STANDARD_DOMAINS, iter_nodes
+from amptool.frontend.scan_loops import scans_as_loops
 from amptool.frontend.sequence_loops import appends_as_scans
 from amptool.frontend.unroll import unroll_loops
 from amptool.frontend.unroll_body import constant_value
@@ -55,10 +56,12 @@ class FoldStats:
     ifs_inlined: int = 0
     loops_unrolled: int = 0
     lists_stacked: int = 0  # lists appended to in a Loop, made its scan outputs (sequence_loops.py)
+    scans_looped: int = 0  # Scans unrolling left, made Loops that run at run time (scan_loops.py)
 
     @property
     def changed(self) -> bool:
-        return bool(self.folded or self.shapes or self.ifs_inlined or self.loops_unrolled or self.lists_stacked)
+        return bool(self.folded or self.shapes or self.ifs_inlined or self.loops_unrolled or self.lists_stacked
+                    or self.scans_looped)
 
 
 def fold_model(model: onnx.ModelProto, max_rounds: int = 8) -> tuple[onnx.ModelProto, FoldStats]:
@@ -74,8 +77,10 @@ def fold_model(model: onnx.ModelProto, max_rounds: int = 8) -> tuple[onnx.ModelP
         model, stats = _fold_once(model, copy=round_index == 0)
         model, appended = appends_as_scans(model)
         model, stats.loops_unrolled = unroll_loops(model)
+        model, stats.scans_looped = scans_as_loops(model)  # the Scans unrolling left
         stats.lists_stacked = appended
         total.lists_stacked += appended
+        total.scans_looped += stats.scans_looped
         total.folded += stats.folded
         total.shapes += stats.shapes
         total.ifs_inlined += stats.ifs_inlined

@@ -458,6 +458,7 @@ def _fold_everywhere(model: onnx.ModelProto, notes: list[str], step: str = "fold
         f"{stats.ifs_inlined} If(s) with a constant condition inlined, "
         f"{stats.loops_unrolled} Loop/Scan(s) with a known trip count unrolled"
         + (f", {stats.lists_stacked} list(s) appended to in a Loop made scan outputs" if stats.lists_stacked else "")
+        + (f", {stats.scans_looped} Scan(s) made run-time Loops" if stats.scans_looped else "")
     )
     return folded
 

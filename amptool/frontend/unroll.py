@@ -24,8 +24,8 @@ batch axis B, time on axis 1) becomes B × L copies, per batch element, stacked 
 When not: a data-dependent trip count or condition, more than ``MAX_TRIP_COUNT`` iterations
 or ``MAX_UNROLLED_NODES`` nodes, a Scan with a symbolic or zero length, or an opset-8 Scan whose
 ``sequence_lens`` are not all its full length. The node is left alone: a Loop then runs as a
-recursive function (loop_function.py); for a Scan, ``refusals`` says why, for the importer's
-"No converter" message.
+recursive function (loop_function.py), a Scan is made a Loop first (scan_loops.py); for an opset-8
+Scan, ``refusals`` says why, for the importer's "No converter" message.
 
 Preserves: every output's name and value (prepare checks the numerics with onnxruntime).
 """
