@@ -68,16 +68,17 @@ def refinement_loop(tmp_path: Path) -> str:
                  [_weights("W", (8, 8), 0), _weights("W2", (8, 8), 1)])
 
 
-def counter_loop(tmp_path: Path) -> str:
-    """v ← v + 1 for M = ReduceMax(n) iterations, M an input value."""
+def counter_loop(tmp_path: Path, shape: tuple[int, ...] = (1, 4)) -> str:
+    """v ← v + 1 (``shape`` values) for M = ReduceMax(n) iterations, M an input value."""
     body = helper.make_graph([helper.make_node("Identity", ["cond_in"], ["cond_out"]),
                               helper.make_node("Add", ["v_in", "one"], ["v_out"])],
-                             "body", [_vi("i", I64, []), _vi("cond_in", BOOL, []), _vi("v_in", F, [1, 4])],
-                             [_vi("cond_out", BOOL, []), _vi("v_out", F, [1, 4])],
-                             [numpy_helper.from_array(np.ones([1, 4], np.float32), "one")])
+                             "body", [_vi("i", I64, []), _vi("cond_in", BOOL, []), _vi("v_in", F, list(shape))],
+                             [_vi("cond_out", BOOL, []), _vi("v_out", F, list(shape))],
+                             [numpy_helper.from_array(np.ones([1] * len(shape), np.float32), "one")])
     nodes = [helper.make_node("ReduceMax", ["n"], ["m"], keepdims=0),
              helper.make_node("Loop", ["m", "", "x"], ["y"], body=body, name="count")]
-    return _save(tmp_path, "count.onnx", nodes, [_vi("x", F, [1, 4]), _vi("n", I64, [1])], [_vi("y", F, [1, 4])])
+    return _save(tmp_path, "count.onnx", nodes, [_vi("x", F, list(shape)), _vi("n", I64, [1])],
+                 [_vi("y", F, list(shape))])
 
 
 def growing_loop(tmp_path: Path) -> str:
@@ -322,14 +323,7 @@ def test_a_loop_of_large_values_is_bounded_by_what_its_frames_hold(run_cli, tmp_
     held 1 GB): the bound comes down to what the budget allows, named in the one-line error."""
     monkeypatch.setattr(loop_function, "MEMORY_BUDGET_BYTES", 64 << 20)
     monkeypatch.setattr(loop_function, "MIN_ITERATIONS", 16)
-    body = helper.make_graph(
-        [helper.make_node("Identity", ["cond_in"], ["cond_out"]), helper.make_node("Add", ["v_in", "one"], ["v_out"])],
-        "body", [_vi("i", I64, []), _vi("cond_in", BOOL, []), _vi("v_in", F, [256, 1024])],
-        [_vi("cond_out", BOOL, []), _vi("v_out", F, [256, 1024])],
-        [numpy_helper.from_array(np.ones([1, 1], np.float32), "one")])
-    path = _save(tmp_path, "big.onnx", [helper.make_node("ReduceMax", ["n"], ["m"], keepdims=0),
-                                        helper.make_node("Loop", ["m", "", "x"], ["y"], body=body, name="count")],
-                 [_vi("x", F, [256, 1024]), _vi("n", I64, [1])], [_vi("y", F, [256, 1024])])
+    path = counter_loop(tmp_path, (256, 1024))
     out = tmp_path / "out"
     assert run_cli("convert", path, "-o", str(out)).exit_code == 0
     for trips, bounded in ((60, False), (70, True)):  # 64 MB / 1 MB: 64 iterations

@@ -52,7 +52,6 @@ def legalize_divide(bb: Any, call: Any) -> Any:
     return bb.call_te(compute, x, primfunc_name_hint="divide")
 
 
-
 def legalize_multiply(bb: Any, call: Any) -> Any:
     """A float product with a constant scalar zero reads the zero from memory; any other product TVM's.
 

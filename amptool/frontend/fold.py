@@ -21,6 +21,7 @@ index and shape arithmetic (and into nested `If` conditions, or nested loops' tr
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
@@ -60,8 +61,11 @@ class FoldStats:
 
     @property
     def changed(self) -> bool:
-        return bool(self.folded or self.shapes or self.ifs_inlined or self.loops_unrolled or self.lists_stacked
-                    or self.scans_looped)
+        return any(getattr(self, f.name) for f in dataclasses.fields(self))
+
+    def add(self, other: FoldStats) -> None:
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
 
 def fold_model(model: onnx.ModelProto, max_rounds: int = 8) -> tuple[onnx.ModelProto, FoldStats]:
@@ -75,16 +79,10 @@ def fold_model(model: onnx.ModelProto, max_rounds: int = 8) -> tuple[onnx.ModelP
     for round_index in range(max_rounds):
         # The first round folds a copy; later ones fold that copy in place (BERT-base: 0.3 s a copy).
         model, stats = _fold_once(model, copy=round_index == 0)
-        model, appended = appends_as_scans(model)
+        model, stats.lists_stacked = appends_as_scans(model)
         model, stats.loops_unrolled = unroll_loops(model)
         model, stats.scans_looped = scans_as_loops(model)  # the Scans unrolling left
-        stats.lists_stacked = appended
-        total.lists_stacked += appended
-        total.scans_looped += stats.scans_looped
-        total.folded += stats.folded
-        total.shapes += stats.shapes
-        total.ifs_inlined += stats.ifs_inlined
-        total.loops_unrolled += stats.loops_unrolled
+        total.add(stats)
         if not stats.changed:
             break
     return model, total

@@ -49,6 +49,15 @@ def default_opset(model: onnx.ModelProto) -> int:
     return 1
 
 
+def declared_dims(graph: onnx.GraphProto, name: str) -> list[int | None] | None:
+    """The dims ``graph`` declares for ``name`` (an input, output or value_info: what shape inference
+    wrote), None for a dim without a value; None for an unknown rank."""
+    for value in [*graph.value_info, *graph.output, *graph.input]:
+        if value.name == name and value.type.tensor_type.HasField("shape"):
+            return [d.dim_value if d.HasField("dim_value") else None for d in value.type.tensor_type.shape.dim]
+    return None
+
+
 @dataclass(frozen=True)
 class Names:
     """Names already used anywhere in the model, and fresh ones derived from a base."""

@@ -183,11 +183,10 @@ def _function(importer: Any, body: onnx.GraphProto, node_name: str, types: list[
     from tvm.relax.expr import _update_type  # noqa: PLC0415
 
     name = functions.fresh_name(f"{FUNCTION_PREFIX}{identifier(node_name)}")
-    loop = relax.GlobalVar(name)
-    typed = _signature(body, types, captures)
-    _update_type(loop, relax.FuncType([p.ty for p in typed.params], relax.TupleType(_result_types(types, scans)),
-                                      purity=True))
     signature = _signature(body, types, captures)
+    loop = relax.GlobalVar(name)
+    _update_type(loop, relax.FuncType([p.ty for p in signature.params],
+                                      relax.TupleType(_result_types(types, scans)), purity=True))
     i, m, cond = signature.params[:3]
     builder = relax.BlockBuilder()
     # (force_pure: an If branch in the body that does not type raises through assert_op, control_flow.py)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
-from amptool.frontend.graph import Names, all_names, default_opset
+from amptool.frontend.graph import Names, all_names, declared_dims, default_opset
 from amptool.frontend.unroll_body import attr_graph, attr_int, attr_ints
 
 _INT64_MIN = -(2**63)
@@ -38,16 +38,17 @@ def scans_as_loops(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     rewritten = onnx.ModelProto()
     rewritten.CopyFrom(model)
     try:
-        ranks = _ranks(onnx.shape_inference.infer_shapes(rewritten))
+        inferred = onnx.shape_inference.infer_shapes(rewritten)
     except Exception:  # noqa: BLE001 - ranks only decide the rewrites that need one
-        ranks = {}
+        inferred = rewritten
     names = Names(all_names(rewritten.graph))
     count = 0
     for index in reversed(range(len(rewritten.graph.node))):
         node = rewritten.graph.node[index]
         if node.op_type != "Scan":
             continue
-        replacement = _as_loop(node, ranks, names, default_opset(rewritten))
+        replacement = _as_loop(node, inferred.graph, attr_graph(inferred.graph.node[index], "body"), names,
+                               default_opset(rewritten))
         if replacement is not None:
             del rewritten.graph.node[index]
             for offset, new in enumerate(replacement):
@@ -56,9 +57,11 @@ def scans_as_loops(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     return (rewritten, count) if count else (model, 0)
 
 
-def _as_loop(scan: onnx.NodeProto, ranks: dict[str, int], names: Names, opset: int) -> list[onnx.NodeProto] | None:
+def _as_loop(scan: onnx.NodeProto, graph: onnx.GraphProto, body_types: onnx.GraphProto, names: Names,
+             opset: int) -> list[onnx.NodeProto] | None:
     """The nodes computing ``scan``'s outputs with a Loop; None where a rank it needs is unknown (or
-    a reversed output needs Slice's steps, opset 10)."""
+    a reversed output needs Slice's steps, opset 10). ``graph``, ``body_types``: the graph and the
+    Scan's body as shape inference typed them (the ranks)."""
     body = attr_graph(scan, "body")
     m = attr_int(scan, "num_scan_inputs", 0)
     n = len(scan.input) - m
@@ -70,10 +73,11 @@ def _as_loop(scan: onnx.NodeProto, ranks: dict[str, int], names: Names, opset: i
     out_dirs = attr_ints(scan, "scan_output_directions") or [0] * k
     if opset < 10 and any(out_dirs):
         return None
-    if any(a < 0 and x not in ranks for a, x in zip(in_axes, xs)):
+    input_ranks = [_rank(graph, x) for x in xs]
+    if any(a < 0 and r is None for a, r in zip(in_axes, input_ranks)):
         return None
-    in_axes = [a % ranks[x] if a < 0 else a for a, x in zip(in_axes, xs)]
-    element_ranks = [ranks.get(out.name) for out in body.output[n:]]
+    in_axes = [a % r if a < 0 and r is not None else a for a, r in zip(in_axes, input_ranks)]
+    element_ranks = [_rank(body_types, out.name) for out in body.output[n:]]
     if any(a != 0 and r is None for a, r in zip(out_axes, element_ranks)):
         return None
     out_axes = [a % (r + 1) if a < 0 and r is not None else a for a, r in zip(out_axes, element_ranks)]
@@ -146,13 +150,6 @@ def _constant(nodes: list[onnx.NodeProto], name: str, value: int | list[int]) ->
     return name
 
 
-def _ranks(model: onnx.ModelProto) -> dict[str, int]:
-    """The rank shape inference gave each value of the main graph and its Scan bodies."""
-    ranks: dict[str, int] = {}
-    graphs = [model.graph, *(a.g for n in model.graph.node if n.op_type == "Scan" for a in n.attribute
-                             if a.type == onnx.AttributeProto.GRAPH)]
-    for graph in graphs:
-        for value in [*graph.input, *graph.value_info, *graph.output]:
-            if value.type.tensor_type.HasField("shape"):
-                ranks[value.name] = len(value.type.tensor_type.shape.dim)
-    return ranks
+def _rank(graph: onnx.GraphProto, name: str) -> int | None:
+    dims = declared_dims(graph, name)
+    return None if dims is None else len(dims)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
-from amptool.frontend.graph import Names, all_names
+from amptool.frontend.graph import Names, all_names, declared_dims
 from amptool.frontend.unroll_body import outer_references
 
 
@@ -70,7 +70,7 @@ def _rewrite(graph: onnx.GraphProto, loop: onnx.NodeProto, body: onnx.GraphProto
     if any(c.op_type != "ConcatFromSequence" for c in concats):
         return 0
     element = insert.input[1]
-    dims = _dims(inferred_body, element)
+    dims = declared_dims(inferred_body, element)
     if dims is None and any(_axis(c) != 0 or _new_axis(c) == 0 for c in concats):
         return 0
     if any(not _joinable(dims, _axis(c)) for c in concats if _new_axis(c) == 0):
@@ -136,15 +136,6 @@ def _axis(concat: onnx.NodeProto) -> int:
 
 def _new_axis(concat: onnx.NodeProto) -> int:
     return next((a.i for a in concat.attribute if a.name == "new_axis"), 0)
-
-
-def _dims(body: onnx.GraphProto, name: str) -> list[int | None] | None:
-    """The dims shape inference gave ``name`` in ``body`` (None for an unknown one); None for an
-    unknown rank."""
-    for value in [*body.value_info, *body.output, *body.input]:
-        if value.name == name and value.type.tensor_type.HasField("shape"):
-            return [d.dim_value if d.HasField("dim_value") else None for d in value.type.tensor_type.shape.dim]
-    return None
 
 
 def _joinable(dims: list[int | None] | None, axis: int) -> bool:
