@@ -176,6 +176,45 @@ def test_topk_run_time_k_feeding_gather(tmp_path, largest):
             np.testing.assert_array_equal(actual[name], want, err_msg=name)
 
 
+def _roi_align_case(tmp_path, opset, **attrs):
+    nodes = [helper.make_node("RoiAlign", ["x", "rois", "batch"], ["y"], output_height=3, output_width=4, **attrs)]
+    path = _save(tmp_path, nodes, [_info("x", F, [2, 3, 12, 10]), _info("rois", F, [5, 4]), _info("batch", I64, [5])],
+                 [_info("y", F, [5, 3, 3, 4])], opset=opset)
+    rng = np.random.default_rng(7)
+    rois = np.array([[1.3, 2.1, 7.7, 9.4],  # inside, between pixels
+                     [-3.0, -2.5, 4.2, 3.9],  # over the top-left edge
+                     [8.4, 10.1, 14.0, 16.5],  # past the bottom-right edge
+                     [5.0, 5.0, 5.0, 5.0],  # empty: 1×1 in output_half_pixel, no samples in half_pixel
+                     [2.0, 1.0, 9.5, 11.0]], np.float32)
+    feeds = {"x": rng.standard_normal((2, 3, 12, 10)).astype(np.float32), "rois": rois,
+             "batch": np.array([0, 1, 1, 0, 1], np.int64)}
+    return path, feeds
+
+
+@pytest.mark.parametrize("attrs", [
+    {"mode": "max", "sampling_ratio": 2},
+    {"mode": "max"},  # samples per bin from each box's size
+    {"mode": "max", "coordinate_transformation_mode": "output_half_pixel", "spatial_scale": 0.5},
+    {"mode": "avg", "sampling_ratio": 3},  # TVM's converter, unchanged
+])
+def test_roi_align_matches_onnxruntime(tmp_path, attrs):
+    """ONNX's max pools each sample's largest *weighted* corner (TVM's the largest bilinear sample:
+    71 of 75 values of the conformance case differed)."""
+    _compare(*_roi_align_case(tmp_path, 16, **attrs))
+
+
+def test_roi_align_max_matches_the_onnx_reference_at_opset_22(tmp_path):
+    """Opset 22 (bfloat16/float16 types), which onnxruntime 1.32 cannot run: the reference decides."""
+    from onnx.reference import ReferenceEvaluator
+
+    path, feeds = _roi_align_case(tmp_path, 22, mode="max", coordinate_transformation_mode="output_half_pixel")
+    want = ReferenceEvaluator(str(path)).run(None, feeds)[0]
+    got = amptool.convert(path, dtype="float32").run(feeds)["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    low = amptool.convert(path, dtype="float16").run(feeds)["y"]
+    np.testing.assert_allclose(low, want, rtol=1e-5, atol=1e-6)  # a float32 gather in any dtype
+
+
 def test_if_branches_of_different_lengths_and_a_shape_min_feed_topk(tmp_path):
     """torchvision's pattern: ``If(no boxes, empty, boxes kept)`` read by further ops, and
     ``k = min(300, boxes kept)`` as a ReduceMin over a Concat of a constant and a Shape."""
