@@ -124,7 +124,9 @@ def test_dynamic_batch_defaults_to_one_other_dynamic_dims_need_pinning(zoo_model
     assert result.exit_code == 2
     assert "Input 'x' has unknown dims [batch, length]" in result.output
     assert "--input-shape x:1xN (each N the size you run)" in result.output  # not x:1x1, a one-step sequence
+    assert "--dim batch=N --dim length=N" in result.output  # by name: pins every input that declares it
     assert not (tmp_path / "s").exists()
+    assert run_cli("convert", str(seq), "--dim", "length=5", "-o", str(tmp_path / "s2")).exit_code == 0
 
 
 def _write(path: Path, text: str) -> str:
