@@ -45,8 +45,8 @@ _NEVER_FOLD = frozenset({
     "Loop", "Scan", "If", "SequenceConstruct", "SequenceEmpty", "SequenceInsert", "SplitToSequence",
     "SequenceAt", "SequenceLength", "ConcatFromSequence", "Optional", "OptionalGetElement",
 })
-#: Folding a node whose result is larger than this would bloat the model (e.g. a big
-#: ConstantOfShape that the runtime creates for free): leave it.
+#: Folding a node whose result is larger than this, and than every constant it reads, would bloat
+#: the model (e.g. a big ConstantOfShape that the runtime creates for free): leave it.
 _MAX_FOLDED_ELEMENTS = 1 << 20
 
 
@@ -171,15 +171,19 @@ def inferred_shapes(model: onnx.ModelProto, *, data_prop: bool = False) -> onnx.
     return onnx.shape_inference.infer_shapes(light, data_prop=data_prop)
 
 
-def stubbed_copy(model: onnx.ModelProto, stubbed: Collection[str], location: str) -> onnx.ModelProto:
+def stubbed_copy(model: onnx.ModelProto, stubbed: Collection[str], location: str,
+                 dropped: Collection[str] = ()) -> onnx.ModelProto:
     """A copy of ``model`` in which the initializers named in ``stubbed`` keep only their name, type
     and dims, marked as external data at ``location``: for a reader that needs no values of them
-    (shape inference; an onnxruntime session given them as arrays). The rest is copied."""
+    (shape inference; an onnxruntime session given them as arrays). Those in ``dropped`` are left out;
+    the rest is copied."""
     graph = model.graph
     light = onnx.ModelProto()
     copy_fields(model, light, skip="graph")
     copy_fields(graph, light.graph, skip="initializer")
     for weight in graph.initializer:
+        if weight.name in dropped:
+            continue
         if weight.name not in stubbed:
             light.graph.initializer.append(weight)
             continue
@@ -301,7 +305,10 @@ def _fold_node(
     if not all(name in known for name in inputs):
         return [node]
     values = _evaluate(node, known, opsets, ir_version)
-    if values is None or any(v.size > _MAX_FOLDED_ELEMENTS for v in values):
+    # A result no larger than a constant it reads replaces data the model holds already (a weight
+    # normalised by its norm: wav2vec2's positional conv, 4.7 M values); only growth is capped.
+    limit = max([_MAX_FOLDED_ELEMENTS, *(np.asarray(known[name]).size for name in inputs)])
+    if values is None or any(v.size > limit for v in values):
         return [node]
     stats.folded += 1
     replacements = []

@@ -19,7 +19,7 @@ from collections import Counter
 import onnx
 from onnx import numpy_helper
 
-from amptool.frontend.graph import STANDARD_DOMAINS
+from amptool.frontend.graph import STANDARD_DOMAINS, iter_nodes
 from amptool.frontend.unroll_body import constant_value
 
 #: Standard ops that onnxruntime runs with a kernel of its own (never expanded as a function) and that
@@ -39,7 +39,7 @@ PLAIN_OPS = frozenset({
     "And", "ArgMax", "ArgMin", "Ceil", "Cos", "CumSum", "Einsum", "Equal", "Expand", "Floor", "GatherElements",
     "GatherND", "Greater", "GreaterOrEqual", "GRU", "IsInf", "IsNaN", "Less", "LessOrEqual", "LSTM", "Mod", "Not",
     "OneHot", "Or", "ReduceL2", "ReduceProd", "ReduceSumSquare", "RNN", "Round", "ScatterElements", "ScatterND",
-    "Sign", "Sin", "Tile", "TopK", "Trilu", "Where", "Xor",
+    "GridSample", "Sign", "Sin", "Tile", "TopK", "Trilu", "Where", "Xor",
 })
 
 #: onnxruntime's basic level merges a constant scale or shift into the weights of the op before it
@@ -101,12 +101,13 @@ def constants_as_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
     converted = onnx.ModelProto()
     converted.CopyFrom(model)
     graph = converted.graph
+    read = {name for node in iter_nodes(graph) for name in node.input} | {out.name for out in graph.output}
     kept = []
     for node in graph.node:
         value = constant_value(node) if node.op_type == "Constant" else None
         if value is None:
             kept.append(node)
-        else:
+        elif node.output[0] in read:  # a Constant nothing reads (left by folding) goes
             graph.initializer.append(numpy_helper.from_array(value, node.output[0]))
     del graph.node[:]
     graph.node.extend(kept)

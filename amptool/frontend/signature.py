@@ -159,11 +159,11 @@ def pin_input_specs(
             log.warning("input '%s' %s: dynamic batch dim pinned to 1 (choose with --input-shape %s:%s)",
                         spec.name, _fmt(spec.shape), spec.name, _example(spec.shape))
         if not candidate.is_static:
-            named = dict.fromkeys(d for d in (spec.shape or ()) if isinstance(d, str) and d)
-            by_name = " ".join(f"--dim {d}=N" for d in named)
+            dim_names = dict.fromkeys(d for d in (spec.shape or ()) if isinstance(d, str) and d)
+            by_name = " ".join(f"--dim {d}=N" for d in dim_names)
             raise UserError(
                 f"Input '{spec.name}' has unknown dims {_fmt(spec.shape)}",
-                (f"Pin them with {by_name} (every input that declares it), " if named else "Pin them with ")
+                (f"Pin them with {by_name} (every input that declares it), " if dim_names else "Pin them with ")
                 + f"--input-shape {spec.name}:{_example(spec.shape)} (each N the size you run) "
                 "or pass --inputs with arrays.",
             )
