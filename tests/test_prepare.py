@@ -381,3 +381,29 @@ def test_a_transformer_mask_chain_does_not_need_onnxruntime_folding():
     model = _bert_like_model()
     prepared = prepare.prepare_model(model, graph_inputs(model))
     assert "onnxruntime-fold-unneeded" in prepared.steps and "check-numerics" in prepared.steps, prepared.steps
+
+
+def test_the_deferred_check_takes_the_folded_model_with_its_weights_apart(monkeypatch):
+    """The folded model goes to the check's thread as ``Apart`` (weights copied out as arrays, not the
+    model serialised and parsed again), and calibration still reads the check's tensors."""
+    from amptool.frontend import prepare
+    from amptool.frontend.signature import graph_inputs
+    from amptool.runtime import onnxruntime_runner as runner
+    from amptool.runtime.inputs import generate_inputs
+
+    monkeypatch.setattr(runner, "APART_MODEL_BYTES", 1)
+    monkeypatch.setattr(runner, "APART_TENSOR_BYTES", 100)
+    opened: list[object] = []
+    real_session = runner.session
+    monkeypatch.setattr(runner, "session", lambda model, **kw: opened.append(model) or real_session(model, **kw))
+    model = _bert_like_model()
+    weight = numpy_helper.from_array(np.linspace(-1, 1, 128 * 64, dtype=np.float32).reshape(128, 64), "w")
+    model.graph.initializer.append(weight)
+    model.graph.node.append(helper.make_node("MatMul", ["y", "w"], ["z"], name="project"))
+    model.graph.output[0].CopyFrom(helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 4, 64]))
+    specs = graph_inputs(model)
+    prepared = prepare.prepare_model(model, specs, defer_check=True, expose_tensors=True)
+    tensors = prepared.checked_tensors(generate_inputs(specs, prepared.model, seed=0))
+    assert tensors is not None and "y" in tensors
+    assert not prepared.settle() and "check-numerics" in prepared.steps, prepared.steps
+    assert any(isinstance(m, runner.Apart) and "w" in m.names for m in opened)

@@ -41,7 +41,7 @@ from amptool.frontend.load import name_nodes
 from amptool.frontend.ort_folding import constants_as_initializers, folding_needed
 from amptool.frontend.signature import TensorSpec
 from amptool.frontend.unroll import too_long
-from amptool.runtime.onnxruntime_runner import exposable_tensors
+from amptool.runtime.onnxruntime_runner import Apart, exposable_tensors, split_apart
 
 log = logging.getLogger(__name__)
 
@@ -237,11 +237,13 @@ def prepare_model(
             # onnxruntime, and checking it here cost a ResNet-50 convert two sessions (~1.1-1.8 s wall).
             if (subgraphs_folded if plain is not None else prepared.model is not unfolded):
                 # The file onnxruntime wrote, when it is still the model: a session opens a path
-                # ~0.1 s faster than the 100 MB of a ResNet-50 serialised again (measured). Bytes
-                # otherwise, taken now: the model is changed below while a deferred check runs.
+                # ~0.1 s faster than the 100 MB of a ResNet-50 serialised again (measured). Otherwise
+                # the model as it is now (it is changed below while a deferred check runs): its
+                # weights apart as arrays when large (BERT-base: no 440 MB serialised, parsed and
+                # copied again by onnxruntime), else serialised.
                 try:
                     folded = (saved[1] if prepared.model is saved[0] and saved[1]
-                              else prepared.model.SerializeToString())
+                              else split_apart(prepared.model) or prepared.model.SerializeToString())
                 except Exception as err:  # noqa: BLE001 - e.g. over protobuf's 2 GB: skipped, saying why
                     folded = err
                 expose = exposable_tensors(prepared.model) if expose_tensors else ()
@@ -323,7 +325,7 @@ def _numerics_outcome(
     inputs: Sequence[TensorSpec],
     fixed: Mapping[str, np.ndarray],
     reference: Any,
-    folded: str | bytes | Exception,
+    folded: str | bytes | Apart | Exception,
     expose: Sequence[str] = (),
 ) -> _Outcome:
     """check-numerics: onnxruntime before and after folding on seeded inputs. ``reference``: a
@@ -356,17 +358,18 @@ def _numerics_outcome(
                     f"check-numerics: folding changed output {mismatch}; import uses the unfolded model", True)
 
 
-def _run_exposed(folded: str | bytes, feeds: Mapping[str, np.ndarray], expose: Sequence[str]) -> dict[str, Any] | None:
+def _run_exposed(folded: str | bytes | Apart, feeds: Mapping[str, np.ndarray],
+                 expose: Sequence[str]) -> dict[str, Any] | None:
     """One unoptimised run of the folded model (optimising would fuse exposed tensors away) with
     ``expose`` as outputs too; None when that cannot run (weights in an external file, which a
     session opened from bytes does not find): check-numerics then runs as without them."""
-    from amptool.runtime.onnxruntime_runner import run_session, session, with_outputs  # noqa: PLC0415
+    from amptool.runtime.onnxruntime_runner import run_session, session  # noqa: PLC0415
 
     try:
         if isinstance(folded, str):
             with open(folded, "rb") as handle:
                 folded = handle.read()
-        return run_session(session(with_outputs(folded, expose), optimize="disable"), feeds)
+        return run_session(session(folded, optimize="disable", outputs=expose, one_shot=True), feeds)
     except Exception as err:  # noqa: BLE001 - the plain check still runs
         log.debug("check-numerics: no exposed run (%s)", error_summary(err, limit=160))
         return None
@@ -392,12 +395,12 @@ def _take_outcome(prepared: PreparedModel, unfolded: onnx.ModelProto, outcome: _
     return outcome.revert
 
 
-def _run(model: onnx.ModelProto | str | bytes, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """One run of ``model`` (a ModelProto or a path). Basic optimisation, as the folding session:
-    opening a ResNet-50 at "all" costs ~0.2 s more (weight layouts) for a single run."""
+def _run(model: onnx.ModelProto | Apart | str | bytes, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One run of ``model``. Basic optimisation, as the folding session: opening a ResNet-50 at "all"
+    costs ~0.2 s more (weight layouts) for a single run."""
     from amptool.runtime.onnxruntime_runner import run_session, session  # noqa: PLC0415
 
-    return run_session(session(model, optimize="basic"), feeds)
+    return run_session(session(model, optimize="basic", one_shot=True), feeds)
 
 
 def _first_mismatch(before: Mapping[str, np.ndarray], after: Mapping[str, np.ndarray]) -> str | None:
