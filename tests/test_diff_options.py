@@ -527,3 +527,27 @@ def test_an_output_within_atol_of_zero_gets_a_note(run_cli, tmp_path):
     result = run_cli("diff", str(path), "--dtype", "float16")
     assert result.exit_code == 0, result.output
     assert "note: y: every reference value is within atol 0.001 of zero" in result.output
+
+
+def test_diff_reads_the_model_once(monkeypatch, run_cli, tmp_path):
+    """diff loads the model for its reference and hands the same LoadedModel to the build (BERT-base:
+    ~1 s of reading, parsing and checking 440 MB a second time); the build leaves it as it was."""
+    from amptool.app import convert, diff
+    from amptool.frontend import load
+
+    model = tmp_path / "m.onnx"
+    onnx.save(model_zoo.ALL_BUILDERS["tiny_cnn"](), model)
+    loads: list[onnx.ModelProto] = []
+
+    def counted(path):
+        loaded = load.load_model(path)
+        loads.append(onnx.ModelProto.FromString(loaded.model.SerializeToString()))
+        loads.append(loaded.model)
+        return loaded
+
+    monkeypatch.setattr(diff, "load_model", counted)
+    monkeypatch.setattr(convert, "load_model", counted)
+    result = run_cli("diff", str(model))
+    assert result.exit_code == 0, result.output
+    assert len(loads) == 2  # one load: a copy as read, and the model the build and the reference shared
+    assert loads[1].SerializeToString() == loads[0].SerializeToString()

@@ -229,10 +229,12 @@ def rewrite_model(
     *,
     calibrate: bool = False,
     before_import: Callable[[], object] | None = None,
+    loaded: LoadedModel | None = None,
 ) -> Rewritten:
-    """Load, prepare, import, calibrate and run the Relax passes. ``arrays`` may pin shapes;
-    ``calibrate`` measures even when no range guard reads it (inspect --headroom);
-    ``before_import`` runs once TVM is needed (``build_model`` resolves the target there)."""
+    """Load (unless ``loaded`` is given: never changed here), prepare, import, calibrate and run the
+    Relax passes. ``arrays`` may pin shapes; ``calibrate`` measures even when no range guard reads it
+    (inspect --headroom); ``before_import`` runs once TVM is needed (``build_model`` resolves the
+    target there)."""
     # load and prepare need no TVM: its ~1 s import overlaps them (and the target's slow parts' import)
     _tvm.import_in_background(*slow_imports(config.target, config.cuda_arch, config.dtype))
     timings: dict[str, float] = {}
@@ -246,7 +248,8 @@ def rewrite_model(
         timings[name] = time.perf_counter() - start
         return value
 
-    loaded: LoadedModel = timed("load", lambda: load_model(config.model))
+    given = loaded if loaded is not None and loaded.path == config.model else None
+    loaded = timed("load", lambda: given or load_model(config.model))
     if config.dtype != "float32":
         refuse_quantized(loaded.model, config.model)
     declared = graph_inputs(loaded.model)
@@ -349,9 +352,11 @@ def build_model(
     on_stage: StageCallback | None = None,
     *,
     emit_ir: str | None = None,
+    loaded: LoadedModel | None = None,
 ) -> BuildResult:
     """Load, prepare, import, rewrite and compile — in memory. ``arrays`` may pin shapes;
-    ``emit_ir`` names a file for the final Relax module as TVMScript, written before compiling."""
+    ``emit_ir`` names a file for the final Relax module as TVMScript, written before compiling;
+    ``loaded``: ``config.model`` loaded already (diff's, which it also hands onnxruntime: read once)."""
     # Fail fast, before any work: the target flags (no TVM needed), and every target but this CPU's
     # plain llvm (nothing of the user's to check) and CUDA (whose codegen the PyPI wheel has), which
     # are resolved where TVM is first needed: TVM's ~1 s import then overlaps load and prepare.
@@ -363,7 +368,7 @@ def build_model(
         check_ir_path(emit_ir)
     resolve_later = (lambda: resolve(config)) if late else None
     try:
-        rewritten = rewrite_model(config, arrays, on_stage, before_import=resolve_later)
+        rewritten = rewrite_model(config, arrays, on_stage, before_import=resolve_later, loaded=loaded)
         if emit_ir:
             write_ir(rewritten.passes.mod, emit_ir)
         return compile_rewritten(config, rewritten, on_stage)

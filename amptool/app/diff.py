@@ -282,7 +282,7 @@ def _diff_model(config: DiffConfig, on_stage: Callable[[str], None] | None,
     else:
         if config.remote is None:
             require_device(resolve(convert_config))  # exit 3 before building for a GPU that is not here
-        build = build_model(convert_config, arrays=arrays, on_stage=notify)
+        build = build_model(convert_config, arrays=arrays, on_stage=notify, loaded=loaded)
         timings.update(build.timings_s)
         manifest, compiled = build.manifest(), (build.compiled() if config.remote is None else
                                                 remote_session.enter_context(remote_build(config.remote, build)))
