@@ -60,7 +60,7 @@ def test_default_preset_colours(default):
     assert default.relax_colors["relax.nn.softmax"] is Color.NEVER
     assert default.relax_colors["relax.add"] is Color.FOLLOW
     assert default.relax_colors["relax.erf"] is Color.NEVER
-    assert default.onnx_colors == {}
+    assert default.onnx_colors == {"DFT": Color.NEVER, "STFT": Color.NEVER}  # spectra: every op they import
     assert default.accumulation["relax.nn.conv2d"] == "float32"
     assert default.accumulation["relax.matmul"] == "float32"
     assert default.unknown_ops == "warn"
@@ -493,7 +493,7 @@ def test_as_json_is_serialisable_and_lists_sources(layered, tmp_path):
     assert data["sources"] == ["builtin:default", str(tmp_path / "colors.yaml")]
     assert "relax.nn.conv2d" in data["relax_ops"]["always"]
     assert "relax.add" in data["relax_ops"]["follow"]
-    assert data["onnx_ops"]["never"] == ["Conv"]
+    assert data["onnx_ops"]["never"] == ["Conv", "DFT", "STFT"]
     assert data["nodes"] == [
         {"match": "/layer1/*", "color": "always"},
         {"match": "/conv[0-9]+/", "color": "follow"},

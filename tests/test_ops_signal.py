@@ -195,3 +195,25 @@ def test_deform_conv_strided_dilated_grouped_matches_onnxruntime(tmp_path):
     path = _save(tmp_path, [node], [info(k, list(v.shape)) for k, v in feeds.items()],
                  [info("y", [2, 6, oh, ow])], 22)
     np.testing.assert_allclose(_amptool(path, feeds), _ort(path, feeds), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_spectrum_stays_float32_in_a_low_precision_build(tmp_path, dtype):
+    """DFT and STFT are float32 in the default colour list: a spectrum's bins span orders of magnitude
+    and a log-spectrogram reads the small ones, while a float16 cos/sin matrix errs ~1e-4 of the largest
+    bin (a ramp's STFT in float16: bins near 0 off by 0.07 beside a DC bin of 950)."""
+    signal = np.arange(128, dtype=np.float32).reshape(1, 128, 1)
+    window = np.hanning(16).astype(np.float32)
+    nodes = [helper.make_node("STFT", ["s", "step", "w"], ["spec"]),
+             helper.make_node("DFT", ["s", "", "axis"], ["y"], onesided=1)]
+    path = _save(tmp_path, nodes, [info("s", [1, 128, 1]), info("w", [16])],
+                 [info("spec", [1, 15, 9, 2]), info("y", [1, 65, 2])], 20,
+                 [("step", np.array(8, np.int64)), ("axis", np.array(1, np.int64))])
+    idx = np.arange(15)[:, None] * 8 + np.arange(16)
+    want = {"spec": _pairs(np.fft.rfft(signal[:, idx, 0].astype(np.float64) * window, axis=-1)),
+            "y": _pairs(np.fft.rfft(signal[..., 0].astype(np.float64), axis=1))}
+    model = amptool.convert(path, dtype=dtype)
+    got = model.run({"s": signal, "w": window})
+    for name, value in want.items():
+        np.testing.assert_allclose(got[name], value, rtol=0, atol=2e-6 * np.abs(value).max(), err_msg=name)
+    assert model.manifest["ops_by_dtype"].get(dtype, 0) == 0, model.manifest["ops_by_dtype"]
