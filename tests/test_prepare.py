@@ -407,3 +407,26 @@ def test_the_deferred_check_takes_the_folded_model_with_its_weights_apart(monkey
     assert tensors is not None and "y" in tensors
     assert not prepared.settle() and "check-numerics" in prepared.steps, prepared.steps
     assert any(isinstance(m, runner.Apart) and "w" in m.names for m in opened)
+
+
+def test_folding_caps_growth_not_size():
+    """A result no larger than the constants it reads is folded however big (wav2vec2's weight norm of
+    4.7 M values sent the model through onnxruntime's folding session); one that grows past them and
+    past 1 M values (a ConstantOfShape, a Tile) stays for the runtime to make."""
+    weight = np.linspace(-1, 1, 2_000_000, dtype=np.float32).reshape(1000, 2000)
+    nodes = [_const("w", weight), _const("norm", np.array(4.0, np.float32)),
+             helper.make_node("Div", ["w", "norm"], ["w_n"], name="normalise"),
+             _const("shape", np.array([1500, 1000], np.int64)),
+             helper.make_node("ConstantOfShape", ["shape"], ["zeros"], name="zeros"),
+             _const("reps", np.array([2, 1], np.int64)),
+             helper.make_node("Tile", ["w", "reps"], ["tiled"], name="tile"),
+             helper.make_node("MatMul", ["x", "w_n"], ["y"], name="project"),
+             helper.make_node("ReduceSum", ["zeros"], ["z"], name="zsum", keepdims=0),
+             helper.make_node("ReduceSum", ["tiled"], ["t"], name="tsum", keepdims=0)]
+    graph = helper.make_graph(nodes, "caps", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 1000])],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, s)
+                               for n, s in (("y", [2, 2000]), ("z", []), ("t", []))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    folded, _ = fold_model(model)
+    ops = {n.name: n.op_type for n in folded.graph.node}
+    assert ops["normalise"] == "Constant" and ops["zeros"] == "ConstantOfShape" and ops["tile"] == "Tile", ops

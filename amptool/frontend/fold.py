@@ -45,8 +45,8 @@ _NEVER_FOLD = frozenset({
     "Loop", "Scan", "If", "SequenceConstruct", "SequenceEmpty", "SequenceInsert", "SplitToSequence",
     "SequenceAt", "SequenceLength", "ConcatFromSequence", "Optional", "OptionalGetElement",
 })
-#: Folding a node whose result is larger than this, and than every constant it reads, would bloat
-#: the model (e.g. a big ConstantOfShape that the runtime creates for free): leave it.
+#: Folding a node whose result is larger than this, and than the constants it reads together, would
+#: bloat the model (e.g. a big ConstantOfShape that the runtime creates for free): leave it.
 _MAX_FOLDED_ELEMENTS = 1 << 20
 
 
@@ -305,9 +305,10 @@ def _fold_node(
     if not all(name in known for name in inputs):
         return [node]
     values = _evaluate(node, known, opsets, ir_version)
-    # A result no larger than a constant it reads replaces data the model holds already (a weight
-    # normalised by its norm: wav2vec2's positional conv, 4.7 M values); only growth is capped.
-    limit = max([_MAX_FOLDED_ELEMENTS, *(np.asarray(known[name]).size for name in inputs)])
+    # A result no larger than the constants it reads replaces data the model holds already (a weight
+    # normalised by its norm: wav2vec2's positional conv, 4.7 M values; a Concat of weights); only
+    # growth is capped.
+    limit = max(_MAX_FOLDED_ELEMENTS, sum(np.asarray(known[name]).size for name in inputs))
     if values is None or any(v.size > limit for v in values):
         return [node]
     stats.folded += 1
