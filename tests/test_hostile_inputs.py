@@ -177,3 +177,57 @@ def test_a_constant_larger_than_any_memory_is_an_out_of_memory_refusal(run_cli, 
     result = run_cli("convert", path, "-o", str(tmp_path / "out"))
     _refused(result, "Out of memory")
     assert single_error(result.output) and not (tmp_path / "out").exists()
+
+
+_W = numpy_helper.from_array(np.arange(40, dtype=np.float32).reshape(10, 4), "w")
+#: (name, nodes, inputs, outputs, initializers, feeds with indices past the data (and a valid negative one))
+_INDEXED = {
+    "gather": ([helper.make_node("Gather", ["w", "i"], ["y"], axis=0)], [("i", T.INT64, [3])],
+               [("y", T.FLOAT, [3, 4])], [_W], lambda big: {"i": big}),
+    "gather_elements": ([helper.make_node("GatherElements", ["w", "i"], ["y"], axis=0)], [("i", T.INT64, [3, 4])],
+                        [("y", T.FLOAT, [3, 4])], [_W], lambda big: {"i": np.repeat(big[:, None], 4, 1)}),
+    "gather_nd": ([helper.make_node("GatherND", ["w", "i"], ["y"])], [("i", T.INT64, [3, 1])],
+                  [("y", T.FLOAT, [3, 4])], [_W], lambda big: {"i": big[:, None]}),
+    "scatter_elements": ([helper.make_node("ScatterElements", ["x", "i", "u"], ["y"], axis=0)],
+                         [("x", T.FLOAT, [10, 4]), ("i", T.INT64, [3, 4]), ("u", T.FLOAT, [3, 4])],
+                         [("y", T.FLOAT, [10, 4])], [],
+                         lambda big: {"x": np.zeros((10, 4), np.float32), "i": np.repeat(big[:, None], 4, 1),
+                                      "u": np.ones((3, 4), np.float32)}),
+    "scatter_nd": ([helper.make_node("ScatterND", ["x", "i", "u"], ["y"])],
+                   [("x", T.FLOAT, [10, 4]), ("i", T.INT64, [3, 1]), ("u", T.FLOAT, [3, 4])], [("y", T.FLOAT, [10, 4])],
+                   [], lambda big: {"x": np.zeros((10, 4), np.float32), "i": big[:, None],
+                                    "u": np.ones((3, 4), np.float32)}),
+    "roi_align": ([helper.make_node("RoiAlign", ["x", "rois", "i"], ["y"], output_height=2, output_width=2)],
+                  [("x", T.FLOAT, [2, 3, 8, 8]), ("rois", T.FLOAT, [3, 4]), ("i", T.INT64, [3])],
+                  [("y", T.FLOAT, [3, 3, 2, 2])], [],
+                  lambda index: {"x": np.arange(384, dtype=np.float32).reshape(2, 3, 8, 8),
+                                 "rois": np.tile(np.float32([1.0, 1.5, 6.0, 5.0]), (3, 1)), "i": index}),
+}
+#: Valid indices: negative ones count from the end, except a box's batch index.
+_VALID = {name: np.array([1, -1, 3], np.int64) for name in _INDEXED} | {"roi_align": np.array([1, 0, 1], np.int64)}
+
+
+@pytest.mark.parametrize("name", list(_INDEXED))
+def test_indices_past_the_data_do_not_crash_the_run(tmp_path, name):
+    """Gather/GatherElements/GatherND/ScatterElements/ScatterND/RoiAlign read and wrote at any index they
+    were fed: indices of ±10^9 segfaulted ``amptool run`` (onnxruntime refuses the run). Clamped now, the
+    run finishes (in a subprocess, so a regression fails the test rather than the suite); valid indices,
+    negative ones among them, still give onnxruntime's results."""
+    import subprocess
+    import sys
+
+    import onnxruntime as ort
+
+    import amptool
+
+    nodes, inputs, outputs, inits, feeds = _INDEXED[name]
+    path = _save(tmp_path / f"{name}.onnx", nodes, inputs, outputs, inits, opset=16)
+    artifact = tmp_path / "art"
+    amptool.convert(path, dtype="float32", output=artifact)
+    np.savez(tmp_path / "bad.npz", **feeds(np.array([1, 10**9, -7 * 10**8], np.int64)))
+    run = subprocess.run([sys.executable, "-m", "amptool", "run", str(artifact), "--inputs", str(tmp_path / "bad.npz"),
+                          "-o", str(tmp_path / "out.npz")], capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode == 0, run.stdout + run.stderr
+    valid = feeds(_VALID[name])
+    want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, valid)[0]
+    np.testing.assert_allclose(amptool.load(artifact).run(valid)["y"], want, rtol=1e-6, atol=1e-6)

@@ -278,19 +278,19 @@ def _parse_nms_kernel() -> Any:
 
 
 def convert_roi_align(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
-    """RoiAlign in ``max`` mode as ONNX defines it (and onnxruntime computes it): each sample point
-    is the largest of its four *weighted* corners ``w_i·v_i``, not the bilinear value; a bin is the
-    largest of its samples, 0 when it has none. ``avg`` declines to TVM's converter (its average of
-    bilinear samples is ONNX's).
+    """RoiAlign as ONNX defines it (and onnxruntime computes it). ``avg``: a bin is the mean of its
+    samples' bilinear values. ``max``: each sample is the largest of its four *weighted* corners
+    ``w_i·v_i``, not the bilinear value, and a bin the largest of its samples, 0 when it has none. A box's
+    batch index is clamped to the batch.
 
-    Why: TVM takes the largest bilinear sample, which differs wherever a sample falls between pixels
-    (71 of the conformance case's 75 values).
+    Why: TVM's converter takes the largest bilinear sample in ``max`` mode, which differs wherever a
+    sample falls between pixels (71 of the conformance case's 75 values), and reads at any batch index
+    it is given (one past the batch segfaulted ``amptool run``; onnxruntime refuses it).
     """
     from tvm import te, tirx  # noqa: PLC0415
 
     mode = attrs.get("mode", b"avg")
-    if (mode.decode() if isinstance(mode, bytes) else str(mode)) != "max":
-        return None
+    largest = (mode.decode() if isinstance(mode, bytes) else str(mode)) == "max"
     data, rois, batch_indices = inputs[:3]
     opset = int(attrs.get("tvm_custom", {}).get("opset", 16))
     transform = attrs.get("coordinate_transformation_mode", b"half_pixel" if opset >= 16 else b"output_half_pixel")
@@ -316,7 +316,8 @@ def convert_roi_align(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
             return start_h, start_w, bin_h, bin_w, grid[0], grid[1]
 
         def sample(i: Any, c: Any, y: Any, x_: Any) -> Any:
-            """The largest weighted corner of the sample at (y, x_); 0 outside [-1, size]."""
+            """The sample at (y, x_): its bilinear value (``avg``) or largest weighted corner (``max``);
+            0 outside [-1, size]."""
             limits = [(y, x.shape[2]), (x_, x.shape[3])]
             outside = tirx.any(*(tirx.any(pos < -1.0, pos > tirx.Cast(coord, size)) for pos, size in limits))
             corners = []  # per dim: (low, weight), (high, weight)
@@ -327,29 +328,36 @@ def convert_roi_align(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
                 frac = tirx.Select(at_edge, zero, pos - low.astype(coord))
                 corners.append(((tirx.Select(at_edge, last, low), one - frac),
                                 (tirx.Select(at_edge, last, low + 1), frac)))
-            terms = [(wy * wx).astype(acc) * x[index[i], c, row, col].astype(acc)
+            batch = te.min(te.max(index[i], tirx.const(0, index.dtype)), tirx.Cast(index.dtype, x.shape[0]) - 1)
+            terms = [(wy * wx).astype(acc) * x[batch, c, row, col].astype(acc)
                      for row, wy in corners[0] for col, wx in corners[1]]
-            largest = te.max(te.max(terms[0], terms[1]), te.max(terms[2], terms[3]))
-            return tirx.Select(outside, tirx.const(0.0, acc), largest)
+            value = (te.max(te.max(terms[0], terms[1]), te.max(terms[2], terms[3])) if largest
+                     else terms[0] + terms[1] + terms[2] + terms[3])
+            return tirx.Select(outside, tirx.const(0.0, acc), value)
 
         def pooled(i: Any, c: Any, ph: Any, pw: Any) -> Any:
             start_h, start_w, bin_h, bin_w, grid_h, grid_w = bins(i)
             rh, rw = te.reduce_axis((0, grid_h), name="rh"), te.reduce_axis((0, grid_w), name="rw")
             y = start_h + ph.astype(coord) * bin_h + (rh.var.astype(coord) + 0.5) * bin_h / grid_h.astype(coord)
             x_ = start_w + pw.astype(coord) * bin_w + (rw.var.astype(coord) + 0.5) * bin_w / grid_w.astype(coord)
-            return te.max(sample(i, c, y, x_), axis=[rh, rw])
+            reduce = te.max if largest else te.sum
+            return reduce(sample(i, c, y, x_), axis=[rh, rw])
 
         shape = (boxes.shape[0], x.shape[1], out_h, out_w)
-        largest = te.compute(shape, pooled, name="roi_align_max")
+        pooled_bins = te.compute(shape, pooled, name="roi_align_bins")
 
         def settled(i: Any, c: Any, ph: Any, pw: Any) -> Any:
-            grid_h, grid_w = bins(i)[4:]  # a bin without samples is 0, not the reduction's -inf
-            return tirx.Select(tirx.any(grid_h <= 0, grid_w <= 0), tirx.const(0.0, acc),
-                               largest[i, c, ph, pw]).astype(x.dtype)
+            grid_h, grid_w = bins(i)[4:]
+            empty = tirx.any(grid_h <= 0, grid_w <= 0)  # no samples: 0, not the reduction's -inf
+            if largest:
+                value = pooled_bins[i, c, ph, pw]
+            else:  # the mean over max(grid_h · grid_w, 1) samples
+                value = pooled_bins[i, c, ph, pw] / te.max(grid_h * grid_w, tirx.const(1, "int64")).astype(acc)
+            return tirx.Select(empty, tirx.const(0.0, acc), value).astype(x.dtype)
 
         return te.compute(shape, settled, name="roi_align")
 
-    return bb.emit_te(kernel, data, rois, batch_indices, primfunc_name_hint="roi_align_max")
+    return bb.emit_te(kernel, data, rois, batch_indices, primfunc_name_hint="roi_align")
 
 
 DETECTION_CONVERTERS: dict[str, Any] = {
@@ -360,6 +368,7 @@ DETECTION_CONVERTERS: dict[str, Any] = {
     "TopK": convert_topk,
     # ScatterND whose updates' run-time length TVM cannot prove to be the indices' (tf2onnx's NMS).
     "ScatterND": convert_scatter_nd,
-    # RoiAlign mode="max": TVM takes the largest bilinear sample; ONNX the largest weighted corner.
+    # RoiAlign: TVM's max mode takes the largest bilinear sample (ONNX: the largest weighted corner), and
+    # both its modes read at any batch index given.
     "RoiAlign": convert_roi_align,
 }
