@@ -231,3 +231,19 @@ def test_indices_past_the_data_do_not_crash_the_run(tmp_path, name):
     valid = feeds(_VALID[name])
     want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, valid)[0]
     np.testing.assert_allclose(amptool.load(artifact).run(valid)["y"], want, rtol=1e-6, atol=1e-6)
+
+
+def test_a_run_time_size_past_memory_is_an_out_of_memory_refusal(run_cli, tmp_path):
+    """A Range whose limit is an input's value (10^12 elements): TVM's allocation failed with
+    ``std::bad_alloc``, which ``amptool run`` reported as an internal error (exit 70)."""
+    path = _save(tmp_path / "range.onnx", [helper.make_node("Range", ["a", "b", "c"], ["y"])],
+                 [("a", T.FLOAT, []), ("b", T.FLOAT, []), ("c", T.FLOAT, [])], [("y", T.FLOAT, ["n"])], opset=17)
+    artifact = tmp_path / "art"
+    assert run_cli("convert", path, "--dtype", "float32", "-o", str(artifact)).exit_code == 0
+    np.savez(tmp_path / "big.npz", a=np.float32(0), b=np.float32(1e12), c=np.float32(1))
+    result = run_cli("run", str(artifact), "--inputs", str(tmp_path / "big.npz"), "-o", str(tmp_path / "y.npz"))
+    _refused(result, "Out of memory while running")
+    np.savez(tmp_path / "small.npz", a=np.float32(0), b=np.float32(5), c=np.float32(1))
+    assert run_cli("run", str(artifact), "--inputs", str(tmp_path / "small.npz"), "-o",
+                   str(tmp_path / "y.npz")).exit_code == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npz")["y"], np.arange(5, dtype=np.float32))

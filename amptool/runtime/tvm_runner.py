@@ -10,7 +10,7 @@ import numpy as np
 
 from amptool import _tvm
 from amptool.dtypes import as_container, as_float_dtype
-from amptool.errors import model_raised
+from amptool.errors import UserError, model_raised
 
 
 @dataclass
@@ -32,9 +32,13 @@ class CompiledModel:
             outputs = _tvm.run_vm(self.vm, arrays, self.device, deep_stack=self.deep_stack)
         except Exception as err:
             refusal = model_raised(err)
-            if refusal is None:
-                raise
-            raise refusal from err
+            if refusal is not None:
+                raise refusal from err
+            if "std::bad_alloc" in str(err):  # a size read from an input's value (Range's limit, Tile's repeats)
+                raise UserError("Out of memory while running: the model asked for more than this machine has",
+                                "Check the input values that decide sizes (a Range's limit, Tile's repeats, a "
+                                "ConstantOfShape's shape); onnxruntime would fail on them too.") from err
+            raise
         if len(outputs) != len(self.output_names):
             raise RuntimeError(
                 f"compiled module returned {len(outputs)} outputs, expected {len(self.output_names)}"
