@@ -247,3 +247,43 @@ def test_a_run_time_size_past_memory_is_an_out_of_memory_refusal(run_cli, tmp_pa
     assert run_cli("run", str(artifact), "--inputs", str(tmp_path / "small.npz"), "-o",
                    str(tmp_path / "y.npz")).exit_code == 0
     np.testing.assert_array_equal(np.load(tmp_path / "y.npz")["y"], np.arange(5, dtype=np.float32))
+
+
+_INT_TYPES = {"int64": T.INT64, "int32": T.INT32, "int8": T.INT8, "uint8": T.UINT8}
+
+
+@pytest.mark.parametrize("dtype", list(_INT_TYPES))
+@pytest.mark.parametrize(("op", "attrs"), [("Div", {}), ("Mod", {}), ("Mod", {"fmod": 1})])
+def test_integer_division_by_zero_or_minus_one_does_not_trap(tmp_path, dtype, op, attrs):
+    """The CPU's integer division traps on a zero divisor and on MIN / -1: ``amptool run`` died of SIGFPE
+    (onnxruntime refuses the run). Now x / 0 and x % 0 are 0 (numpy's answers), MIN / -1 wraps; any other
+    divisor, negative ones among them, gives onnxruntime's quotient and remainder."""
+    import subprocess
+    import sys
+
+    import onnxruntime as ort
+
+    import amptool
+
+    elem, kind = _INT_TYPES[dtype], np.dtype(dtype)
+    path = _save(tmp_path / "m.onnx", [helper.make_node(op, ["a", "b"], ["y"], **attrs)],
+                 [("a", elem, [64]), ("b", elem, [64])], [("y", elem, [64])], opset=17)
+    artifact = tmp_path / "art"
+    amptool.convert(path, dtype="float32", output=artifact)
+    rng = np.random.default_rng(0)
+    info = np.iinfo(kind)
+    a = rng.integers(info.min, info.max, 64, endpoint=True).astype(kind)
+    b = rng.integers(max(info.min, -9), 10, 64).astype(kind)
+    b[b == 0] = 3
+    if kind.kind == "i":
+        b[:4], a[4] = -1, info.min  # (MIN / -1 is left out of the comparison: onnxruntime's is undefined)
+    valid = {"a": np.where((a == info.min) & (b == -1), 0, a).astype(kind), "b": b}
+    want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, valid)[0]
+    np.testing.assert_array_equal(amptool.load(artifact).run(valid)["y"], want)
+    divisors = np.array([0, 1, 2, -1 if kind.kind == "i" else 0], kind)
+    hostile = {"a": np.full(64, info.min, kind), "b": np.tile(divisors, 16)}
+    np.savez(tmp_path / "bad.npz", **hostile)
+    run = subprocess.run([sys.executable, "-m", "amptool", "run", str(artifact), "--inputs", str(tmp_path / "bad.npz"),
+                          "-o", str(tmp_path / "out.npz")], capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert not np.load(tmp_path / "out.npz")["y"][hostile["b"] == 0].any()

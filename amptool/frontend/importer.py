@@ -35,6 +35,7 @@ from amptool.frontend.gradient import check_gradients, is_gradient
 from amptool.frontend.gradient_lower import lower_gradient
 from amptool.frontend.graph import STANDARD_DOMAINS, Names, default_opset, identifier, iter_nodes
 from amptool.frontend.index_bounds import bounded
+from amptool.frontend.integer_division import safe_division
 from amptool.frontend.loop_function import LoopFunctions, convert_loop
 from amptool.frontend.narrow_casts import check_narrow_types, small_int_rewrites
 from amptool.frontend.shape_inputs import SHAPE_OPERANDS, fixed_input_hint, inputs_deciding_node
@@ -191,7 +192,7 @@ def _make_importer(shape_dict: dict[str, list[int]], dtype_dict: dict[str, str],
                 raise UserError(
                     f"Cannot import node '{node_name}' (op {op_name}): {error_summary(err, last=True)}", hint,
                 ) from err
-            return self._bind(bounded(self.bb, result), node_name, op_name)
+            return self._bind(bounded(self.bb, safe_division(self.bb, result)), node_name, op_name)
 
         def _convert_subgraph(self, bb: Any, graph: Any) -> Any:
             """An If branch; one that does not type at these shapes raises at run time (control_flow.py)."""
