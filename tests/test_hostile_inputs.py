@@ -202,15 +202,21 @@ _INDEXED = {
                   [("y", T.FLOAT, [3, 3, 2, 2])], [],
                   lambda index: {"x": np.arange(384, dtype=np.float32).reshape(2, 3, 8, 8),
                                  "rois": np.tile(np.float32([1.0, 1.5, 6.0, 5.0]), (3, 1)), "i": index}),
+    # TVM's MaxUnpool scatters inside a reshape: the guard reaches calls nested in a converter's result
+    "max_unpool": ([helper.make_node("MaxUnpool", ["x", "i"], ["y"], kernel_shape=[2, 2], strides=[2, 2])],
+                   [("x", T.FLOAT, [1, 1, 2, 2]), ("i", T.INT64, [1, 1, 2, 2])], [("y", T.FLOAT, [1, 1, 4, 4])], [],
+                   lambda index: {"x": np.float32([[[[1, 2], [3, 4]]]]),
+                                  "i": np.append(index, 5).reshape(1, 1, 2, 2).astype(np.int64)}),
 }
-#: Valid indices: negative ones count from the end, except a box's batch index.
-_VALID = {name: np.array([1, -1, 3], np.int64) for name in _INDEXED} | {"roi_align": np.array([1, 0, 1], np.int64)}
+#: Valid indices: negative ones count from the end, except a box's batch index and an unpooled position.
+_VALID = {name: np.array([1, -1, 3], np.int64) for name in _INDEXED} | {
+    "roi_align": np.array([1, 0, 1], np.int64), "max_unpool": np.array([0, 10, 15], np.int64)}
 
 
 @pytest.mark.parametrize("name", list(_INDEXED))
 def test_indices_past_the_data_do_not_crash_the_run(tmp_path, name):
-    """Gather/GatherElements/GatherND/ScatterElements/ScatterND/RoiAlign read and wrote at any index they
-    were fed: indices of ±10^9 segfaulted ``amptool run`` (onnxruntime refuses the run). Clamped now, the
+    """Gather/GatherElements/GatherND/ScatterElements/ScatterND/RoiAlign/MaxUnpool read and wrote at any
+    index they were fed: indices of ±10^9 segfaulted ``amptool run`` (onnxruntime refuses the run). Clamped now, the
     run finishes (in a subprocess, so a regression fails the test rather than the suite); valid indices,
     negative ones among them, still give onnxruntime's results."""
     import subprocess

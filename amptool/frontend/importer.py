@@ -34,8 +34,7 @@ from amptool.frontend.detection import name_unknown_dims, shape_value_producers
 from amptool.frontend.gradient import check_gradients, is_gradient
 from amptool.frontend.gradient_lower import lower_gradient
 from amptool.frontend.graph import STANDARD_DOMAINS, Names, default_opset, identifier, iter_nodes
-from amptool.frontend.index_bounds import bounded
-from amptool.frontend.integer_division import safe_division
+from amptool.frontend.index_bounds import guard_run_time_values
 from amptool.frontend.loop_function import LoopFunctions, convert_loop
 from amptool.frontend.narrow_casts import check_narrow_types, small_int_rewrites
 from amptool.frontend.shape_inputs import SHAPE_OPERANDS, fixed_input_hint, inputs_deciding_node
@@ -124,7 +123,7 @@ def import_model(model: onnx.ModelProto, inputs: Sequence[TensorSpec]) -> Import
                 "Pin input shapes with --input-shape; if it persists, the model uses a "
                 "pattern the ONNX frontend does not handle.",
             ) from err
-    mod = importer._loops.add_to(mod)
+    mod = guard_run_time_values(importer._loops.add_to(mod))
     if importer._branches.warnings:  # a raising branch's assert_op is the only impure call
         mod["main"] = mod["main"].with_attr("relax.force_pure", True)
     provenance = attribute_bindings(mod, importer.named)
@@ -192,7 +191,7 @@ def _make_importer(shape_dict: dict[str, list[int]], dtype_dict: dict[str, str],
                 raise UserError(
                     f"Cannot import node '{node_name}' (op {op_name}): {error_summary(err, last=True)}", hint,
                 ) from err
-            return self._bind(bounded(self.bb, safe_division(self.bb, result)), node_name, op_name)
+            return self._bind(result, node_name, op_name)
 
         def _convert_subgraph(self, bb: Any, graph: Any) -> Any:
             """An If branch; one that does not type at these shapes raises at run time (control_flow.py)."""

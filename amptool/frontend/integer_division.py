@@ -22,11 +22,13 @@ from amptool import _tvm
 
 _DIVIDES = frozenset({"relax.divide", "relax.floor_divide"})
 _REMAINDERS = frozenset({"relax.mod", "relax.floor_mod"})
+GUARDED_DIVISIONS = _DIVIDES | _REMAINDERS
 
 
 def safe_division(bb: Any, result: Any) -> Any:
-    """``result`` (a converter's expression) made safe when it is an integer division or remainder
-    whose divisor may trap; itself otherwise."""
+    """``result`` (a call) made safe when it is an integer division or remainder whose divisor may
+    trap, helper bindings emitted into ``bb``; itself otherwise. Applied by
+    ``index_bounds.guard_run_time_values`` on the imported module."""
     from tvm import relax  # noqa: PLC0415
 
     if not isinstance(result, relax.Call):
