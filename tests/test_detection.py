@@ -288,3 +288,27 @@ def test_torchvision_detector_matches_onnxruntime_and_converts_to_float16(detect
     assert boxes["shape"][0] > 0, "no detections: the comparison would be empty"
     converted = amptool.convert(path, dtype="float16")
     assert converted.run({"image": image})["boxes"].shape[1] == 4
+
+
+def test_a_run_time_k_runs_where_tvm_was_imported_without_device_backends(tmp_path):
+    """The CLI's CPU commands import TVM without its device backends, which also skipped the library
+    registering the CPU's sort kernels: a TopK with a run-time k then failed to run ("Cannot find
+    function tvm.contrib.sort.argsort") in such a process — the CLI's, or a Python session that ran
+    one first. A fresh process, so the import is the test's own."""
+    import subprocess
+
+    nodes = [helper.make_node("TopK", ["x", "k"], ["values", "indices"], axis=1)]
+    path = _save(tmp_path, nodes, [_info("x", F, [2, 9]), _info("k", I64, [1])],
+                 [_info("values", F, [2, "k"]), _info("indices", I64, [2, "k"])])
+    script = ("import numpy as np, amptool\n"
+              "from amptool._tvm import common\n"
+              "common.without_device_backends()\n"
+              "with common._device_backends_as_wanted():\n"
+              "    import tvm\n"
+              "print(tvm.get_global_func('tvm.contrib.sort.argsort', allow_missing=True) is not None)\n"
+              f"model = amptool.convert({str(path)!r}, dtype='float32')\n"
+              "x = np.arange(18, dtype=np.float32).reshape(2, 9)\n"
+              "print(model.run({'x': x, 'k': np.array([3], np.int64)})['values'].tolist())\n")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip().splitlines()[-2:] == ["True", "[[8.0, 7.0, 6.0], [17.0, 16.0, 15.0]]"]

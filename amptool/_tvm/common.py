@@ -192,6 +192,30 @@ def _device_backends_as_wanted() -> Iterator[None]:
         yield
     finally:
         os.environ.pop(_BACKEND_AUTOLOAD, None)
+    if "tvm" in sys.modules:
+        _load_runtime_extra()
+
+
+def _load_runtime_extra() -> None:
+    """Load ``libtvm_runtime_extra`` as TVM's backend autoload would: it registers the CPU's contrib
+    kernels (``tvm.contrib.sort.argsort`` among them), not a device backend.
+
+    Why: without it, a module calling one — a TopK whose k is known only at run time, a sort — failed
+    to run ("Cannot find function tvm.contrib.sort.argsort") in a process whose TVM was imported
+    without device backends: the CLI's convert and diff, or a Python session that ran one first."""
+    try:
+        from pathlib import Path  # noqa: PLC0415
+
+        from tvm.base import _LOADED_LIBS  # noqa: PLC0415
+        from tvm_ffi.libinfo import load_lib_ctypes  # noqa: PLC0415
+
+        if "tvm_runtime_extra" in _LOADED_LIBS or "tvm_runtime" not in _LOADED_LIBS:
+            return
+        runtime_dir = Path(_LOADED_LIBS["tvm_runtime"]._name).resolve().parent
+        _LOADED_LIBS["tvm_runtime_extra"] = load_lib_ctypes(package="tvm", target_name="tvm_runtime_extra",
+                                                            extra_lib_paths=[runtime_dir], mode="RTLD_LOCAL")
+    except (ImportError, OSError, RuntimeError, AttributeError):  # a TVM without it: nothing to load
+        pass
 
 
 _BACKGROUND_IMPORTS: set[str] = set()
