@@ -208,6 +208,8 @@ _INDEXED = {
                    lambda index: {"x": np.float32([[[[1, 2], [3, 4]]]]),
                                   "i": np.append(index, 5).reshape(1, 1, 2, 2).astype(np.int64)}),
 }
+#: The cases whose indices are a graph input read against a constant table: refused before the run.
+_REFUSED_UP_FRONT = frozenset({"gather", "gather_elements"})
 #: Valid indices: negative ones count from the end, except a box's batch index and an unpooled position.
 _VALID = {name: np.array([1, -1, 3], np.int64) for name in _INDEXED} | {
     "roi_align": np.array([1, 0, 1], np.int64), "max_unpool": np.array([0, 10, 15], np.int64)}
@@ -233,7 +235,13 @@ def test_indices_past_the_data_do_not_crash_the_run(tmp_path, name):
     np.savez(tmp_path / "bad.npz", **feeds(np.array([1, 10**9, -7 * 10**8], np.int64)))
     run = subprocess.run([sys.executable, "-m", "amptool", "run", str(artifact), "--inputs", str(tmp_path / "bad.npz"),
                           "-o", str(tmp_path / "out.npz")], capture_output=True, text=True, timeout=300, check=False)
-    assert run.returncode == 0, run.stdout + run.stderr
+    if name in _REFUSED_UP_FRONT:  # a graph input indexing a constant table: refused by value (index_inputs.py)
+        assert run.returncode == 2 and "it indexes a table of 10 rows" in run.stderr, run.stdout + run.stderr
+        unchecked = amptool.load(artifact)
+        unchecked.model.index_limits = {}  # what the kernels do with such a value: clamp it (in-process: safe)
+        assert np.isfinite(unchecked.run(feeds(np.array([1, 10**9, -7 * 10**8], np.int64)))["y"]).all()
+    else:
+        assert run.returncode == 0, run.stdout + run.stderr
     valid = feeds(_VALID[name])
     want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, valid)[0]
     np.testing.assert_allclose(amptool.load(artifact).run(valid)["y"], want, rtol=1e-6, atol=1e-6)
@@ -293,3 +301,25 @@ def test_integer_division_by_zero_or_minus_one_does_not_trap(tmp_path, dtype, op
                           "-o", str(tmp_path / "out.npz")], capture_output=True, text=True, timeout=300, check=False)
     assert run.returncode == 0, run.stdout + run.stderr
     assert not np.load(tmp_path / "out.npz")["y"][hostile["b"] == 0].any()
+
+
+def test_a_token_id_past_the_vocabulary_is_refused_by_name(run_cli, tmp_path):
+    """An input that indexes a constant table (input_ids → Gather over the embeddings, through a Cast)
+    is checked against its rows before the run: one line naming the input, the value, where it sits and
+    the table's size, exit 2 — as onnxruntime refuses it. The manifest lists the limit."""
+    table = numpy_helper.from_array(np.arange(24, dtype=np.float32).reshape(6, 4), "embeddings")
+    nodes = [helper.make_node("Cast", ["ids"], ["ids64"], to=T.INT64),
+             helper.make_node("Gather", ["embeddings", "ids64"], ["y"], axis=0)]
+    path = _save(tmp_path / "embed.onnx", nodes, [("ids", T.INT32, [1, 3])], [("y", T.FLOAT, [1, 3, 4])], [table])
+    artifact = tmp_path / "art"
+    assert run_cli("convert", path, "--dtype", "float32", "-o", str(artifact)).exit_code == 0
+    from tests.conftest import read_json
+
+    assert read_json(artifact / "manifest.json")["index_inputs"] == {"ids": 6}
+    np.savez(tmp_path / "bad.npz", ids=np.array([[1, 6, 2]], np.int32))
+    result = run_cli("run", str(artifact), "--inputs", str(tmp_path / "bad.npz"), "-o", str(tmp_path / "y.npz"))
+    _refused(result, "Input 'ids' holds 6 at [0, 1]", "table of 6 rows", "valid: -6 to 5")
+    np.savez(tmp_path / "ok.npz", ids=np.array([[1, -1, 2]], np.int32))
+    ok = run_cli("run", str(artifact), "--inputs", str(tmp_path / "ok.npz"), "-o", str(tmp_path / "y.npz"))
+    assert ok.exit_code == 0, ok.output
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npz")["y"][0, 1], [20, 21, 22, 23])

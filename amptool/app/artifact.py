@@ -116,6 +116,7 @@ def load_artifact(directory: str, device: str | None = None) -> tuple[dict[str, 
         device=use,
         input_dtypes=[i["dtype"] for i in manifest["inputs"]],
         deep_stack=bool(manifest.get("run_time_loops")),
+        index_limits={str(k): int(v) for k, v in (manifest.get("index_inputs") or {}).items()},
     )
     return manifest, model
 

@@ -35,6 +35,7 @@ from amptool.dtypes import DTYPES
 from amptool.errors import TargetUnavailableError, UserError
 from amptool.frontend.graph import iter_nodes
 from amptool.frontend.importer import ImportedModel, NodeOrigin, import_model
+from amptool.frontend.index_inputs import index_limits
 from amptool.frontend.input_values import FixedValue, fixed_input_arrays, resolve_input_shapes
 from amptool.frontend.load import LoadedModel, checker_failure, load_model, refuse_quantized
 from amptool.frontend.loop_function import FUNCTION_PREFIX as LOOP_FUNCTION_PREFIX
@@ -128,6 +129,7 @@ class BuildResult:
     arch: str | None = None  # CUDA arch built for
     unmatched_node_rules: list[str] = field(default_factory=list)  # node patterns that matched no node
     run_time_loops: int = 0  # Loops left to run time (recursive functions: the VM runs them on a deep stack)
+    index_inputs: dict[str, int] = field(default_factory=dict)  # input → rows it indexes (index_inputs.py)
 
     def release_sources(self) -> None:
         """Drop what the build was made from: the ONNX models (as loaded and as imported) and the
@@ -155,6 +157,7 @@ class BuildResult:
             device=self.device,
             input_dtypes=[s.dtype for s in self.inputs],
             deep_stack=self.run_time_loops > 0,
+            index_limits=dict(self.index_inputs),
         )
 
     def manifest(self) -> dict[str, Any]:
@@ -180,6 +183,7 @@ class BuildResult:
             "colors": self.policy.as_json(),
             "unmatched_node_rules": list(self.unmatched_node_rules),
             "run_time_loops": self.run_time_loops,
+            "index_inputs": dict(self.index_inputs),
             "range_guards": self.config.range_guards,
             "ops_by_dtype": stats.ops_by_dtype(mod),
             "casts_inserted": stats.activation_casts(mod),
@@ -434,6 +438,7 @@ def compile_rewritten(
         arch=target.arch,
         unmatched_node_rules=rewritten.unmatched_node_rules,
         run_time_loops=count_loops(rewritten.passes.mod),
+        index_inputs=index_limits(rewritten.prepared) if rewritten.prepared is not None else {},
     )
 
 

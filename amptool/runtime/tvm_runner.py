@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -11,6 +11,7 @@ import numpy as np
 from amptool import _tvm
 from amptool.dtypes import as_container, as_float_dtype
 from amptool.errors import UserError, model_raised
+from amptool.frontend.index_inputs import check_index_inputs
 
 
 @dataclass
@@ -23,8 +24,10 @@ class CompiledModel:
     device: str = "cpu"
     input_dtypes: Sequence[str] | None = None  # what the module takes (low under --low-precision-io)
     deep_stack: bool = False  # holds run-time loops: one VM frame per iteration (_tvm.on_deep_stack)
+    index_limits: Mapping[str, int] = field(default_factory=dict)  # input → rows it indexes (index_inputs.py)
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        check_index_inputs(feeds, self.index_limits)
         arrays = [as_container(feeds[n]) for n in self.input_names]
         if self.input_dtypes is not None:
             arrays = [as_float_dtype(a, d) for a, d in zip(arrays, self.input_dtypes)]
