@@ -3,7 +3,8 @@
 What: ``index_limits`` finds each integer graph input that is — itself, or through a Cast — the indices
 of a Gather, GatherElements or ScatterElements over a constant table (a word embedding read with
 ``input_ids``), and returns the number of rows along the indexed axis (the smallest, when it indexes
-several). ``check_index_inputs`` refuses a feed holding a value outside ``[-rows, rows)``.
+several); the manifest keeps them (``index_inputs``) and the runtime's ``check_index_inputs`` refuses a
+feed holding a value outside ``[-rows, rows)``.
 
 Why: the kernels clamp such an index (``index_bounds.py``: no crash), which gives a wrong answer
 silently; onnxruntime refuses the run. A token id past the vocabulary is the common case, and an
@@ -12,13 +13,8 @@ input's values are all that is needed to say so — one line naming the input, t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
-import numpy as np
 import onnx
 
-from amptool.errors import UserError
 from amptool.frontend.graph import STANDARD_DOMAINS
 
 #: op type → (index operand, table operand): the ops whose indices address a table's axis ``axis``.
@@ -58,21 +54,3 @@ def index_limits(model: onnx.ModelProto) -> dict[str, int]:
         rows = int(dims[axis])
         limits[name] = min(rows, limits.get(name, rows))
     return limits
-
-
-def check_index_inputs(feeds: Mapping[str, Any], limits: Mapping[str, int]) -> None:
-    """Raise a one-line UserError when a feed in ``limits`` holds a value outside ``[-rows, rows)``."""
-    for name, rows in limits.items():
-        value = feeds.get(name)
-        if value is None:
-            continue
-        array = np.asarray(value)
-        if array.size == 0 or array.dtype.kind not in "iu":
-            continue
-        outside = (array < -rows) | (array >= rows)
-        if outside.any():
-            where = tuple(int(i) for i in np.argwhere(outside)[0])
-            raise UserError(
-                f"Input '{name}' holds {array[where]} at {list(where)}: it indexes a table of {rows} rows "
-                f"(valid: {-rows} to {rows - 1})",
-                "Feed indices inside the table (a token id past the vocabulary?); onnxruntime refuses them too.")

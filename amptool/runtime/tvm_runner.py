@@ -11,7 +11,6 @@ import numpy as np
 from amptool import _tvm
 from amptool.dtypes import as_container, as_float_dtype
 from amptool.errors import UserError, model_raised
-from amptool.frontend.index_inputs import check_index_inputs
 
 
 @dataclass
@@ -47,3 +46,23 @@ class CompiledModel:
                 f"compiled module returned {len(outputs)} outputs, expected {len(self.output_names)}"
             )
         return dict(zip(self.output_names, outputs))
+
+
+def check_index_inputs(feeds: Mapping[str, Any], limits: Mapping[str, int]) -> None:
+    """Raise a one-line UserError when a feed in ``limits`` (input → rows of the table it indexes:
+    ``frontend/index_inputs.py``) holds a value outside ``[-rows, rows)``. The kernels would clamp it
+    (no crash) and answer wrongly; onnxruntime refuses it."""
+    for name, rows in limits.items():
+        value = feeds.get(name)
+        if value is None:
+            continue
+        array = np.asarray(value)
+        if array.size == 0 or array.dtype.kind not in "iu":
+            continue
+        outside = (array < -rows) | (array >= rows)
+        if outside.any():
+            where = tuple(int(i) for i in np.argwhere(outside)[0])
+            raise UserError(
+                f"Input '{name}' holds {array[where]} at {list(where)}: it indexes a table of {rows} rows "
+                f"(valid: {-rows} to {rows - 1})",
+                "Feed indices inside the table (a token id past the vocabulary?); onnxruntime refuses them too.")
