@@ -235,7 +235,7 @@ def test_indices_past_the_data_do_not_crash_the_run(tmp_path, name):
     np.savez(tmp_path / "bad.npz", **feeds(np.array([1, 10**9, -7 * 10**8], np.int64)))
     run = subprocess.run([sys.executable, "-m", "amptool", "run", str(artifact), "--inputs", str(tmp_path / "bad.npz"),
                           "-o", str(tmp_path / "out.npz")], capture_output=True, text=True, timeout=300, check=False)
-    if name in _REFUSED_UP_FRONT:  # a graph input indexing a constant table: refused by value (index_inputs.py)
+    if name in _REFUSED_UP_FRONT:  # a graph input indexing a constant table: refused by value (index_ranges)
         assert run.returncode == 2 and "it indexes a table of 10 rows" in run.stderr, run.stdout + run.stderr
         unchecked = amptool.load(artifact)
         unchecked.model.index_limits = {}  # what the kernels do with such a value: clamp it (in-process: safe)

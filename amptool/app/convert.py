@@ -35,7 +35,6 @@ from amptool.dtypes import DTYPES
 from amptool.errors import TargetUnavailableError, UserError
 from amptool.frontend.graph import iter_nodes
 from amptool.frontend.importer import ImportedModel, NodeOrigin, import_model
-from amptool.frontend.index_inputs import index_limits
 from amptool.frontend.input_values import FixedValue, fixed_input_arrays, resolve_input_shapes
 from amptool.frontend.load import LoadedModel, checker_failure, load_model, refuse_quantized
 from amptool.frontend.loop_function import FUNCTION_PREFIX as LOOP_FUNCTION_PREFIX
@@ -49,7 +48,7 @@ from amptool.frontend.signature import (
 )
 from amptool.passes import stats
 from amptool.passes.pipeline import PassResult, run_passes
-from amptool.runtime.inputs import check_input_shapes, generate_inputs, load_inputs
+from amptool.runtime.inputs import TABLE_INDEXING, check_input_shapes, generate_inputs, index_ranges, load_inputs
 from amptool.runtime.tvm_runner import CompiledModel
 
 log = logging.getLogger(__name__)
@@ -129,7 +128,7 @@ class BuildResult:
     arch: str | None = None  # CUDA arch built for
     unmatched_node_rules: list[str] = field(default_factory=list)  # node patterns that matched no node
     run_time_loops: int = 0  # Loops left to run time (recursive functions: the VM runs them on a deep stack)
-    index_inputs: dict[str, int] = field(default_factory=dict)  # input → rows it indexes (index_inputs.py)
+    index_inputs: dict[str, int] = field(default_factory=dict)  # input → rows it indexes (inputs.index_ranges)
 
     def release_sources(self) -> None:
         """Drop what the build was made from: the ONNX models (as loaded and as imported) and the
@@ -438,7 +437,7 @@ def compile_rewritten(
         arch=target.arch,
         unmatched_node_rules=rewritten.unmatched_node_rules,
         run_time_loops=count_loops(rewritten.passes.mod),
-        index_inputs=index_limits(rewritten.prepared) if rewritten.prepared is not None else {},
+        index_inputs=index_ranges(rewritten.prepared, TABLE_INDEXING) if rewritten.prepared is not None else {},
     )
 
 

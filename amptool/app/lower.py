@@ -17,8 +17,8 @@ from typing import Any
 from amptool import _tvm, compiler
 from amptool.app.artifact import write_artifact, write_manifest
 from amptool.app.convert import BuildResult, ConvertConfig, Rewritten, _io_specs, count_loops, resolve, rewrite_model
-from amptool.frontend.index_inputs import index_limits
 from amptool.frontend.signature import graph_outputs
+from amptool.runtime.inputs import TABLE_INDEXING, index_ranges
 
 LOWERED_NAME = "lowered.py"
 
@@ -44,7 +44,7 @@ def lower_model(config: ConvertConfig, output_dir: str,
         prepare_notes=rewritten.prepare_notes, calibration=rewritten.calibration, timings_s=rewritten.timings_s,
         prepared=rewritten.prepared, arch=target.arch, unmatched_node_rules=rewritten.unmatched_node_rules,
         run_time_loops=count_loops(rewritten.passes.mod),
-        index_inputs=index_limits(rewritten.prepared) if rewritten.prepared is not None else {},
+        index_inputs=index_ranges(rewritten.prepared, TABLE_INDEXING) if rewritten.prepared is not None else {},
     )
     notify("export")
     script = _tvm.module_script(lowered)

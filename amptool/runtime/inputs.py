@@ -40,8 +40,15 @@ ALL_INPUTS = "*"
 ValRanges = Mapping[str, tuple[float, float]]
 
 
-def index_ranges(model: onnx.ModelProto) -> dict[str, int]:
-    """Input name → exclusive upper bound for inputs used as Gather indices."""
+#: Ops whose input 1 indexes their input 0 along ``axis`` (a table, when that is a constant).
+TABLE_INDEXING = frozenset({"Gather", "GatherElements", "ScatterElements"})
+
+
+def index_ranges(model: onnx.ModelProto, ops: frozenset[str] = frozenset({"Gather"})) -> dict[str, int]:
+    """Input name → exclusive upper bound for inputs used as indices of ``ops`` over a constant table
+    (through casts and reshapes): the smallest table's rows along the indexed axis. Seeded inputs draw
+    Gather indices from it; a build keeps it for all of ``TABLE_INDEXING`` (manifest ``index_inputs``),
+    and a run refuses values outside ``[-rows, rows)`` (``tvm_runner.check_index_inputs``)."""
     graph = model.graph
     shapes = {init.name: tuple(init.dims) for init in graph.initializer}
     for node in graph.node:
@@ -62,7 +69,7 @@ def index_ranges(model: onnx.ModelProto) -> dict[str, int]:
             for node in consumers.get(name, []):
                 if node.op_type in _TRANSPARENT:
                     frontier.extend(node.output)
-                elif node.op_type == "Gather" and len(node.input) > 1 and node.input[1] == name:
+                elif node.op_type in ops and len(node.input) > 1 and node.input[1] == name:
                     table = shapes.get(node.input[0])
                     axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
                     if table:

@@ -23,7 +23,7 @@ class CompiledModel:
     device: str = "cpu"
     input_dtypes: Sequence[str] | None = None  # what the module takes (low under --low-precision-io)
     deep_stack: bool = False  # holds run-time loops: one VM frame per iteration (_tvm.on_deep_stack)
-    index_limits: Mapping[str, int] = field(default_factory=dict)  # input → rows it indexes (index_inputs.py)
+    index_limits: Mapping[str, int] = field(default_factory=dict)  # input → rows it indexes (inputs.index_ranges)
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         check_index_inputs(feeds, self.index_limits)
@@ -50,7 +50,7 @@ class CompiledModel:
 
 def check_index_inputs(feeds: Mapping[str, Any], limits: Mapping[str, int]) -> None:
     """Raise a one-line UserError when a feed in ``limits`` (input → rows of the table it indexes:
-    ``frontend/index_inputs.py``) holds a value outside ``[-rows, rows)``. The kernels would clamp it
+    ``inputs.index_ranges``) holds a value outside ``[-rows, rows)``. The kernels would clamp it
     (no crash) and answer wrongly; onnxruntime refuses it."""
     for name, rows in limits.items():
         value = feeds.get(name)
