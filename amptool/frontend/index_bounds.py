@@ -37,8 +37,6 @@ def bounded(bb: Any, result: Any) -> Any:
     when it is not a gather or scatter with run-time indices, or its indexed axes are not static."""
     from tvm import relax  # noqa: PLC0415
 
-    if not isinstance(result, relax.Call):
-        return result
     name = _tvm.op_name(result)
     args = list(_tvm.array_items(result.args))
     if name is None or len(args) < 2 or _tvm.is_constant(args[1]):
@@ -64,7 +62,7 @@ def bounded(bb: Any, result: Any) -> Any:
     else:
         return result
     op = relax.op
-    index, zero = args[1], relax.const(np.zeros((), dtype), dtype)  # relax.const alone narrows int64 to int32
+    index, zero = args[1], relax.const(0, dtype)
     # Negative indices count from the end (TVM's ScatterElements converter passed them on as they were:
     # -1 wrote before the tensor); then the clamp.
     index = bb.emit(op.where(op.less(index, zero), op.add(index, relax.const(extent, dtype)), index))

@@ -31,8 +31,6 @@ def safe_division(bb: Any, result: Any) -> Any:
     ``index_bounds.guard_run_time_values`` on the imported module."""
     from tvm import relax  # noqa: PLC0415
 
-    if not isinstance(result, relax.Call):
-        return result
     name = _tvm.op_name(result)
     if name not in _DIVIDES and name not in _REMAINDERS:
         return result
@@ -46,16 +44,13 @@ def safe_division(bb: Any, result: Any) -> Any:
         if not np.any(values == 0) and not (signed and np.any(values == -1)):
             return result
     op = relax.op
-
-    def const(value: int) -> Any:
-        return relax.const(np.array(value, dtype), dtype)  # relax.const alone narrows int64 to int32
-
     quotient = bb.emit(relax.Call(result.op, [x, _never_trapping(bb, divisor, signed)], result.attrs,
                                   result.ty_args))
     if signed:  # x / -1 = -x (MIN wraps to MIN); x % -1 = 0
         answer = op.negative(x) if name in _DIVIDES else op.zeros_like(x)
-        quotient = bb.emit(op.where(op.equal(divisor, const(-1)), answer, quotient))
-    return op.where(op.equal(divisor, const(0)), const(0), quotient)
+        quotient = bb.emit(op.where(op.equal(divisor, relax.const(-1, dtype)), answer, quotient))
+    zero = relax.const(0, dtype)
+    return op.where(op.equal(divisor, zero), zero, quotient)
 
 
 #: TVM's op pattern "opaque": FuseOps leaves such a kernel alone.
